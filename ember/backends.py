@@ -1,0 +1,70 @@
+"""Which backends exist, which is the default, and running a parsed program on one of them.
+
+A backend turns the output nodes of a program into values, given the values of its params.
+The reference evaluator interprets; compiled backends generate, build and run code.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from . import data, ref
+from .ir import Node
+from .text import Program
+
+
+class BackendError(Exception):
+    """A backend that cannot run here, or a program it cannot run (exit status 3)."""
+
+
+def _run_ref(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
+    try:
+        return ref.evaluate(outputs, inputs)
+    except ref.Unsupported as e:
+        raise BackendError(str(e)) from None
+
+
+def _run_c(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
+    from .backend import c
+    return c.run_values(outputs, inputs)
+
+
+def _run_cuda(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
+    from .backend import cuda
+    return cuda.run_values(outputs, inputs)
+
+
+RUNNERS: dict[str, Callable[[list[Node], dict[Node, np.ndarray]], list[np.ndarray]]] = {
+    "ref": _run_ref, "c": _run_c, "cuda": _run_cuda}
+
+
+def available() -> list[str]:
+    found = ["ref"]
+    from .backend import c, cuda
+    if c.available():
+        found.append("c")
+    if cuda.available():
+        found.append("cuda")
+    return found
+
+
+def default() -> str:
+    """CUDA when a GPU is present, else C when a C compiler is, else the reference evaluator."""
+    found = available()
+    return "cuda" if "cuda" in found else "c" if "c" in found else "ref"
+
+
+def run_program(prog: Program, backend: str) -> list[np.ndarray]:
+    """Values of the program's outputs (as the reference evaluator holds values)."""
+    if backend not in RUNNERS:
+        raise BackendError(f"unknown backend '{backend}' (backends: {', '.join(RUNNERS)})")
+    if backend not in available():
+        here = ", ".join(available())
+        raise BackendError(f"backend '{backend}' is not available on this machine (available: {here})")
+    inputs = {prog.nodes[p]: prog.input_values(p) for p in prog.params}
+    return RUNNERS[backend](prog.output_nodes, inputs)
+
+
+def output_lines(prog: Program, values: list[np.ndarray]) -> list[str]:
+    return [f"{name} = {data.format_values(v, prog.nodes[name].dtype)}" for name, v in zip(prog.outputs, values)]
