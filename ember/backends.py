@@ -27,7 +27,10 @@ def _run_ref(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.nda
 
 def _run_c(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
     from .backend import c
-    return c.run_values(outputs, inputs)
+    try:
+        return c.run_values(outputs, inputs)
+    except (c.CompileError, NotImplementedError) as e:
+        raise BackendError(str(e)) from None
 
 
 def _run_cuda(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:

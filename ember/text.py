@@ -312,6 +312,8 @@ class Parser:
         if operands and attr_toks and toks.index(attr_toks[0]) < toks.index(operands[-1]):
             raise ValueError("attributes (key=value) come after the operands")
         node = self.build(opname, operands, attr_toks)
+        if node.numel >= ir.MAX_NUMEL:
+            raise ValueError(f"a tensor must have fewer than 2^31 elements, found {node.numel}")
         if assert_type is not None and assert_type != (node.dtype, node.shape):
             raise ValueError(f"type assertion failed: inferred {ir.fmt_type(node.dtype, node.shape)}, "
                              f"asserted {ir.fmt_type(*assert_type)}")

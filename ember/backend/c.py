@@ -1,2 +1,238 @@
+"""The C backend: one translation unit per program, built once with the system C compiler,
+cached on disk by the hash of its source, loaded with ctypes.
+
+Flags: -O3 -march=native for speed; -fwrapv because the spec's signed arithmetic wraps;
+-fno-math-errno (sqrt may inline); never -ffast-math, which breaks NaN, inf and -0.
+OpenMP parallelizes the outer loop of large kernels when the compiler supports it.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import data, debug
+from ..compiler import optimize
+from ..compiler.schedule import Schedule, schedule
+from ..dtype import DType
+from ..ir import Node
+from .render import CLike
+
+PRELUDE = r"""
+#include <math.h>
+#include <string.h>
+#include <stdint.h>
+
+static inline float ember_f16_to_f32(unsigned short h) {
+  unsigned int sign = (unsigned int)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
+  if (e == 0x1fu) bits = sign | 0x7f800000u | (m << 13);
+  else if (e) bits = sign | ((e + 112u) << 23) | (m << 13);
+  else { float f = (float)m * 5.9604644775390625e-8f; return sign ? -f : f; }
+  float f; memcpy(&f, &bits, 4); return f;
+}
+static inline unsigned short ember_f32_to_f16_bits(float f) {  /* round to nearest, ties to even */
+  unsigned int x; memcpy(&x, &f, 4);
+  unsigned int sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return (unsigned short)(sign | 0x7e00u);
+  if (ax >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);    /* >= 65520: inf */
+  if (ax < 0x38800000u) {                                              /* subnormal or zero */
+    float a; memcpy(&a, &ax, 4);
+    return (unsigned short)(sign | (unsigned int)nearbyintf(a * 16777216.0f));
+  }
+  unsigned int h = ((((ax >> 23) - 112u) << 10) | ((ax & 0x7fffffu) >> 13)), rest = ax & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
+  return (unsigned short)(sign | h);
+}
+static inline float ember_bf16_to_f32(unsigned short h) {
+  unsigned int x = (unsigned int)h << 16; float f; memcpy(&f, &x, 4); return f;
+}
+static inline unsigned short ember_f32_to_bf16_bits(float f) {
+  unsigned int x; memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);
+  return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+/* double -> float rounding to odd, so that a second rounding to f16/bf16 is correct */
+static inline float ember_f32_odd(double d) {
+  float f = (float)d;
+  if ((double)f != d && f == f && !isinf(f)) {
+    unsigned int b; memcpy(&b, &f, 4);
+    if (fabs((double)f) > fabs(d)) b -= 1u;
+    b |= 1u; memcpy(&f, &b, 4);
+  }
+  return f;
+}
+static inline float ember_round_f16(double d) { return ember_f16_to_f32(ember_f32_to_f16_bits(ember_f32_odd(d))); }
+static inline float ember_round_bf16(double d) { return ember_bf16_to_f32(ember_f32_to_bf16_bits(ember_f32_odd(d))); }
+/* max that is NaN when either operand is (fmaxf is not) */
+static inline float ember_max_float(float a, float b) { return (a != a || a > b) ? a : b; }
+static inline double ember_max_double(double a, double b) { return (a != a || a > b) ? a : b; }
+"""
+
+
+class CRenderer(CLike):
+    pass
+
+
+def _bitcast_helpers(pairs: set[tuple[DType, DType]]) -> str:
+    out = []
+    for src, dst in sorted(pairs, key=lambda p: (p[0].name, p[1].name)):
+        out.append(f"static inline {dst.c_name} ember_bitcast_{src.name}_{dst.name}({src.c_name} x) "
+                   f"{{ {dst.c_name} y; memcpy(&y, &x, sizeof y); return y; }}")
+    return "\n".join(out) + "\n" if out else ""
+
+
+def render(sched: Schedule) -> str:
+    """The whole program: prelude, one function per kernel, and `ember_run(void** buffers)`."""
+    r = CRenderer()
+    kernels = [r.render_kernel(k, k.lanes) for k in sched.kernels]
+    entry = ["void ember_run(void** b) {"]
+    for k in sched.kernels:
+        args = [k.out] + [b for b in k.reads if b.id != k.out.id]
+        entry.append(f"  {k.name}({', '.join(f'b[{b.id}]' for b in args)});")
+    entry.append("}")
+    return PRELUDE + _bitcast_helpers(r.bitcasts) + "\n" + "\n".join(kernels) + "\n" + "\n".join(entry) + "\n"
+
+
+# ------------------------------------------------------------------------------- compiling
+
+def _cc() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
 def available() -> bool:
-    return False
+    return _cc() is not None
+
+
+@functools.lru_cache(maxsize=None)
+def _flags() -> tuple[str, ...]:
+    base = ("-O3", "-march=native", "-fwrapv", "-fno-math-errno", "-fPIC", "-shared")
+    return base + (("-fopenmp",) if _supports("-fopenmp") else ("-fopenmp-simd",) if _supports("-fopenmp-simd") else ())
+
+
+def _supports(flag: str) -> bool:
+    cc = _cc()
+    if cc is None:
+        return False
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "t.c"
+        src.write_text("int f(int x) { return x + 1; }\n")
+        proc = subprocess.run([cc, flag, "-shared", "-fPIC", str(src), "-o", str(Path(d) / "t.so")],
+                              capture_output=True)
+        return proc.returncode == 0
+
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("EMBER_CACHE") or Path.home() / ".cache" / "ember") / "c"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+class CompileError(Exception):
+    pass
+
+
+def build(source: str) -> Path:
+    """The shared library for source, from the cache or compiled now (atomically published)."""
+    cc = _cc()
+    if cc is None:
+        raise CompileError("no C compiler found (set CC, or install gcc or clang)")
+    key = hashlib.sha256("\0".join([cc, *_flags(), source]).encode()).hexdigest()[:32]
+    lib = cache_dir() / f"{key}.so"
+    if lib.exists():
+        return lib
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
+    os.close(fd)
+    src_path = Path(tmp).with_suffix(".c")
+    try:
+        src_path.write_text(source)
+        proc = subprocess.run([cc, *_flags(), str(src_path), "-o", tmp, "-lm"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise CompileError(f"the C compiler failed on generated code:\n{proc.stderr[:4000]}")
+        os.replace(tmp, lib)  # atomic: a concurrent reader sees the old state or the whole file
+    finally:
+        src_path.unlink(missing_ok=True)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lib
+
+
+# --------------------------------------------------------------------------------- running
+
+class CProgram:
+    """A compiled program: call it with the params' storage arrays, get the outputs' arrays."""
+
+    def __init__(self, outputs: list[Node]):
+        t0 = time.perf_counter()
+        self.sched = schedule(outputs)
+        optimize.optimize(self.sched, target="c")
+        self.source = render(self.sched)
+        t1 = time.perf_counter()
+        self.lib = ctypes.CDLL(str(build(self.source)))
+        self.compile_seconds = (t1 - t0, time.perf_counter() - t1)
+        debug.log(1, f"ember: {len(self.sched.kernels)} kernels, codegen {self.compile_seconds[0] * 1e3:.1f} ms, "
+                     f"cc {self.compile_seconds[1] * 1e3:.1f} ms")
+        debug.log(2, self.source)
+        slots = self.sched.slots
+        self.slot_bytes = [0] * (max(slots.values(), default=-1) + 1)
+        for b in self.sched.temps:
+            self.slot_bytes[slots[b.id]] = max(self.slot_bytes[slots[b.id]], b.nbytes)
+        self.nbuf = max((b.id for b in self.sched.buffers), default=-1) + 1
+
+    def __call__(self, inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
+        arrays: dict[int, np.ndarray] = {}
+        for node, buf in self.sched.inputs.items():
+            arr = np.ascontiguousarray(inputs[node], dtype=np.dtype(buf.dtype.np_name))
+            arrays[buf.id] = arr
+        for buf in self.sched.outputs:
+            arrays.setdefault(buf.id, np.empty(buf.size, dtype=np.dtype(buf.dtype.np_name)))
+        slots = [np.empty(max(n, 1), dtype=np.uint8) for n in self.slot_bytes]
+        ptrs = (ctypes.c_void_p * max(self.nbuf, 1))()
+        for bid, arr in arrays.items():
+            ptrs[bid] = arr.ctypes.data
+        for b in self.sched.temps:
+            ptrs[b.id] = slots[self.sched.slots[b.id]].ctypes.data
+        if debug.level() >= 1:
+            self._run_timed(ptrs)
+        else:
+            self.lib.ember_run(ptrs)
+        return [arrays[b.id].reshape(b.node.shape) for b in self.sched.outputs]
+
+    def _run_timed(self, ptrs: ctypes.Array) -> None:
+        for k in self.sched.kernels:
+            args = [k.out] + [b for b in k.reads if b.id != k.out.id]
+            fn = getattr(self.lib, k.name)
+            t = time.perf_counter()
+            fn(*[ctypes.c_void_p(ptrs[b.id]) for b in args])
+            debug.log(1, f"  {k.name:6s} {(time.perf_counter() - t) * 1e6:10.1f} us  -> {k.out.node.dtype}"
+                         f"{list(k.out.node.shape)}  reads {len(k.reads)}")
+
+
+_programs: dict[tuple[Node, ...], CProgram] = {}
+
+
+def compile(outputs: list[Node]) -> CProgram:
+    key = tuple(outputs)
+    if key not in _programs:
+        _programs[key] = CProgram(outputs)
+    return _programs[key]
+
+
+def source(outputs: list[Node]) -> str:
+    sched = schedule(outputs)
+    optimize.optimize(sched, target="c")
+    return render(sched)
+
+
+def run_values(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
+    """Run on values as the reference evaluator holds them (see data.py); returns the same."""
+    prog = compile(outputs)
+    stored = {n: data.to_storage(v, n.dtype) for n, v in inputs.items()}
+    return [data.from_storage(a, b.dtype) for a, b in zip(prog(stored), prog.sched.outputs)]

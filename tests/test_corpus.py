@@ -1,4 +1,4 @@
-"""The reference evaluator against the corpus, whose expectations were computed independently."""
+"""Every backend against the corpus, whose expectations were computed independently."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,9 +25,13 @@ def check_file(path: Path, backend: str) -> None:
             assert bad is None, f"{name}[{bad}]: got {got.reshape(-1)[bad]}, expected {want.reshape(-1)[bad]}"
 
 
+BACKENDS = [b for b in ("ref", "c", "cuda") if b in backends.available()]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("path", CORPUS, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_corpus_ref(path: Path) -> None:
-    check_file(path, "ref")
+def test_corpus(path: Path, backend: str) -> None:
+    check_file(path, backend)
 
 
 def test_splitmix_first_values() -> None:

@@ -1,0 +1,372 @@
+"""Rendering a lowered kernel as C-like source; C and CUDA differ by a small table.
+
+Placement: every node is computed in the outermost loop scope where all the ranges it depends
+on are defined, so a row's max and sum are computed once per row, and a load that does not
+depend on the inner loop is hoisted out of it. Hoisted statements are inserted before the loop
+that is open in their scope.
+
+Lanes: a lane range is a small loop that stays innermost (a register tile). A reduction that
+depends on lanes is kept outside the lane loops, with an accumulator array over the lanes, and
+its body reopens the lane loops inside the reduction loop: for a matmul tiled 4x16 this is
+`for k: for li<4: a = A[..]; for lj<16: acc[li][lj] += a * B[..]`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .. import dtype as dt
+from ..dtype import DType
+from ..compiler.lower import Kernel, free_ranges
+from ..ir import Node, Op, toposort
+
+
+@dataclass(eq=False)
+class Scope:
+    parent: "Scope | None"
+    avail: frozenset[Node]          # ranges defined here
+    header: list[str]               # lines that open the scope (pragmas, for); empty for the root
+    lines: list["str | Scope"] = field(default_factory=list)
+    cursor: int = 0                 # where statements placed in this scope go: before an open child
+
+    def chain(self) -> list["Scope"]:
+        out, s = [], self
+        while s is not None:
+            out.append(s)
+            s = s.parent
+        return out[::-1]            # outermost first
+
+    def put(self, line: "str | Scope") -> None:
+        self.lines.insert(self.cursor, line)
+        self.cursor += 1
+
+    def open(self, ranges: frozenset[Node], header: list[str]) -> "Scope":
+        child = Scope(self, self.avail | ranges, header)
+        self.lines.insert(self.cursor, child)   # the cursor stays before it: hoisted code goes first
+        return child
+
+    def close(self) -> None:
+        assert self.parent is not None
+        self.parent.cursor = self.parent.lines.index(self) + 1
+
+    def has_loops(self) -> bool:
+        return any(isinstance(x, Scope) for x in self.lines)
+
+
+@dataclass
+class LaneArray:
+    """A value held per lane: name[flat index of the lanes]."""
+    name: str
+    lanes: tuple[Node, ...]
+
+
+class CLike:
+    """The shared renderer. Subclasses set the tables and the kernel signature."""
+
+    restrict = "restrict"
+    float_suffix = "f"
+    math32 = {Op.SQRT: "sqrtf", Op.EXP2: "exp2f", Op.LOG2: "log2f", Op.SIN: "sinf", Op.TRUNC: "truncf"}
+    math64 = {Op.SQRT: "sqrt", Op.EXP2: "exp2", Op.LOG2: "log2", Op.SIN: "sin", Op.TRUNC: "trunc"}
+    infix = {Op.ADD: "+", Op.SUB: "-", Op.MUL: "*", Op.AND: "&", Op.OR: "|", Op.XOR: "^",
+             Op.CMPLT: "<", Op.CMPEQ: "==", Op.CMPNE: "!="}
+
+    def __init__(self) -> None:
+        self.bitcasts: set[tuple[DType, DType]] = set()
+
+    # ----------------------------------------------------------------------------- types
+    @staticmethod
+    def ctype(d: DType) -> str:
+        """The type values of d are computed in (f16 and bf16 in float)."""
+        return "float" if d in (dt.f16, dt.bf16) else d.c_name
+
+    @staticmethod
+    def stype(d: DType) -> str:
+        return d.c_name
+
+    def literal(self, v: object, d: DType) -> str:
+        if d.is_float:
+            f = float(v)  # type: ignore[arg-type]
+            if math.isnan(f):
+                return "NAN"
+            if math.isinf(f):
+                return "INFINITY" if f > 0 else "(-INFINITY)"
+            text = float.hex(f)  # exact
+            return f"({text}{'' if d is dt.f64 else 'f'})" if f >= 0 or text.startswith("-") else text
+        if d is dt.u64:
+            return f"{int(v)}ull"  # type: ignore[call-overload]
+        if d is dt.i64:
+            return f"({int(v) + 1}ll - 1)" if int(v) == d.min else f"{int(v)}ll"  # type: ignore[call-overload]
+        if d is dt.u32:
+            return f"{int(v)}u"  # type: ignore[call-overload]
+        if d is dt.i32 and int(v) == d.min:  # type: ignore[call-overload]
+            return "(-2147483647 - 1)"
+        return str(int(v))  # type: ignore[call-overload]
+
+    # ------------------------------------------------------------------------------- ops
+    def narrow(self, d: DType, expr: str) -> str:
+        """C computes narrow ints in int: cast the result back so it wraps at its own width."""
+        return f"({d.c_name})({expr})" if d.is_int and d.bits < 32 else expr
+
+    def load(self, buf: str, idx: str, d: DType) -> str:
+        if d is dt.f16:
+            return f"ember_f16_to_f32({buf}[{idx}])"
+        if d is dt.bf16:
+            return f"ember_bf16_to_f32({buf}[{idx}])"
+        return f"{buf}[{idx}]"
+
+    def store_value(self, v: str, d: DType) -> str:
+        if d is dt.f16:
+            return f"ember_f32_to_f16_bits({v})"
+        if d is dt.bf16:
+            return f"ember_f32_to_bf16_bits({v})"
+        return v
+
+    def cast(self, x: str, src: DType, d: DType) -> str:
+        if d is dt.bool_:
+            return f"({x} != 0)"
+        if d in (dt.f16, dt.bf16):
+            if src is d:
+                return x
+            return f"ember_round_{d.name}((double)({x}))"
+        return f"(({d.c_name})({x}))"
+
+    def bitcast(self, x: str, src: DType, d: DType) -> str:
+        if src in (dt.f16, dt.bf16):
+            x, src = f"ember_f32_to_{src.name}_bits({x})", dt.u16
+        if d in (dt.f16, dt.bf16):
+            return f"ember_{d.name}_to_f32((unsigned short)({self.bitcast(x, src, dt.u16)}))"
+        if src.c_name == d.c_name:
+            return x
+        self.bitcasts.add((src, d))
+        return f"ember_bitcast_{src.name}_{d.name}({x})"
+
+    def alu(self, n: Node, a: list[str]) -> str:
+        op, d = n.op, n.dtype
+        src = n.srcs[0].dtype if n.srcs else d
+        if op is Op.NEG:
+            return self.narrow(d, f"-{a[0]}")
+        if op is Op.RECIP:
+            return f"(1.0{self.float_suffix if d is not dt.f64 else ''} / {a[0]})"
+        if op in self.math32:
+            return f"{(self.math64 if d is dt.f64 else self.math32)[op]}({a[0]})"
+        if op is Op.CAST:
+            return self.cast(a[0], src, d)
+        if op is Op.BITCAST:
+            return self.bitcast(a[0], src, d)
+        if op is Op.DIV:
+            return f"({a[0]} / {a[1]})"
+        if op in (Op.IDIV, Op.MOD):
+            sym = "/" if op is Op.IDIV else "%"
+            # division by zero is undefined in the spec but must not trap: masked lanes load zeros
+            return self.narrow(d, f"({a[0]} {sym} ({a[1]} + ({a[1]} == 0)))")
+        if op is Op.MAX:
+            if d.is_float:
+                return f"ember_max_{self.ctype(d)}({a[0]}, {a[1]})"
+            return f"({a[0]} > {a[1]} ? {a[0]} : {a[1]})"
+        if op is Op.SHL:
+            unsigned = {8: "unsigned", 16: "unsigned", 32: "unsigned", 64: "unsigned long long"}[d.bits]
+            return self.narrow(d, f"({d.c_name})(({unsigned})({a[0]}) << {a[1]})")
+        if op is Op.SHR:
+            return self.narrow(d, f"({a[0]} >> {a[1]})")
+        if op is Op.WHERE:
+            return f"({a[0]} ? {a[1]} : {a[2]})"
+        if op in self.infix:
+            expr = f"({a[0]} {self.infix[op]} {a[1]})"
+            return expr if op in (Op.CMPLT, Op.CMPEQ, Op.CMPNE) else self.narrow(d, expr)
+        raise NotImplementedError(f"no rendering for {op.name}")
+
+    def reduce_init(self, op: Op, d: DType) -> str:
+        if op is Op.SUM:
+            return "0"
+        return "(-INFINITY)" if d.is_float else self.literal(d.min, d)
+
+    def combine(self, op: Op, d: DType, acc: str, v: str) -> str:
+        if op is Op.SUM:
+            return self.narrow(d, f"{acc} + {v}")
+        if d.is_float:
+            return f"ember_max_{self.ctype(d)}({acc}, {v})"
+        return f"({v} > {acc} ? {v} : {acc})"
+
+    # --------------------------------------------------------------------------- kernels
+    def loop_header(self, r: Node, var: str, lane: bool, parallel: bool) -> list[str]:
+        size = r.arg[1]
+        pragma = []
+        if parallel:
+            pragma = ["#pragma omp parallel for"]
+        elif lane:
+            pragma = [f"#pragma GCC unroll {size}"]
+        return pragma + [f"for (int {var} = 0; {var} < {size}; {var}++)"]
+
+    def render_kernel(self, k: Kernel, lanes: frozenset[Node] = frozenset()) -> str:
+        return KernelWriter(self, k, lanes).write()
+
+
+class KernelWriter:
+    """Renders one kernel: places nodes in scopes, emits statements, prints the scope tree."""
+
+    def __init__(self, r: CLike, k: Kernel, lanes: frozenset[Node]):
+        self.r, self.k, self.lanes = r, k, lanes
+        self.deps = free_ranges(k.store)
+        self.names: dict[Node, str] = {}
+        self.memo: dict[tuple[Node, int], str | LaneArray] = {}
+        self.counter = 0
+        order = {rg: i for i, rg in enumerate(k.ranges)}
+        self.range_order = order
+
+    def var(self, prefix: str = "t") -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def range_var(self, r: Node) -> str:
+        if r not in self.names:
+            self.names[r] = ("l" if r in self.lanes else "i") + str(len(self.names))
+        return self.names[r]
+
+    def place_deps(self, n: Node) -> frozenset[Node]:
+        d = self.deps[n]
+        return d - self.lanes if n.op is Op.REDUCE else d
+
+    def target(self, n: Node, scope: Scope) -> Scope:
+        need = self.place_deps(n)
+        for s in scope.chain():
+            if need <= s.avail:
+                return s
+        raise AssertionError(f"no scope defines the ranges of {n}")
+
+    def write(self) -> str:
+        k = self.k
+        root = Scope(None, frozenset(), [])
+        scope = root
+        outer = [r for r in k.ranges if r not in self.lanes]
+        inner = [r for r in k.ranges if r in self.lanes]
+        for i, r in enumerate(outer + inner):
+            scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), r in self.lanes,
+                                                                  parallel=i < k.parallel))
+        buf, idx, value = k.store.srcs
+        v = self.value(value, scope)
+        i = self.value(idx, scope)
+        scope.put(f"{self.buf(buf)}[{i}] = {self.r.store_value(self.ref(v, value), value.dtype)};")
+        return self.signature() + " {\n" + self.print_scope(root, 1) + "}\n"
+
+    def buf(self, b: Node) -> str:
+        return f"b{b.arg}"
+
+    def signature(self) -> str:
+        k = self.k
+        params = [f"{self.r.stype(k.out.dtype)}* {self.r.restrict} b{k.out.id}"]
+        params += [f"const {self.r.stype(b.dtype)}* {self.r.restrict} b{b.id}" for b in k.reads if b.id != k.out.id]
+        return f"void {k.name}({', '.join(params)})"
+
+    def print_scope(self, s: Scope, depth: int) -> str:
+        out = []
+        pad = "  " * depth
+        for line in s.lines:
+            if isinstance(line, Scope):
+                out += [pad + h for h in line.header]
+                out.append(pad + "{\n" + self.print_scope(line, depth + 1) + pad + "}")
+            else:
+                out.append(pad + line)
+        return "".join(x + "\n" for x in out)
+
+    # ------------------------------------------------------------------------ expressions
+    def ref(self, v: "str | LaneArray", n: Node) -> str:
+        if isinstance(v, LaneArray):
+            return f"{v.name}[{self.lane_index(v.lanes)}]"
+        return v
+
+    def lane_index(self, lanes: tuple[Node, ...]) -> str:
+        if not lanes:
+            return "0"
+        expr = self.range_var(lanes[0])
+        for r in lanes[1:]:
+            expr = f"({expr} * {r.arg[1]} + {self.range_var(r)})"
+        return expr
+
+    def value(self, root: Node, scope: Scope) -> "str | LaneArray":
+        """Emit root (and what it needs) for use in scope; returns its expression."""
+        for n in self._order(root):
+            t = self.target(n, scope)
+            if (n, id(t)) not in self.memo:
+                self.memo[(n, id(t))] = self.emit(n, t)
+        return self.memo[(root, id(self.target(root, scope)))]
+
+    def _order(self, root: Node) -> list[Node]:
+        """Nodes of root's expression, sources first, not entering REDUCE bodies."""
+        order: list[Node] = []
+        seen: set[Node] = set()
+        stack: list[tuple[Node, bool]] = [(root, False)]
+        while stack:
+            n, done = stack.pop()
+            if done:
+                order.append(n)
+                continue
+            if n in seen:
+                continue
+            seen.add(n)
+            stack.append((n, True))
+            if n.op is not Op.REDUCE:
+                stack.extend((s, False) for s in reversed(n.srcs))
+        return order
+
+    def operand(self, s: Node, scope: Scope) -> str:
+        return self.ref(self.memo[(s, id(self.target(s, scope)))], s)
+
+    def emit(self, n: Node, scope: Scope) -> "str | LaneArray":
+        op = n.op
+        if op is Op.RANGE:
+            return self.range_var(n)
+        if op is Op.CONST:
+            return self.r.literal(n.arg, n.dtype)
+        if op is Op.BUFFER:
+            return self.buf(n)
+        if op is Op.REDUCE:
+            return self.emit_reduce(n, scope)
+        args = [self.operand(s, scope) for s in n.srcs]
+        if op is Op.LOAD:
+            expr = self.r.load(args[0], args[1], n.dtype)
+            if len(args) == 3:
+                expr = f"({args[2]} ? {expr} : 0)"
+        else:
+            expr = self.r.alu(n, args)
+        name = self.var()
+        scope.put(f"{self.r.ctype(n.dtype)} {name} = {expr};")
+        return name
+
+    def emit_reduce(self, n: Node, scope: Scope) -> "str | LaneArray":
+        red_op, own = n.arg
+        d, ct = n.dtype, self.r.ctype(n.dtype)
+        free_lanes = tuple(sorted(self.deps[n] & self.lanes, key=lambda r: self.range_order.get(r, 0)))
+        own_lanes = tuple(r for r in own if r in self.lanes)
+        loops = [r for r in own if r not in self.lanes]
+        acc = self.var("acc")
+        size = math.prod(r.arg[1] for r in free_lanes + own_lanes)
+        init = self.r.reduce_init(red_op, d)
+        scope.put(f"{ct} {acc}[{size}];" if size > 1 else f"{ct} {acc};")
+        if size > 1:
+            scope.put(f"for (int j = 0; j < {size}; j++) {acc}[j] = {init};")
+        else:
+            scope.put(f"{acc} = {init};")
+        inner = scope
+        opened = []
+        for r in loops:
+            inner = inner.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), False, False))
+            opened.append(inner)
+        for r in free_lanes + own_lanes:
+            inner = inner.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
+            opened.append(inner)
+        body = n.srcs[0]
+        v = self.ref(self.value(body, inner), body)
+        slot = f"{acc}[{self.lane_index(free_lanes + own_lanes)}]" if size > 1 else acc
+        inner.put(f"{slot} = {self.r.combine(red_op, d, slot, v)};")
+        for s in reversed(opened):
+            s.close()
+        if not own_lanes:
+            return LaneArray(acc, free_lanes) if free_lanes else acc
+        # combine the reduction's own lanes into one value per free lane
+        out = self.var("red")
+        nfree = math.prod(r.arg[1] for r in free_lanes)
+        nown = math.prod(r.arg[1] for r in own_lanes)
+        scope.put(f"{ct} {out}[{nfree}];")
+        scope.put(f"for (int j = 0; j < {nfree}; j++) {{ {out}[j] = {acc}[j * {nown}]; "
+                  f"for (int q = 1; q < {nown}; q++) {out}[j] = {self.r.combine(red_op, d, f'{out}[j]', f'{acc}[j * {nown} + q]')}; }}")
+        return LaneArray(out, free_lanes) if free_lanes else f"{out}[0]"

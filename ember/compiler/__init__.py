@@ -1,0 +1,1 @@
+"""Passes from the tensor graph to kernels: rewrite engine, simplification, scheduling, lowering."""

@@ -1,0 +1,256 @@
+"""Lowering: a realized tensor node becomes a kernel, a scalar expression over loop ranges.
+
+To compute tensor node t at index vector I (one index expression per dim), push I back
+through t's sources: movement ops become index arithmetic and validity conditions (no copies),
+elementwise ops apply to their sources at the same index, a reduction opens new ranges for its
+axes, and a realized source (a param or another kernel's output) becomes a LOAD from its buffer.
+
+Kernel-level nodes (all scalars, shape ()):
+  BUFFER arg=buffer id            the pointer to a buffer
+  RANGE  arg=(name, size)         a loop variable (see symbolic.py)
+  LOAD   srcs=(buffer, index[, valid])   0 where valid is false (the address is not touched)
+  REDUCE srcs=(body,) arg=(Op.SUM | Op.RMAX, ranges)   the body combined over the ranges
+  STORE  srcs=(buffer, index, value)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..dtype import DType
+from ..ir import Node, Op, toposort
+from . import symbolic as sym
+
+
+@dataclass(eq=False)
+class Buffer:
+    id: int
+    dtype: DType
+    size: int             # elements
+    kind: str             # "input", "output" or "temp"
+    node: Node            # the tensor node whose value it holds
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def ref(self) -> Node:
+        return Node(Op.BUFFER, self.dtype, (), self.id)
+
+
+@dataclass(eq=False)
+class Kernel:
+    name: str
+    out: Buffer
+    ranges: list[Node]            # output loops, outermost first (dims of size 1 have none)
+    store: Node                   # STORE(out, index, value)
+    reads: list[Buffer] = field(default_factory=list)
+    reduces: dict[Node, Node] = field(default_factory=dict)   # REDUCE scalar -> its tensor node
+    parallel: int = 0             # 1: the outermost loop runs in parallel (set by optimize)
+    lanes: frozenset[Node] = frozenset()   # ranges rendered as innermost register tiles (optimize)
+
+    @property
+    def value(self) -> Node:
+        return self.store.srcs[2]
+
+
+def flat_index(idx: tuple[Node, ...], shape: tuple[int, ...]) -> Node:
+    """Row-major linear index of idx in shape."""
+    terms: dict[Node, int] = {}
+    k = 0
+    stride = 1
+    for i, n in reversed(list(zip(idx, shape))):
+        t, c = sym.linear(i)
+        for term, coef in t.items():
+            terms[term] = terms.get(term, 0) + coef * stride
+        k += c * stride
+        stride *= n
+    return sym.build({t: c for t, c in terms.items() if c}, k)
+
+
+def _unflatten(flat: Node, shape: tuple[int, ...]) -> tuple[Node, ...]:
+    out = []
+    stride = math.prod(shape)
+    for d, n in enumerate(shape):
+        stride //= n
+        e = flat if stride == 1 else sym.idiv(flat, stride)
+        out.append(e if d == 0 else sym.mod(e, n))
+    return tuple(out)
+
+
+Request = tuple[Node, tuple[Node, ...], "Node | None"]   # (tensor node, index vector, validity)
+
+
+class Lowerer:
+    """Lowers one kernel. `realized` maps tensor nodes that live in buffers to their buffers."""
+
+    def __init__(self, realized: dict[Node, Buffer], root: Node, prefix: str):
+        self.realized, self.root, self.prefix = realized, root, prefix
+        self.memo: dict[Request, Node] = {}
+        self.children_of: dict[Request, list[Request]] = {}
+        self.reduce_ranges: dict[Request, tuple[Node, ...]] = {}
+        self.pad_cond: dict[Request, Node | None] = {}
+        self.reduces: dict[Node, Node] = {}
+        self.reads: list[Buffer] = []
+        self.counter = 0
+
+    def new_range(self, size: int) -> Node:
+        self.counter += 1
+        return sym.rng(f"{self.prefix}r{self.counter}", size)
+
+    def value(self, t: Node, idx: tuple[Node, ...], valid: Node | None) -> Node:
+        """The scalar expression of t at idx (iterative: deep graphs are fine)."""
+        top: Request = (t, idx, valid)
+        stack = [top]
+        while stack:
+            req = stack[-1]
+            if req in self.memo:
+                stack.pop()
+                continue
+            kids = self.children(req, req is top)
+            missing = [k for k in kids if k not in self.memo]
+            if missing:
+                stack.extend(missing)
+                continue
+            self.memo[req] = self.combine(req, [self.memo[k] for k in kids], req is top)
+            stack.pop()
+        return self.memo[top]
+
+    def _is_load(self, t: Node, is_top: bool) -> bool:
+        # params are always read from their buffer (a returned param is a copy kernel)
+        return t.op is Op.PARAM or (t in self.realized and not (is_top and t is self.root))
+
+    def children(self, req: Request, is_top: bool) -> list[Request]:
+        got = self.children_of.get(req)
+        if got is not None:
+            return got
+        t, idx, valid = req
+        op = t.op
+        kids: list[Request]
+        if self._is_load(t, is_top) or op in (Op.CONST, Op.IOTA, Op.PARAM):
+            kids = []
+        elif op in (Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.SHRINK, Op.FLIP, Op.PAD):
+            src_idx, cond = self.move(t, idx)
+            self.pad_cond[req] = cond
+            kids = [(t.srcs[0], src_idx, sym.and_(valid, cond))]
+        elif op in (Op.SUM, Op.RMAX):
+            ranges = tuple(self.new_range(t.srcs[0].shape[a]) for a in t.arg)
+            self.reduce_ranges[req] = ranges
+            it = iter(ranges)
+            src_idx = tuple(next(it) if d in t.arg else i for d, i in enumerate(idx))
+            kids = [(t.srcs[0], src_idx, valid)]
+        elif op is Op.GRAD:
+            raise NotImplementedError("grad must be rewritten into ordinary ops before lowering")
+        else:  # elementwise
+            kids = [(s, idx, valid) for s in t.srcs]
+        self.children_of[req] = kids
+        return kids
+
+    def move(self, t: Node, idx: tuple[Node, ...]) -> tuple[tuple[Node, ...], Node | None]:
+        """The source index of a movement op, and the condition under which it is in bounds."""
+        src = t.srcs[0]
+        op, cond = t.op, None
+        if op is Op.RESHAPE:
+            out = _unflatten(flat_index(idx, t.shape), src.shape)
+        elif op is Op.PERMUTE:
+            out = tuple(idx[t.arg.index(d)] for d in range(len(idx)))
+        elif op is Op.EXPAND:
+            out = tuple(sym.const(0) if s == 1 else i for i, s in zip(idx, src.shape))
+        elif op is Op.SHRINK:
+            out = tuple(sym.add(i, sym.const(s)) for i, s in zip(idx, t.arg[0]))
+        elif op is Op.FLIP:
+            out = tuple(sym.add(sym.mul(i, sym.const(-1)), sym.const(n - 1)) if d in t.arg else i
+                        for d, (i, n) in enumerate(zip(idx, t.shape)))
+        else:  # PAD
+            before, _, _ = t.arg
+            out = tuple(sym.add(i, sym.const(-b)) for i, b in zip(idx, before))
+            for i, b, n in zip(idx, before, src.shape):
+                cond = sym.and_(cond, sym.and_(sym.lt(sym.const(b - 1), i), sym.lt(i, sym.const(b + n))))
+        exprs = sym.simplify([*out] + ([cond] if cond is not None else []))
+        if cond is not None:
+            cond = exprs.pop()
+            cond = None if cond.op is Op.CONST and cond.arg else cond
+        return tuple(exprs), cond
+
+    def combine(self, req: Request, kids: list[Node], is_top: bool) -> Node:
+        t, idx, valid = req
+        op = t.op
+        if self._is_load(t, is_top):
+            buf = self.realized[t]
+            if buf not in self.reads:
+                self.reads.append(buf)
+            index = flat_index(idx, t.shape)
+            srcs = (buf.ref(), index) if valid is None else (buf.ref(), index, valid)
+            return Node(Op.LOAD, t.dtype, srcs)
+        if op is Op.CONST:
+            return Node(Op.CONST, t.dtype, (), t.arg)
+        if op is Op.IOTA:
+            return Node(Op.CAST, t.dtype, (idx[t.arg],)) if t.dtype is not sym.INDEX else idx[t.arg]
+        if op in (Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.SHRINK, Op.FLIP):
+            return kids[0]
+        if op is Op.PAD:
+            cond = self.pad_cond[req]
+            if cond is None:  # every index here is inside the source
+                return kids[0]
+            return Node(Op.WHERE, t.dtype, (cond, kids[0], Node(Op.CONST, t.dtype, (), t.arg[2])))
+        if op in (Op.SUM, Op.RMAX):
+            red = Node(Op.REDUCE, t.dtype, (kids[0],), (op, self.reduce_ranges[req]))
+            self.reduces[red] = t
+            return red
+        return Node(op, t.dtype, tuple(kids))
+
+
+def lower_kernel(name: str, root: Node, out: Buffer, realized: dict[Node, Buffer]) -> Kernel:
+    lw = Lowerer(realized, root, prefix=f"{name}_")
+    ranges = [sym.rng(f"{name}_o{d}", n) for d, n in enumerate(root.shape)]
+    idx = tuple(r if r.arg[1] > 1 else sym.const(0) for r in ranges)
+    value = lw.value(root, idx, None)
+    store = Node(Op.STORE, root.dtype, (out.ref(), flat_index(idx, root.shape), value))
+    return Kernel(name, out, [r for r in ranges if r.arg[1] > 1], store, lw.reads, lw.reduces)
+
+
+# ------------------------------------------------------------------------------- loop facts
+
+def free_ranges(kernel_value: Node) -> dict[Node, frozenset[Node]]:
+    """For every node of a kernel expression, the ranges it depends on (REDUCE binds its own)."""
+    deps: dict[Node, frozenset[Node]] = {}
+    for n in toposort([kernel_value]):
+        if n.op is Op.RANGE:
+            deps[n] = frozenset([n])
+        else:
+            d = frozenset().union(*(deps[s] for s in n.srcs)) if n.srcs else frozenset()
+            if n.op is Op.REDUCE:
+                d = d - frozenset(n.arg[1])
+            deps[n] = d
+    return deps
+
+
+def enclosing_reduces(kernel_value: Node) -> dict[Node, list[Node]]:
+    """For every REDUCE, the REDUCEs whose bodies contain it (it may be hoisted out of them)."""
+    inside: dict[Node, list[Node]] = {}
+    for red in [n for n in toposort([kernel_value]) if n.op is Op.REDUCE]:
+        for m in toposort([red.srcs[0]]):
+            if m.op is Op.REDUCE:
+                inside.setdefault(m, []).append(red)
+    return inside
+
+
+def recompute_problems(k: Kernel) -> set[Node]:
+    """Tensor reductions that this kernel would compute more than once per value it needs:
+    those must be realized in a buffer of their own instead of fused here."""
+    deps = free_ranges(k.value)
+    inside = enclosing_reduces(k.value)
+    bad: set[Node] = set()
+    count: dict[Node, int] = {}
+    for red, t in k.reduces.items():
+        count[t] = count.get(t, 0) + 1
+        d = deps[red]
+        if any(d & frozenset(outer.arg[1]) for outer in inside.get(red, [])):
+            bad.add(t)  # it would be recomputed for every step of an enclosing reduction
+            continue
+        used = [r in d for r in k.ranges]
+        last = max((i for i, u in enumerate(used) if u), default=-1)
+        if not all(used[:last + 1]):  # an outer loop it does not depend on would repeat it
+            bad.add(t)
+    return bad | {t for t, c in count.items() if c > 2}
+

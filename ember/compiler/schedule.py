@@ -1,0 +1,95 @@
+"""Scheduling: which tensor nodes become buffers, and the kernels that compute them.
+
+Start from the least that must live in memory (params, outputs) and fuse everything else into
+the kernels that use it: elementwise and movement ops are inlined at the consumer's index, and
+a reduction is computed inside its consumer's loops (softmax's max and sum become loops inside
+the row loop). A reduction is given a buffer of its own when fusing it would compute it more
+than once per value (an outer loop it does not depend on, an enclosing reduction it depends
+on) or when several kernels need it. Iterate until no kernel asks for more buffers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .. import debug
+from ..ir import Node, Op, toposort
+from . import simplify
+from .lower import Buffer, Kernel, lower_kernel, recompute_problems
+
+
+@dataclass
+class Schedule:
+    inputs: dict[Node, Buffer]           # param node -> its buffer
+    outputs: list[Buffer]                # one per returned node, in return order
+    kernels: list[Kernel]
+    temps: list[Buffer] = field(default_factory=list)
+    slots: dict[int, int] = field(default_factory=dict)   # temp buffer id -> memory slot
+
+    @property
+    def buffers(self) -> list[Buffer]:
+        seen: dict[int, Buffer] = {}
+        for b in [*self.inputs.values(), *self.outputs, *self.temps]:
+            seen.setdefault(b.id, b)
+        return list(seen.values())
+
+
+def schedule(outputs: list[Node]) -> Schedule:
+    graph = simplify.simplify(outputs)
+    debug.graph(3, "after simplify", graph)
+    params = [n for n in toposort(graph) if n.op is Op.PARAM]
+    ids = iter(range(1 << 30))
+    inputs = {p: Buffer(next(ids), p.dtype, p.numel, "input", p) for p in params}
+    out_bufs: dict[Node, Buffer] = {}
+    for o in graph:
+        if o not in out_bufs:
+            out_bufs[o] = Buffer(next(ids), o.dtype, o.numel, "output", o)
+    temps: dict[Node, Buffer] = {}
+    while True:
+        realized = {**out_bufs, **temps, **inputs}
+        # a param returned as is still gets a kernel: it copies the input to the output buffer
+        targets = [n for n in toposort(graph) if n in temps or n in out_bufs]
+        kernels = [lower_kernel(f"k{i}", t, out_bufs.get(t) or temps[t], realized) for i, t in enumerate(targets)]
+        more: set[Node] = set()
+        users: dict[Node, int] = {}
+        for k in kernels:
+            more |= recompute_problems(k)
+            for t in set(k.reduces.values()):
+                users[t] = users.get(t, 0) + 1
+        more |= {t for t, n in users.items() if n > 1}
+        more -= set(realized)
+        if not more:
+            break
+        for t in sorted(more, key=lambda n: targets.index(n) if n in targets else 0):
+            temps[t] = Buffer(next(ids), t.dtype, t.numel, "temp", t)
+    sched = Schedule(inputs, [out_bufs[o] for o in graph], kernels, list(temps.values()))
+    sched.slots = plan_memory(sched)
+    return sched
+
+
+def plan_memory(sched: Schedule) -> dict[int, int]:
+    """Share memory between temporaries whose lifetimes do not overlap (best fit by size)."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, k in enumerate(sched.kernels):
+        for b in [k.out, *k.reads]:
+            if b.kind == "temp":
+                first.setdefault(b.id, i)
+                last[b.id] = i
+    slots: dict[int, int] = {}
+    slot_size: dict[int, int] = {}
+    free: list[int] = []
+    by_id = {b.id: b for b in sched.temps}
+    for i in range(len(sched.kernels)):
+        for bid in [b for b in first if first[b] == i]:
+            need = by_id[bid].nbytes
+            fits = sorted((slot_size[s], s) for s in free if slot_size[s] >= need)
+            if fits:
+                slot = fits[0][1]
+                free.remove(slot)
+            else:
+                slot = len(slot_size)
+                slot_size[slot] = need
+            slots[bid] = slot
+        for bid in [b for b in last if last[b] == i]:
+            free.append(slots[bid])
+    return slots

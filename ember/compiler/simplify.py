@@ -1,0 +1,187 @@
+"""Algebraic simplification of the tensor graph, as a rule set: identities, constant folding of
+integer ops, casts of casts that are exact, and chains of movement ops collapsed into one.
+
+Every rule keeps the spec's exact semantics: `x + 0` is not `x` for floats (-0 + 0 = +0), so
+only `x + (-0.0)` folds there; float constants are not folded (that would need rounding code
+here that the kernels already have).
+"""
+from __future__ import annotations
+
+from .. import dtype as dt
+from .. import ir
+from ..dtype import DType
+from ..ir import Node, Op
+from .rewrite import P, RuleSet, rewrite
+
+
+def _is_const(n: Node, v: float) -> bool:
+    if n.op is not Op.CONST:
+        return False
+    if n.dtype.is_float:
+        return ir._key(float(n.arg)) == ir._key(float(v))  # bitwise: -0.0 is not 0.0
+    return n.arg == v
+
+
+def _additive_zero(c: Node) -> bool:
+    """x + c == x for every x: 0 for ints, but -0.0 for floats (+0.0 turns -0 into +0)."""
+    return _is_const(c, -0.0 if c.dtype.is_float else 0)
+
+
+def _wrap(v: int, d: DType) -> int:
+    if d is dt.bool_:
+        return int(v != 0)
+    v &= (1 << d.bits) - 1
+    return v - (1 << d.bits) if d.is_signed and v >> (d.bits - 1) else v
+
+
+def _fold_int(n: Node) -> Node | None:
+    """An int or bool op whose operands are all constants."""
+    vals = [int(s.arg) for s in n.srcs]
+    d = n.srcs[0].dtype
+    op = n.op
+    if op is Op.WHERE:
+        return n.srcs[1] if vals[0] else n.srcs[2]
+    if op is Op.NEG:
+        v = -vals[0]
+    elif op is Op.CAST:  # int or bool to int or bool: keep the low bits, or != 0
+        v = vals[0]
+    elif op in (Op.IDIV, Op.MOD):
+        a, b = vals
+        if b == 0:
+            return None  # undefined behaviour: leave it to run time
+        q = abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)
+        v = q if op is Op.IDIV else a - q * b
+    elif op in (Op.SHL, Op.SHR):
+        a, b = vals
+        if not 0 <= b < d.bits:
+            return None
+        v = a << b if op is Op.SHL else a >> b  # Python's >> is arithmetic; unsigned values are >= 0
+    else:
+        a, b = vals
+        table = {Op.ADD: a + b, Op.SUB: a - b, Op.MUL: a * b, Op.MAX: max(a, b), Op.AND: a & b, Op.OR: a | b,
+                 Op.XOR: a ^ b, Op.CMPLT: int(a < b), Op.CMPEQ: int(a == b), Op.CMPNE: int(a != b)}
+        v = table[op]
+    return Node(Op.CONST, n.dtype, (), _wrap(v, n.dtype), n.shape)
+
+
+def _all_int_consts(n: Node) -> bool:
+    return (n.op is not Op.BITCAST and bool(n.srcs) and not n.dtype.is_float
+            and all(s.op is Op.CONST and not s.dtype.is_float for s in n.srcs))
+
+
+def _holds(inner: DType, outer: DType) -> bool:
+    """Every value of inner is exactly a value of outer."""
+    if inner is outer or inner is dt.bool_:
+        return True
+    if inner.is_float:
+        return outer.is_float and outer.bits > inner.bits and not (inner is dt.f16 and outer is dt.bf16)
+    if outer.is_float:
+        mantissa = {dt.f16: 11, dt.bf16: 8, dt.f32: 24, dt.f64: 53}[outer]
+        return inner.bits - inner.is_signed <= mantissa
+    if outer is dt.bool_:
+        return False
+    if inner.is_signed:
+        return outer.is_signed and outer.bits >= inner.bits
+    return outer.bits > inner.bits or (not outer.is_signed and outer.bits >= inner.bits)
+
+
+def _cast_cast(n: Node, x: Node) -> Node | None:
+    mid = n.srcs[0].dtype
+    if _holds(x.dtype, mid):
+        return Node(Op.CAST, n.dtype, (x,), None, n.shape) if x.dtype is not n.dtype else x
+    return None
+
+
+# movement chains -----------------------------------------------------------------------------
+
+def _reshape(n: Node, x: Node) -> Node | None:
+    if x.shape == n.shape:
+        return x
+    if x.op is Op.RESHAPE:
+        return ir.reshape(x.srcs[0], n.shape) if x.srcs[0].shape != n.shape else x.srcs[0]
+    return None
+
+
+def _permute(n: Node, x: Node) -> Node | None:
+    if n.arg == tuple(range(len(n.shape))):
+        return x
+    if x.op is Op.PERMUTE:
+        return ir.permute(x.srcs[0], tuple(x.arg[o] for o in n.arg))
+    return None
+
+
+def _expand(n: Node, x: Node) -> Node | None:
+    if x.shape == n.shape:
+        return x
+    if x.op is Op.EXPAND:
+        return ir.expand(x.srcs[0], n.shape)
+    return None
+
+
+def _shrink(n: Node, x: Node) -> Node | None:
+    start, end = n.arg
+    if all(s == 0 for s in start) and tuple(end) == x.shape:
+        return x
+    if x.op is Op.SHRINK:
+        s0, _ = x.arg
+        return ir.shrink(x.srcs[0], tuple(a + b for a, b in zip(s0, start)), tuple(a + b for a, b in zip(s0, end)))
+    return None
+
+
+def _flip(n: Node, x: Node) -> Node | None:
+    axes = tuple(a for a in n.arg if x.shape[a] > 1)
+    if not axes:
+        return x
+    if x.op is Op.FLIP:
+        both = tuple(sorted(set(axes) ^ set(x.arg)))
+        return ir.flip(x.srcs[0], both) if both else x.srcs[0]
+    return None
+
+
+def _pad(n: Node, x: Node) -> Node | None:
+    before, after, value = n.arg
+    if not any(before) and not any(after):
+        return x
+    if x.op is Op.CONST and ir._key(x.arg) == ir._key(value):
+        return Node(Op.CONST, n.dtype, (), value, n.shape)
+    return None
+
+
+def _movement_of_const(n: Node, c: Node) -> Node | None:
+    return Node(Op.CONST, n.dtype, (), c.arg, n.shape) if n.op is not Op.PAD else None
+
+
+def _reduce_of_ones(n: Node, x: Node) -> Node | None:
+    """A reduction over dims of size 1 only is a reshape; no data moves."""
+    if all(x.shape[a] == 1 for a in n.arg):
+        return x
+    return None
+
+
+RULES = RuleSet([
+    (P(ir.ELEMENTWISE, name="n", pred=_all_int_consts), _fold_int),
+    (P(Op.NEG, P(Op.NEG, P(name="x"))), lambda x: x),
+    (P(Op.MUL, P(name="x"), P(Op.CONST, pred=lambda c: _is_const(c, 1))), lambda x: x),
+    (P(Op.ADD, P(name="x"), P(Op.CONST, pred=_additive_zero)), lambda x: x),
+    (P(Op.SUB, P(name="x"), P(Op.CONST, pred=lambda c: _is_const(c, 0))), lambda x: x),
+    (P(Op.MUL, P(name="x"), P(Op.CONST, name="z", pred=lambda c: not c.dtype.is_float and _is_const(c, 0))),
+     lambda x, z: z),
+    (P(Op.CAST, P(name="x"), name="n", pred=lambda n: n.dtype is n.srcs[0].dtype), lambda n, x: x),
+    (P(Op.CAST, P(Op.CAST, P(name="x")), name="n"), _cast_cast),
+    (P(Op.WHERE, P(Op.CONST, name="c"), P(name="a"), P(name="b")), lambda c, a, b: a if c.arg else b),
+    (P(Op.WHERE, P(name="c"), P(name="a"), P(name="a")), lambda c, a: a),
+    (P(Op.RESHAPE, P(name="x"), name="n"), _reshape),
+    (P(Op.PERMUTE, P(name="x"), name="n"), _permute),
+    (P(Op.EXPAND, P(name="x"), name="n"), _expand),
+    (P(Op.SHRINK, P(name="x"), name="n"), _shrink),
+    (P(Op.FLIP, P(name="x"), name="n"), _flip),
+    (P(Op.PAD, P(name="x"), name="n"), _pad),
+    (P(ir.MOVEMENT, P(Op.CONST, name="c"), name="n"), _movement_of_const),
+    (P(ir.REDUCTION, P(name="x"), name="n"), _reduce_of_ones),
+])
+
+
+def simplify(outputs: list[Node]) -> list[Node]:
+    """The tensor graph of outputs after algebraic simplification (same values, fewer nodes)."""
+    return rewrite(outputs, RULES)
+
