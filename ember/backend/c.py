@@ -71,6 +71,8 @@ static inline float ember_f32_odd(double d) {
 }
 static inline float ember_round_f16(double d) { return ember_f16_to_f32(ember_f32_to_f16_bits(ember_f32_odd(d))); }
 static inline float ember_round_bf16(double d) { return ember_bf16_to_f32(ember_f32_to_bf16_bits(ember_f32_odd(d))); }
+static inline float ember_round_f16f(float f) { return ember_f16_to_f32(ember_f32_to_f16_bits(f)); }
+static inline float ember_round_bf16f(float f) { return ember_bf16_to_f32(ember_f32_to_bf16_bits(f)); }
 /* max that is NaN when either operand is (fmaxf is not) */
 static inline float ember_max_float(float a, float b) { return (a != a || a > b) ? a : b; }
 static inline double ember_max_double(double a, double b) { return (a != a || a > b) ? a : b; }

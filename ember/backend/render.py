@@ -16,9 +16,9 @@ import math
 from dataclasses import dataclass, field
 
 from .. import dtype as dt
-from ..dtype import DType
 from ..compiler.lower import Kernel, free_ranges
-from ..ir import Node, Op, toposort
+from ..dtype import DType
+from ..ir import Node, Op
 
 
 @dataclass(eq=False)
@@ -51,6 +51,10 @@ class Scope:
 
     def has_loops(self) -> bool:
         return any(isinstance(x, Scope) for x in self.lines)
+
+
+# ops whose f16/bf16 result needs no rounding: it is one of the operands, a bool, or already rounded
+EXACT = {Op.CMPLT, Op.CMPEQ, Op.CMPNE, Op.WHERE, Op.MAX, Op.CAST, Op.BITCAST, Op.NEG}
 
 
 @dataclass
@@ -120,6 +124,10 @@ class CLike:
         if d is dt.bf16:
             return f"ember_f32_to_bf16_bits({v})"
         return v
+
+    def round_to(self, d: DType, expr: str) -> str:
+        """f16 and bf16 are computed in float and rounded after every op, as the spec says."""
+        return f"ember_round_{d.name}f({expr})" if d in (dt.f16, dt.bf16) else expr
 
     def cast(self, x: str, src: DType, d: DType) -> str:
         if d is dt.bool_:
@@ -328,6 +336,8 @@ class KernelWriter:
                 expr = f"({args[2]} ? {expr} : 0)"
         else:
             expr = self.r.alu(n, args)
+            if op not in EXACT:
+                expr = self.r.round_to(n.dtype, expr)
         name = self.var()
         scope.put(f"{self.r.ctype(n.dtype)} {name} = {expr};")
         return name
@@ -360,13 +370,20 @@ class KernelWriter:
         inner.put(f"{slot} = {self.r.combine(red_op, d, slot, v)};")
         for s in reversed(opened):
             s.close()
-        if not own_lanes:
-            return LaneArray(acc, free_lanes) if free_lanes else acc
-        # combine the reduction's own lanes into one value per free lane
-        out = self.var("red")
-        nfree = math.prod(r.arg[1] for r in free_lanes)
-        nown = math.prod(r.arg[1] for r in own_lanes)
-        scope.put(f"{ct} {out}[{nfree}];")
-        scope.put(f"for (int j = 0; j < {nfree}; j++) {{ {out}[j] = {acc}[j * {nown}]; "
-                  f"for (int q = 1; q < {nown}; q++) {out}[j] = {self.r.combine(red_op, d, f'{out}[j]', f'{acc}[j * {nown} + q]')}; }}")
-        return LaneArray(out, free_lanes) if free_lanes else f"{out}[0]"
+        if own_lanes:  # combine the reduction's own lanes into one value per free lane
+            nfree = math.prod(r.arg[1] for r in free_lanes)
+            nown = math.prod(r.arg[1] for r in own_lanes)
+            red = self.var("red")
+            scope.put(f"{ct} {red}[{nfree}];")
+            scope.put(f"for (int j = 0; j < {nfree}; j++) {{ {red}[j] = {acc}[j * {nown}]; "
+                      f"for (int q = 1; q < {nown}; q++) "
+                      f"{red}[j] = {self.r.combine(red_op, d, f'{red}[j]', f'{acc}[j * {nown} + q]')}; }}")
+            acc, size = red, nfree
+        if d in (dt.f16, dt.bf16) and red_op is Op.SUM:  # summed in float, rounded once at the end
+            if size > 1:
+                scope.put(f"for (int j = 0; j < {size}; j++) {acc}[j] = {self.r.round_to(d, f'{acc}[j]')};")
+            else:
+                scope.put(f"{acc} = {self.r.round_to(d, acc)};")
+        if free_lanes:
+            return LaneArray(acc, free_lanes)
+        return f"{acc}[0]" if own_lanes else acc

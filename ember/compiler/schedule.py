@@ -61,7 +61,8 @@ def schedule(outputs: list[Node]) -> Schedule:
             break
         for t in sorted(more, key=lambda n: targets.index(n) if n in targets else 0):
             temps[t] = Buffer(next(ids), t.dtype, t.numel, "temp", t)
-    sched = Schedule(inputs, [out_bufs[o] for o in graph], kernels, list(temps.values()))
+    in_order = [k.out for k in kernels if k.out.kind == "temp"]
+    sched = Schedule(inputs, [out_bufs[o] for o in graph], kernels, in_order)
     sched.slots = plan_memory(sched)
     return sched
 

@@ -1,0 +1,50 @@
+"""Fusion decisions: how many kernels a program becomes, and what lives in memory."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ember import text
+from ember.compiler.schedule import schedule
+
+EIR = Path(__file__).parents[1] / "eir"
+
+
+def kernels(src: str) -> int:
+    return len(schedule(text.parse(src).output_nodes).kernels)
+
+
+def test_elementwise_chain_is_one_kernel() -> None:
+    ops = "\n".join(f"y{i} = {op} y{i - 1} c" for i, op in enumerate(["add", "mul", "max", "sub", "mul", "add", "max",
+                                                                        "mul"], 1))
+    assert kernels(f"ember 1\ny0 = param f32[64]\nc = const 0.5 f32[64]\n{ops}\nreturn y8\n") == 1
+
+
+def test_softmax_and_layernorm_are_one_kernel() -> None:
+    assert len(schedule(text.parse_file(str(EIR / "compositions/softmax.eir")).output_nodes).kernels) == 1
+    assert len(schedule(text.parse_file(str(EIR / "compositions/layernorm.eir")).output_nodes).kernels) == 1
+
+
+def test_matmul_by_reshape_is_one_kernel() -> None:
+    assert len(schedule(text.parse_file(str(EIR / "compositions/matmul_by_reshape.eir")).output_nodes).kernels) == 1
+
+
+def test_reduction_with_epilogue_is_one_kernel() -> None:
+    assert kernels("ember 1\nx = param f32[8,16]\ns = sum x axes=[1]\nr = sqrt s\nreturn r\n") == 1
+
+
+def test_column_sum_used_across_rows_is_realized() -> None:
+    # s depends on the column only: inside the row loop it would be recomputed for every row
+    src = ("ember 1\nx = param f32[8,16]\ns = sum x axes=[0]\nsb = expand s shape=[8,16]\nd = sub x sb\nreturn d\n")
+    sched = schedule(text.parse(src).output_nodes)
+    assert len(sched.kernels) == 2 and len(sched.temps) == 1
+
+
+def test_temporaries_share_memory() -> None:
+    # a is dead once c is computed, so e can take a's memory
+    src = ("ember 1\nx = param f32[8,16]\n"
+           "a = sum x axes=[0]\nab = expand a shape=[8,16]\nb = mul x ab\n"
+           "c = sum b axes=[0]\ncb = expand c shape=[8,16]\nd = sub x cb\n"
+           "e = sum d axes=[0]\neb = expand e shape=[8,16]\nf = sub x eb\nreturn f\n")
+    sched = schedule(text.parse(src).output_nodes)
+    a, c, e = sched.temps
+    assert len(sched.kernels) == 4 and sched.slots[a.id] == sched.slots[e.id] != sched.slots[c.id]
