@@ -1,8 +1,10 @@
 """The C backend: one translation unit per program, built once with the system C compiler,
 cached on disk by the hash of its source, loaded with ctypes.
 
-Flags: -O3 -march=native for speed; -fwrapv because the spec's signed arithmetic wraps;
--fno-math-errno (sqrt may inline); never -ffast-math, which breaks NaN, inf and -0.
+Flags: -O3 -march=native for speed; -fno-math-errno (sqrt may inline); never -ffast-math,
+which breaks NaN, inf and -0. Not -fwrapv: it stops gcc from treating index arithmetic as
+affine (5x slower matmul, docs/performance.md); the renderer makes the spec's wrapping signed
+arithmetic explicit instead, computing it in the unsigned type.
 OpenMP parallelizes the outer loop of large kernels when the compiler supports it.
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -115,7 +118,7 @@ def available() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _flags() -> tuple[str, ...]:
-    base = ("-O3", "-march=native", "-fwrapv", "-fno-math-errno", "-fPIC", "-shared")
+    base = ("-O3", "-march=native", "-fno-math-errno", "-fPIC", "-shared")
     return base + (("-fopenmp",) if _supports("-fopenmp") else ("-fopenmp-simd",) if _supports("-fopenmp-simd") else ())
 
 
@@ -189,6 +192,10 @@ class CProgram:
         self.nbuf = max((b.id for b in self.sched.buffers), default=-1) + 1
 
     def __call__(self, inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
+        return self.bind(inputs)()
+
+    def bind(self, inputs: dict[Node, np.ndarray]) -> Callable[[], list[np.ndarray]]:
+        """Allocate the buffers once; the returned function runs the program on them."""
         arrays: dict[int, np.ndarray] = {}
         for node, buf in self.sched.inputs.items():
             arr = np.ascontiguousarray(inputs[node], dtype=np.dtype(buf.dtype.np_name))
@@ -201,11 +208,16 @@ class CProgram:
             ptrs[bid] = arr.ctypes.data
         for b in self.sched.temps:
             ptrs[b.id] = slots[self.sched.slots[b.id]].ctypes.data
-        if debug.level() >= 1:
-            self._run_timed(ptrs)
-        else:
-            self.lib.ember_run(ptrs)
-        return [arrays[b.id].reshape(b.node.shape) for b in self.sched.outputs]
+        results = [arrays[b.id].reshape(b.node.shape) for b in self.sched.outputs]
+
+        def run() -> list[np.ndarray]:
+            if debug.level() >= 1:
+                self._run_timed(ptrs)
+            else:
+                self.lib.ember_run(ptrs)
+            return results
+        run.keep_alive = (arrays, slots)  # type: ignore[attr-defined]
+        return run
 
     def _run_timed(self, ptrs: ctypes.Array) -> None:
         for k in self.sched.kernels:

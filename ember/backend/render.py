@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from .. import dtype as dt
+from ..compiler import symbolic as sym
 from ..compiler.lower import Kernel, free_ranges
 from ..dtype import DType
 from ..ir import Node, Op
@@ -148,9 +149,24 @@ class CLike:
         self.bitcasts.add((src, d))
         return f"ember_bitcast_{src.name}_{d.name}({x})"
 
-    def alu(self, n: Node, a: list[str]) -> str:
+    @staticmethod
+    def wide_unsigned(d: DType) -> str:
+        return "unsigned long long" if d.bits == 64 else "unsigned"
+
+    def wrapping(self, d: DType, op: str, a: list[str]) -> str:
+        """Signed overflow is undefined in C but wraps in the spec: compute in the unsigned type."""
+        u = self.wide_unsigned(d)
+        expr = f"({u})({a[0]}) {op} ({u})({a[1]})" if len(a) == 2 else f"0u - ({u})({a[0]})"
+        return f"(({d.c_name})({expr}))"
+
+    def alu(self, n: Node, a: list[str], no_overflow: bool = False) -> str:
+        """C for n given its operands' expressions. no_overflow: bounds prove that int arithmetic
+        stays in range (index math), so the plain form is exact and the compiler can analyze it."""
         op, d = n.op, n.dtype
         src = n.srcs[0].dtype if n.srcs else d
+        if d.is_int and not no_overflow and op in (Op.ADD, Op.SUB, Op.MUL, Op.NEG) and \
+                (d.is_signed or (d.bits < 32 and op is Op.MUL)):
+            return self.wrapping(d, {Op.ADD: "+", Op.SUB: "-", Op.MUL: "*", Op.NEG: ""}[op], a)
         if op is Op.NEG:
             return self.narrow(d, f"-{a[0]}")
         if op is Op.RECIP:
@@ -190,7 +206,7 @@ class CLike:
 
     def combine(self, op: Op, d: DType, acc: str, v: str) -> str:
         if op is Op.SUM:
-            return self.narrow(d, f"{acc} + {v}")
+            return self.wrapping(d, "+", [acc, v]) if d.is_signed else self.narrow(d, f"{acc} + {v}")
         if d.is_float:
             return f"ember_max_{self.ctype(d)}({acc}, {v})"
         return f"({v} > {acc} ? {v} : {acc})"
@@ -335,7 +351,8 @@ class KernelWriter:
             if len(args) == 3:
                 expr = f"({args[2]} ? {expr} : 0)"
         else:
-            expr = self.r.alu(n, args)
+            no_overflow = n.dtype.is_int and sym.bounds(n) != (n.dtype.min, n.dtype.max)
+            expr = self.r.alu(n, args, no_overflow)
             if op not in EXACT:
                 expr = self.r.round_to(n.dtype, expr)
         name = self.var()
@@ -379,8 +396,9 @@ class KernelWriter:
                       f"for (int q = 1; q < {nown}; q++) "
                       f"{red}[j] = {self.r.combine(red_op, d, f'{red}[j]', f'{acc}[j * {nown} + q]')}; }}")
             acc, size = red, nfree
+        is_array = size > 1 or bool(own_lanes)
         if d in (dt.f16, dt.bf16) and red_op is Op.SUM:  # summed in float, rounded once at the end
-            if size > 1:
+            if is_array:
                 scope.put(f"for (int j = 0; j < {size}; j++) {acc}[j] = {self.r.round_to(d, f'{acc}[j]')};")
             else:
                 scope.put(f"{acc} = {self.r.round_to(d, acc)};")

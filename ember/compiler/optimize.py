@@ -1,23 +1,106 @@
 """Optimization: decide, per kernel, which loop runs in parallel and which ranges become lanes
-(register tiles). Heuristics only; every choice keeps the kernel's meaning."""
+(register tiles, see backend/render.py). Heuristics first; every choice keeps the kernel's
+meaning, because splitting a range r into r_outer * f + r_lane is an exact substitution.
+
+CPU heuristics, from the access pattern of the loads inside a reduction:
+- matmul-like (one load ignores the last output range, another ignores the one before it and is
+  contiguous in the last): a register tile of accumulators, 6x16 or 8x8 (12 or 8 of AVX2's 16
+  vector registers; 8x16 spills, see docs/performance.md for the measurements);
+- contiguous in the last output range only (a column sum): 16 lanes along it;
+- contiguous in the reduction range itself (a row sum): 8 lanes of partial sums, so the
+  reduction vectorizes without reassociating one accumulator.
+"""
 from __future__ import annotations
 
 import math
 
-from .lower import Kernel
+from ..ir import Node, Op, toposort
+from . import symbolic as sym
+from .lower import Kernel, free_ranges
 from .schedule import Schedule
 
+MATMUL_TILES = ((6, 16), (8, 8), (4, 16), (4, 8), (2, 8))   # best first; the first that divides is used
 PARALLEL_WORK = 1 << 15   # below this many loop iterations, starting threads costs more than it saves
 
 
 def work(k: Kernel) -> int:
     """Loop iterations of the kernel: output elements times the sizes of its reductions."""
-    from ..ir import Op, toposort
     reduce_size = sum(math.prod(r.arg[1] for r in n.arg[1]) for n in toposort([k.store]) if n.op is Op.REDUCE)
     return math.prod(r.arg[1] for r in k.ranges) * max(1, reduce_size)
 
 
+def stride(load: Node, r: Node) -> int | None:
+    """How far the load's address moves when r grows by one (None: not affine in r)."""
+    terms, _ = sym.linear(load.srcs[1])
+    if r in terms:
+        return terms[r]
+    return 0 if all(r not in free_ranges(t)[t] for t in terms) else None
+
+
+def split_range(k: Kernel, r: Node, f: int) -> Node:
+    """Replace range r by r_outer * f + r_lane everywhere in k; r_lane becomes a lane."""
+    name, n = r.arg
+    outer, lane = sym.rng(f"{name}o", n // f), sym.rng(f"{name}l", f)
+    repl = sym.add(sym.mul(outer, sym.const(f)), lane)
+    done: dict[Node, Node] = {r: repl}
+    for node in toposort([k.store]):
+        if node in done:
+            continue
+        srcs = tuple(done.get(s, s) for s in node.srcs)
+        arg = node.arg
+        if node.op is Op.REDUCE and r in arg[1]:
+            arg = (arg[0], tuple(x for y in arg[1] for x in ((outer, lane) if y is r else (y,))))
+        done[node] = Node(node.op, node.dtype, srcs, arg, node.shape)
+    (k.store,) = sym.simplify([done[k.store]])
+    k.reduces = {}  # the tensor-level bookkeeping of scheduling is done with
+    if r in k.ranges:
+        i = k.ranges.index(r)
+        k.ranges[i:i + 1] = [outer, lane]
+    k.lanes = k.lanes | {lane}
+    return lane
+
+
+def _divisor(n: int, choices: tuple[int, ...]) -> int | None:
+    return next((f for f in choices if n % f == 0 and n > f), None)
+
+
+def cpu_lanes(k: Kernel) -> None:
+    reduces = [n for n in toposort([k.store]) if n.op is Op.REDUCE]
+    if not reduces:
+        return
+    deps = free_ranges(k.store)
+    red = max(reduces, key=lambda n: len(deps[n]))
+    loads = [n for n in toposort([red.srcs[0]]) if n.op is Op.LOAD]
+    outs = [r for r in k.ranges if r in deps[red]]
+    if len(outs) >= 2 and outs[-1] is k.ranges[-1]:
+        last, prev = outs[-1], outs[-2]
+        a = [ld for ld in loads if stride(ld, last) == 0 and stride(ld, prev) not in (0, None)]
+        b = [ld for ld in loads if stride(ld, prev) == 0 and stride(ld, last) == 1]
+        tile = next(((ti, tj) for ti, tj in MATMUL_TILES if prev.arg[1] % ti == 0 and last.arg[1] % tj == 0), None)
+        if a and b and tile:
+            split_range(k, prev, tile[0])
+            split_range(k, last, tile[1])
+            return
+    if outs and outs[-1] is k.ranges[-1]:
+        last = outs[-1]
+        own = red.arg[1]
+        contiguous = [ld for ld in loads if stride(ld, last) == 1 and all(stride(ld, r) != 1 for r in own)]
+        f = _divisor(last.arg[1], (16, 8))
+        if contiguous and f:
+            split_range(k, last, f)
+            return
+    for r in red.arg[1]:
+        if any(stride(ld, r) == 1 for ld in loads) and r.arg[1] >= 64:
+            f = _divisor(r.arg[1], (8,))
+            if f:
+                split_range(k, r, f)
+            return
+
+
 def optimize(sched: Schedule, target: str) -> None:
     for k in sched.kernels:
-        if k.ranges and work(k) >= PARALLEL_WORK:
+        if target == "c":
+            cpu_lanes(k)
+        outer = [r for r in k.ranges if r not in k.lanes]
+        if outer and work(k) >= PARALLEL_WORK:
             k.parallel = 1
