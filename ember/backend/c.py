@@ -1,11 +1,13 @@
 """The C backend: one translation unit per program, built once with the system C compiler,
 cached on disk by the hash of its source, loaded with ctypes.
 
-Flags: -O3 -march=native for speed; -fno-math-errno (sqrt may inline); never -ffast-math,
-which breaks NaN, inf and -0. Not -fwrapv: it stops gcc from treating index arithmetic as
-affine (5x slower matmul, docs/performance.md); the renderer makes the spec's wrapping signed
-arithmetic explicit instead, computing it in the unsigned type.
-OpenMP parallelizes the outer loop of large kernels when the compiler supports it.
+Flags: -O3 -march=native for speed; -fno-math-errno (sqrt may inline); -fno-trapping-math (no
+one reads floating-point traps, so selects such as NaN-propagating max can be if-converted and
+vectorized; values are unchanged). Never -ffast-math, which breaks NaN, inf and -0. Not
+-fwrapv: it stops gcc from treating index arithmetic as affine (5x slower matmul, see
+docs/performance.md); the renderer makes the spec's wrapping signed arithmetic explicit
+instead, computing it in the unsigned type. OpenMP runs the outer loop of large kernels in
+parallel when the compiler supports it.
 """
 from __future__ import annotations
 
@@ -76,9 +78,26 @@ static inline float ember_round_f16(double d) { return ember_f16_to_f32(ember_f3
 static inline float ember_round_bf16(double d) { return ember_bf16_to_f32(ember_f32_to_bf16_bits(ember_f32_odd(d))); }
 static inline float ember_round_f16f(float f) { return ember_f16_to_f32(ember_f32_to_f16_bits(f)); }
 static inline float ember_round_bf16f(float f) { return ember_bf16_to_f32(ember_f32_to_bf16_bits(f)); }
+/* 2^x for float, branch-free so loops that use it vectorize (libm's exp2f is a call).
+   x = n + f with |f| <= 1/2; 2^f by its Taylor series to degree 7 (relative error < 1e-8, below
+   half an ulp of float); 2^n applied in two halves so that results down to subnormals and up to
+   overflow round correctly. NaN, +-inf and out-of-range x fall out of the clamps and selects. */
+static inline float ember_exp2f(float x) {
+  float xc = x < -160.0f ? -160.0f : (x > 160.0f ? 160.0f : x);
+  float n = floorf(xc + 0.5f), f = xc - n;
+  float p = 1.5252733804059841e-05f;
+  p = p * f + 1.5403530393381608e-04f; p = p * f + 1.3333558146428443e-03f;
+  p = p * f + 9.6181291076284772e-03f; p = p * f + 5.5504108664821580e-02f;
+  p = p * f + 2.4022650695910071e-01f; p = p * f + 6.9314718055994531e-01f; p = p * f + 1.0f;
+  int ni = (int)n, n1 = ni / 2, n2 = ni - n1;
+  unsigned int e1 = (unsigned int)(n1 + 127) << 23, e2 = (unsigned int)(n2 + 127) << 23;
+  float s1, s2; memcpy(&s1, &e1, 4); memcpy(&s2, &e2, 4);
+  float r = p * s1 * s2;
+  return x != x ? x : r;
+}
 /* max that is NaN when either operand is (fmaxf is not) */
-static inline float ember_max_float(float a, float b) { return (a != a || a > b) ? a : b; }
-static inline double ember_max_double(double a, double b) { return (a != a || a > b) ? a : b; }
+static inline float ember_max_float(float a, float b) { return ((a != a) | (a > b)) ? a : b; }
+static inline double ember_max_double(double a, double b) { return ((a != a) | (a > b)) ? a : b; }
 """
 
 
@@ -118,7 +137,7 @@ def available() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _flags() -> tuple[str, ...]:
-    base = ("-O3", "-march=native", "-fno-math-errno", "-fPIC", "-shared")
+    base = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared")
     return base + (("-fopenmp",) if _supports("-fopenmp") else ("-fopenmp-simd",) if _supports("-fopenmp-simd") else ())
 
 

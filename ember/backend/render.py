@@ -70,7 +70,7 @@ class CLike:
 
     restrict = "restrict"
     float_suffix = "f"
-    math32 = {Op.SQRT: "sqrtf", Op.EXP2: "exp2f", Op.LOG2: "log2f", Op.SIN: "sinf", Op.TRUNC: "truncf"}
+    math32 = {Op.SQRT: "sqrtf", Op.EXP2: "ember_exp2f", Op.LOG2: "log2f", Op.SIN: "sinf", Op.TRUNC: "truncf"}
     math64 = {Op.SQRT: "sqrt", Op.EXP2: "exp2", Op.LOG2: "log2", Op.SIN: "sin", Op.TRUNC: "trunc"}
     infix = {Op.ADD: "+", Op.SUB: "-", Op.MUL: "*", Op.AND: "&", Op.OR: "|", Op.XOR: "^",
              Op.CMPLT: "<", Op.CMPEQ: "==", Op.CMPNE: "!="}

@@ -6,7 +6,8 @@ CPU heuristics, from the access pattern of the loads inside a reduction:
 - matmul-like (one load ignores the last output range, another ignores the one before it and is
   contiguous in the last): a register tile of accumulators, 6x16 or 8x8 (12 or 8 of AVX2's 16
   vector registers; 8x16 spills, see docs/performance.md for the measurements);
-- contiguous in the last output range only (a column sum): 16 lanes along it;
+- contiguous in the last output range only (a column sum): up to 64 lanes along it (8 vector
+  registers; each row visit then reads 256 contiguous bytes instead of one 64-byte line);
 - contiguous in the reduction range itself (a row sum): 8 lanes of partial sums, so the
   reduction vectorizes without reassociating one accumulator.
 """
@@ -85,7 +86,7 @@ def cpu_lanes(k: Kernel) -> None:
         last = outs[-1]
         own = red.arg[1]
         contiguous = [ld for ld in loads if stride(ld, last) == 1 and all(stride(ld, r) != 1 for r in own)]
-        f = _divisor(last.arg[1], (16, 8))
+        f = _divisor(last.arg[1], (64, 32, 16, 8))
         if contiguous and f:
             split_range(k, last, f)
             return

@@ -46,8 +46,8 @@ def test_compile_error_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 def test_f16_conversions_round_to_nearest_even() -> None:
     """Every f16 bit pattern converts to f32 and back exactly; midpoints round to even."""
-    from ember import ir
     from ember import dtype as dt
+    from ember import ir
     from ember.ir import Op
     x = ir.param("x", dt.u16, (65536,))
     h = ir.unary(Op.BITCAST, x, dt.f16)
@@ -57,3 +57,25 @@ def test_f16_conversions_round_to_nearest_even() -> None:
     nan = (bits & 0x7C00) == 0x7C00
     nan &= (bits & 0x3FF) != 0
     assert (got[~nan] == bits[~nan]).all()
+
+
+def test_exp2_float_accuracy_and_special_values() -> None:
+    """Ember's branch-free exp2 for float against exp2 in f64, rounded to f32: within 2 ulp
+    everywhere it is normal, exact at the special values."""
+    from ember import dtype as dt
+    from ember import ir
+    from ember.ir import Op
+    xs = np.concatenate([np.linspace(-150, 130, 200_001), np.random.default_rng(1).uniform(-30, 30, 100_000),
+                         [0.0, -0.0, 1.0, -1.0, 0.5, 127.99, 128.0, -126.0, -149.0, -150.0, -160, 200, np.inf, -np.inf,
+                          np.nan]]).astype(np.float32)
+    x = ir.param("x", dt.f32, xs.shape)
+    (got,) = c.run_values([ir.unary(Op.EXP2, x)], {x: xs})
+    with np.errstate(over="ignore"):
+        want = np.exp2(xs.astype(np.float64)).astype(np.float32)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want) & (want > np.float32(2.0**-126))
+    ulp = np.abs(got[finite].view(np.int32) - want[finite].view(np.int32))
+    assert ulp.max() <= 2
+    tiny = np.isfinite(want) & ~finite
+    assert np.abs(got[tiny] - want[tiny]).max() <= 2.0**-149 * 2  # subnormal results: within 2 steps
+    assert np.array_equal(np.isinf(got), np.isinf(want))
