@@ -5,6 +5,7 @@ The reference evaluator interprets; compiled backends generate, build and run co
 """
 from __future__ import annotations
 
+import sys
 from typing import Callable
 
 import numpy as np
@@ -35,7 +36,10 @@ def _run_c(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarr
 
 def _run_cuda(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
     from .backend import cuda
-    return cuda.run_values(outputs, inputs)
+    try:
+        return cuda.run_values(outputs, inputs)
+    except (RuntimeError, NotImplementedError) as e:
+        raise BackendError(str(e)) from None
 
 
 RUNNERS: dict[str, Callable[[list[Node], dict[Node, np.ndarray]], list[np.ndarray]]] = {
@@ -62,6 +66,10 @@ def run_program(prog: Program, backend: str) -> list[np.ndarray]:
     """Values of the program's outputs (as the reference evaluator holds values)."""
     if backend not in RUNNERS:
         raise BackendError(f"unknown backend '{backend}' (backends: {', '.join(RUNNERS)})")
+    if backend == "cuda" and "cuda" not in available() and "c" in available():
+        from .backend import cuda
+        print(f"ember: {cuda.why_unavailable()}; running on the C backend instead", file=sys.stderr)
+        backend = "c"
     if backend not in available():
         here = ", ".join(available())
         raise BackendError(f"backend '{backend}' is not available on this machine (available: {here})")

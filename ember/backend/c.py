@@ -116,7 +116,7 @@ def _bitcast_helpers(pairs: set[tuple[DType, DType]]) -> str:
 def render(sched: Schedule) -> str:
     """The whole program: prelude, one function per kernel, and `ember_run(void** buffers)`."""
     r = CRenderer()
-    kernels = [r.render_kernel(k, k.lanes) for k in sched.kernels]
+    kernels = [r.render_kernel(k) for k in sched.kernels]
     entry = ["void ember_run(void** b) {"]
     for k in sched.kernels:
         args = [k.out] + [b for b in k.reads if b.id != k.out.id]

@@ -1,2 +1,396 @@
+"""The CUDA backend: the same lowered kernels rendered for the GPU, compiled with NVRTC and
+launched with the driver API (both through cuda-python), all on one stream.
+
+Two kernel shapes, chosen per kernel from its reductions:
+- thread per output: the output ranges are decoded from the global thread index; reductions
+  run as loops inside the thread (elementwise kernels; reductions over a strided axis, such as
+  column sums, which stay coalesced because neighbouring threads read neighbouring columns);
+- block per row: the ranges every reduction depends on (a prefix of the output ranges, the
+  row) come from the block index; each reduction is strided over the block's threads and
+  combined with warp shuffles and shared memory; the remaining output ranges are strided over
+  the threads (softmax, layernorm, row sums).
+Source generation needs no GPU (CI compiles every kernel with nvcc); running needs cuda-python.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import data, debug
+from ..compiler import optimize
+from ..compiler.lower import Kernel, free_ranges
+from ..compiler.schedule import Schedule, schedule
+from ..dtype import DType
+from ..ir import Node, Op, toposort
+from .render import CLike, KernelWriter, Scope
+
+BLOCK = 256
+
+PRELUDE = r"""
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#ifndef NAN
+#define NAN __int_as_float(0x7fffffff)
+#endif
+#define EMBER_D __device__ static inline
+EMBER_D float ember_f16_to_f32(unsigned short h) {
+  unsigned int sign = (unsigned int)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+  if (e) return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+  float f = (float)m * 5.9604644775390625e-8f; return sign ? -f : f;
+}
+EMBER_D unsigned short ember_f32_to_f16_bits(float f) {
+  unsigned int x = __float_as_uint(f), sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return (unsigned short)(sign | 0x7e00u);
+  if (ax >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);
+  if (ax < 0x38800000u) return (unsigned short)(sign | (unsigned int)rintf(__uint_as_float(ax) * 16777216.0f));
+  unsigned int h = ((((ax >> 23) - 112u) << 10) | ((ax & 0x7fffffu) >> 13)), rest = ax & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
+  return (unsigned short)(sign | h);
+}
+EMBER_D float ember_bf16_to_f32(unsigned short h) { return __uint_as_float((unsigned int)h << 16); }
+EMBER_D unsigned short ember_f32_to_bf16_bits(float f) {
+  unsigned int x = __float_as_uint(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);
+  return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+EMBER_D float ember_f32_odd(double d) {
+  float f = __double2float_rn(d);
+  if ((double)f != d && f == f && fabsf(f) != INFINITY) {
+    unsigned int b = __float_as_uint(f);
+    if (fabs((double)f) > fabs(d)) b -= 1u;
+    f = __uint_as_float(b | 1u);
+  }
+  return f;
+}
+EMBER_D float ember_round_f16(double d) { return ember_f16_to_f32(ember_f32_to_f16_bits(ember_f32_odd(d))); }
+EMBER_D float ember_round_bf16(double d) { return ember_bf16_to_f32(ember_f32_to_bf16_bits(ember_f32_odd(d))); }
+EMBER_D float ember_round_f16f(float f) { return ember_f16_to_f32(ember_f32_to_f16_bits(f)); }
+EMBER_D float ember_round_bf16f(float f) { return ember_bf16_to_f32(ember_f32_to_bf16_bits(f)); }
+EMBER_D float ember_max_float(float a, float b) { return ((a != a) | (a > b)) ? a : b; }
+EMBER_D double ember_max_double(double a, double b) { return ((a != a) | (a > b)) ? a : b; }
+
+/* block-wide reductions: every thread of the block gets the result */
+EMBER_D float ember_add(float a, float b) { return a + b; }
+EMBER_D double ember_add(double a, double b) { return a + b; }
+template <typename T> EMBER_D T ember_add(T a, T b) { return (T)((unsigned long long)a + (unsigned long long)b); }
+EMBER_D float ember_max2(float a, float b) { return ember_max_float(a, b); }
+EMBER_D double ember_max2(double a, double b) { return ember_max_double(a, b); }
+template <typename T> EMBER_D T ember_max2(T a, T b) { return a > b ? a : b; }
+EMBER_D float ember_shfl(float v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+EMBER_D double ember_shfl(double v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+template <typename T> EMBER_D T ember_shfl(T v, int o) { return (T)__shfl_xor_sync(0xffffffffu, (long long)v, o); }
+template <typename T, int MAX> EMBER_D T ember_block_reduce(T v) {
+  __shared__ T part[32];
+  for (int o = 16; o > 0; o >>= 1) { T w = ember_shfl(v, o); v = MAX ? ember_max2(v, w) : ember_add(v, w); }
+  __syncthreads();  /* part[] may still be read by the previous reduction */
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = part[0];
+  for (int w = 1; w < (int)(blockDim.x >> 5); w++) v = MAX ? ember_max2(v, part[w]) : ember_add(v, part[w]);
+  return v;
+}
+"""
+
+
+class CUDARenderer(CLike):
+    restrict = "__restrict__"
+    math32 = {Op.SQRT: "sqrtf", Op.EXP2: "exp2f", Op.LOG2: "log2f", Op.SIN: "sinf", Op.TRUNC: "truncf"}
+
+    def loop_header(self, r: Node, var: str, lane: bool, parallel: bool) -> list[str]:
+        return (["#pragma unroll"] if lane else []) + [f"for (int {var} = 0; {var} < {r.arg[1]}; {var}++)"]
+
+    def render_kernel(self, k: Kernel, prefix: str = "") -> str:
+        return CUDAKernelWriter(self, k, prefix).write()
+
+
+def _block_rows(k: Kernel) -> list[Node] | None:
+    """The prefix of output ranges that a block owns, when the kernel's reductions read a
+    contiguous axis (block per row); None for thread per output."""
+    reduces = [n for n in toposort([k.store]) if n.op is Op.REDUCE]
+    if not reduces:
+        return None
+    deps = free_ranges(k.store)
+    top = [n for n in reduces if not any(n in toposort([m.srcs[0]]) for m in reduces if m is not n)]
+    for n in top:
+        last = n.arg[1][-1]
+        loads = [ld for ld in toposort([n.srcs[0]]) if ld.op is Op.LOAD]
+        if last.arg[1] < 32 or not any(optimize.stride(ld, last) == 1 for ld in loads):
+            return None
+    used = set().union(*(deps[n] for n in top))
+    prefix = [r for r in k.ranges if r in used]
+    return prefix if prefix == k.ranges[:len(prefix)] else None
+
+
+def launch_config(k: Kernel) -> tuple[int, int]:
+    """(blocks, threads per block)."""
+    rows = _block_rows(k)
+    if rows is not None:
+        return max(1, math.prod(r.arg[1] for r in rows)), BLOCK
+    total = math.prod(r.arg[1] for r in k.ranges)
+    return max(1, -(-total // BLOCK)), BLOCK
+
+
+class CUDAKernelWriter(KernelWriter):
+    def __init__(self, r: CLike, k: Kernel, prefix: str = ""):
+        super().__init__(r, k, prefix)
+        self.rows = _block_rows(k)
+        self.block_scope: Scope | None = None
+
+    def signature(self) -> str:
+        return f"extern \"C\" __global__ void __launch_bounds__({BLOCK}) " + super().signature()[len("void "):]
+
+    def decode(self, scope: Scope, flat: str, ranges: list[Node]) -> None:
+        """Range variables from a flat index, innermost range fastest."""
+        stride = 1
+        for r in reversed(ranges):
+            n = r.arg[1]
+            expr = flat if stride == 1 else f"({flat} / {stride})"
+            scope.put(f"int {self.range_var(r)} = {expr}" + (f" % {n};" if r is not ranges[0] else ";"))
+            stride *= n
+
+    def open_outputs(self, root: Scope) -> Scope:
+        k = self.k
+        if self.rows is None:
+            total = math.prod(r.arg[1] for r in k.ranges)
+            root.put("int gid = blockIdx.x * blockDim.x + threadIdx.x;")
+            root.put(f"if (gid >= {total}) return;")
+            self.decode(root, "gid", k.ranges)
+            return root.open(frozenset(k.ranges), [])
+        self.decode(root, "blockIdx.x", self.rows)
+        scope = self.block_scope = root.open(frozenset(self.rows), [])
+        inner = [r for r in k.ranges if r not in self.rows]
+        for i, r in enumerate(inner):
+            v = self.range_var(r)
+            head = f"for (int {v} = threadIdx.x; {v} < {r.arg[1]}; {v} += blockDim.x)" if i == len(inner) - 1 \
+                else f"for (int {v} = 0; {v} < {r.arg[1]}; {v}++)"
+            scope = scope.open(frozenset([r]), [head])
+        return scope
+
+    def store_guard(self, scope: Scope) -> str:
+        return "if (threadIdx.x == 0) " if scope is self.block_scope else ""
+
+    def cooperative(self, scope: Scope) -> bool:
+        return self.block_scope is not None and scope is self.block_scope
+
+    def reduce_header(self, n: Node, r: Node, last: bool, scope: Scope) -> list[str]:
+        if last and self.cooperative(scope):
+            v = self.range_var(r)
+            return [f"for (int {v} = threadIdx.x; {v} < {r.arg[1]}; {v} += blockDim.x)"]
+        return super().reduce_header(n, r, last, scope)
+
+    def reduce_finish(self, n: Node, acc: str, scope: Scope) -> list[str]:
+        if not self.cooperative(scope):
+            return []
+        return [f"{acc} = ember_block_reduce<{self.r.ctype(n.dtype)}, {int(n.arg[0] is Op.RMAX)}>({acc});"]
+
+
+def _bitcast_helpers(pairs: set[tuple[DType, DType]]) -> str:
+    return "".join(f"EMBER_D {d.c_name} ember_bitcast_{s.name}_{d.name}({s.c_name} x) "
+                   f"{{ union {{ {s.c_name} a; {d.c_name} b; }} u; u.a = x; return u.b; }}\n"
+                   for s, d in sorted(pairs, key=lambda p: (p[0].name, p[1].name)))
+
+
+def render(sched: Schedule, prefix: str = "") -> str:
+    """The program's kernels as one CUDA source (kernel names get the prefix)."""
+    r = CUDARenderer()
+    kernels = [r.render_kernel(k, prefix) for k in sched.kernels]
+    return PRELUDE + _bitcast_helpers(r.bitcasts) + "\n" + "\n".join(kernels)
+
+
+def _split_large_reductions(outputs: list[Node]) -> list[Node]:
+    """A full reduction of many elements into one value would run on one block: reduce in two
+    stages instead (many partial results, then one), which the scheduler keeps as two kernels."""
+    from .. import ir
+    from ..compiler.rewrite import substitute
+    mapping: dict[Node, Node] = {}
+    for n in toposort(outputs):
+        if n.op in (Op.SUM, Op.RMAX) and n.numel == 1:
+            x = n.srcs[0]
+            if x.numel >= 1 << 16:
+                groups = next(g for g in (1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1) if x.numel % g == 0)
+                part = ir.reduce(n.op, ir.reshape(x, (groups, x.numel // groups)), (1,))
+                mapping[n] = ir.reshape(ir.reduce(n.op, part, (0,)), n.shape)
+    return substitute(outputs, mapping) if mapping else outputs
+
+
+def prepare(outputs: list[Node]) -> Schedule:
+    sched = schedule(_split_large_reductions(outputs))
+    optimize.optimize(sched, target="cuda")
+    return sched
+
+
+def source(outputs: list[Node]) -> str:
+    return render(prepare(outputs))
+
+
+# ---------------------------------------------------------------------------------- runtime
+
+def _check(result: Any) -> Any:
+    err = result[0]
+    if int(err) != 0:
+        raise RuntimeError(f"CUDA error: {err}")
+    return result[1] if len(result) == 2 else result[1:]
+
+
+@functools.lru_cache(maxsize=None)
+def _device() -> tuple[Any, str] | None:
+    """The context and target architecture of GPU 0, or None without cuda-python or a GPU."""
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:
+        return None
+    try:
+        _check((cu.cuInit(0)[0], None))
+        if _check(cu.cuDeviceGetCount()) < 1:
+            return None
+        dev = _check(cu.cuDeviceGet(0))
+        major = _check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
+        minor = _check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
+        ctx = _check(cu.cuDevicePrimaryCtxRetain(dev))
+        _check((cu.cuCtxSetCurrent(ctx)[0], None))
+        return ctx, f"sm_{major}{minor}"
+    except RuntimeError:
+        return None
+
+
 def available() -> bool:
-    return False
+    if os.environ.get("EMBER_NO_CUDA"):
+        return False
+    return _device() is not None
+
+
+def why_unavailable() -> str:
+    try:
+        import cuda.bindings  # noqa: F401
+    except ImportError:
+        return "cuda-python is not installed (pip install -e '.[cuda]')"
+    return "no CUDA GPU was found"
+
+
+def compile_cubin(src: str, arch: str) -> bytes:
+    """NVRTC, cached on disk by the hash of source and target."""
+    from cuda.bindings import nvrtc
+    version = _check(nvrtc.nvrtcVersion())
+    key = hashlib.sha256(f"{arch}\0{version}\0{src}".encode()).hexdigest()[:32]
+    cache = Path(os.environ.get("EMBER_CACHE") or Path.home() / ".cache" / "ember") / "cuda"
+    cache.mkdir(parents=True, exist_ok=True)
+    path = cache / f"{key}.cubin"
+    if path.exists():
+        return path.read_bytes()
+    prog = _check(nvrtc.nvrtcCreateProgram(src.encode(), b"ember.cu", 0, [], []))
+    opts = [f"--gpu-architecture={arch}".encode(), b"-default-device", b"--std=c++17"]
+    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    if int(err) != 0:
+        size = _check(nvrtc.nvrtcGetProgramLogSize(prog))
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        raise RuntimeError(f"NVRTC failed on generated code:\n{log.decode(errors='replace')[:4000]}")
+    size = _check(nvrtc.nvrtcGetCUBINSize(prog))
+    cubin = b" " * size
+    _check((nvrtc.nvrtcGetCUBIN(prog, cubin)[0], None))
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(cubin)
+    os.replace(tmp, path)  # atomic publish
+    return cubin
+
+
+class CUDAProgram:
+    def __init__(self, outputs: list[Node]):
+        from cuda.bindings import driver as cu
+        self.cu = cu
+        dev = _device()
+        assert dev is not None
+        t0 = time.perf_counter()
+        self.sched = prepare(outputs)
+        self.source = render(self.sched)
+        t1 = time.perf_counter()
+        self.module = _check(cu.cuModuleLoadData(compile_cubin(self.source, dev[1])))
+        self.functions = [_check(cu.cuModuleGetFunction(self.module, k.name.encode())) for k in self.sched.kernels]
+        self.configs = [launch_config(k) for k in self.sched.kernels]
+        self.compile_seconds = (t1 - t0, time.perf_counter() - t1)
+        debug.log(1, f"ember cuda: {len(self.sched.kernels)} kernels, codegen {self.compile_seconds[0] * 1e3:.1f} ms, "
+                     f"nvrtc+load {self.compile_seconds[1] * 1e3:.1f} ms")
+        debug.log(2, self.source)
+
+    def bind(self, inputs: dict[Node, np.ndarray]) -> tuple[Callable[[], None], Callable[[], list[np.ndarray]]]:
+        """Copy inputs to the device; returns (launch all kernels, copy the outputs back)."""
+        cu, sched = self.cu, self.sched
+        ptr: dict[int, int] = {}
+        self._allocs = allocs = []
+
+        def alloc(nbytes: int) -> int:
+            p = _check(cu.cuMemAlloc(max(nbytes, 1)))
+            allocs.append(p)
+            return int(p)
+        for node, buf in sched.inputs.items():
+            arr = np.ascontiguousarray(inputs[node], dtype=np.dtype(buf.dtype.np_name))
+            ptr[buf.id] = alloc(arr.nbytes)
+            _check((cu.cuMemcpyHtoD(ptr[buf.id], arr.ctypes.data, arr.nbytes)[0], None))
+        for buf in sched.outputs:
+            ptr.setdefault(buf.id, alloc(buf.nbytes))
+        slot_ptr: dict[int, int] = {}
+        for buf in sched.temps:
+            s = sched.slots[buf.id]
+            size = max(b.nbytes for b in sched.temps if sched.slots[b.id] == s)
+            if s not in slot_ptr:
+                slot_ptr[s] = alloc(size)
+            ptr[buf.id] = slot_ptr[s]
+        launches = []
+        for k, fn, (grid, block) in zip(sched.kernels, self.functions, self.configs):
+            args = [np.array([ptr[b.id]], dtype=np.uint64) for b in [k.out] + [b for b in k.reads if b.id != k.out.id]]
+            addrs = np.array([a.ctypes.data for a in args], dtype=np.uint64)
+            launches.append((k, fn, grid, block, args, addrs))
+
+        def run() -> None:
+            for k, fn, grid, block, _args, addrs in launches:
+                _check((cu.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, 0, addrs.ctypes.data, 0)[0], None))
+            if debug.level() >= 1:
+                _check((cu.cuCtxSynchronize()[0], None))
+
+        def fetch() -> list[np.ndarray]:
+            _check((cu.cuCtxSynchronize()[0], None))
+            outs = []
+            for buf in sched.outputs:
+                arr = np.empty(buf.size, dtype=np.dtype(buf.dtype.np_name))
+                _check((cu.cuMemcpyDtoH(arr.ctypes.data, ptr[buf.id], arr.nbytes)[0], None))
+                outs.append(arr.reshape(buf.node.shape))
+            return outs
+        return run, fetch
+
+    def free(self) -> None:
+        for p in getattr(self, "_allocs", []):
+            self.cu.cuMemFree(p)
+        self._allocs = []
+
+    def __call__(self, inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
+        run, fetch = self.bind(inputs)
+        try:
+            run()
+            return fetch()
+        finally:
+            self.free()
+
+
+_programs: dict[tuple[Node, ...], CUDAProgram] = {}
+
+
+def compile(outputs: list[Node]) -> CUDAProgram:
+    key = tuple(outputs)
+    if key not in _programs:
+        _programs[key] = CUDAProgram(outputs)
+    return _programs[key]
+
+
+def run_values(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
+    prog = compile(outputs)
+    stored = {n: data.to_storage(v, n.dtype) for n, v in inputs.items()}
+    return [data.from_storage(a, b.dtype) for a, b in zip(prog(stored), prog.sched.outputs)]

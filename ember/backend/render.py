@@ -221,15 +221,16 @@ class CLike:
             pragma = [f"#pragma GCC unroll {size}"]
         return pragma + [f"for (int {var} = 0; {var} < {size}; {var}++)"]
 
-    def render_kernel(self, k: Kernel, lanes: frozenset[Node] = frozenset()) -> str:
-        return KernelWriter(self, k, lanes).write()
+    def render_kernel(self, k: Kernel, prefix: str = "") -> str:
+        return KernelWriter(self, k, prefix).write()
 
 
 class KernelWriter:
     """Renders one kernel: places nodes in scopes, emits statements, prints the scope tree."""
 
-    def __init__(self, r: CLike, k: Kernel, lanes: frozenset[Node]):
-        self.r, self.k, self.lanes = r, k, lanes
+    def __init__(self, r: CLike, k: Kernel, prefix: str = ""):
+        self.r, self.k, self.lanes = r, k, k.lanes
+        self.name = prefix + k.name
         self.deps = free_ranges(k.store)
         self.names: dict[Node, str] = {}
         self.memo: dict[tuple[Node, int], str | LaneArray] = {}
@@ -258,19 +259,36 @@ class KernelWriter:
         raise AssertionError(f"no scope defines the ranges of {n}")
 
     def write(self) -> str:
-        k = self.k
         root = Scope(None, frozenset(), [])
-        scope = root
-        outer = [r for r in k.ranges if r not in self.lanes]
-        inner = [r for r in k.ranges if r in self.lanes]
-        for i, r in enumerate(outer + inner):
-            scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), r in self.lanes,
-                                                                  parallel=i < k.parallel))
-        buf, idx, value = k.store.srcs
+        scope = self.open_outputs(root)
+        buf, idx, value = self.k.store.srcs
         v = self.value(value, scope)
         i = self.value(idx, scope)
-        scope.put(f"{self.buf(buf)}[{i}] = {self.r.store_value(self.ref(v, value), value.dtype)};")
+        stored = self.r.store_value(self.ref(v, value), value.dtype)
+        scope.put(self.store_guard(scope) + f"{self.buf(buf)}[{i}] = {stored};")
         return self.signature() + " {\n" + self.print_scope(root, 1) + "}\n"
+
+    def open_outputs(self, root: Scope) -> Scope:
+        """Open the loops of the output ranges (outer ones first, lanes innermost)."""
+        scope = root
+        outer = [r for r in self.k.ranges if r not in self.lanes]
+        inner = [r for r in self.k.ranges if r in self.lanes]
+        for i, r in enumerate(outer + inner):
+            scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), r in self.lanes,
+                                                                  parallel=i < self.k.parallel))
+        return scope
+
+    def store_guard(self, scope: Scope) -> str:
+        """A condition on the store (CUDA: one thread stores a value the whole block computed)."""
+        return ""
+
+    def reduce_header(self, n: Node, r: Node, last: bool, scope: Scope) -> list[str]:
+        """The loop over one of a reduction's own ranges (CUDA: strided over the block's threads)."""
+        return self.r.loop_header(r, self.range_var(r), False, False)
+
+    def reduce_finish(self, n: Node, acc: str, scope: Scope) -> list[str]:
+        """Statements after a reduction's loops (CUDA: combine the threads' partial results)."""
+        return []
 
     def buf(self, b: Node) -> str:
         return f"b{b.arg}"
@@ -279,7 +297,7 @@ class KernelWriter:
         k = self.k
         params = [f"{self.r.stype(k.out.dtype)}* {self.r.restrict} b{k.out.id}"]
         params += [f"const {self.r.stype(b.dtype)}* {self.r.restrict} b{b.id}" for b in k.reads if b.id != k.out.id]
-        return f"void {k.name}({', '.join(params)})"
+        return f"void {self.name}({', '.join(params)})"
 
     def print_scope(self, s: Scope, depth: int) -> str:
         out = []
@@ -375,8 +393,8 @@ class KernelWriter:
             scope.put(f"{acc} = {init};")
         inner = scope
         opened = []
-        for r in loops:
-            inner = inner.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), False, False))
+        for i, r in enumerate(loops):
+            inner = inner.open(frozenset([r]), self.reduce_header(n, r, i == len(loops) - 1, scope))
             opened.append(inner)
         for r in free_lanes + own_lanes:
             inner = inner.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
@@ -387,6 +405,8 @@ class KernelWriter:
         inner.put(f"{slot} = {self.r.combine(red_op, d, slot, v)};")
         for s in reversed(opened):
             s.close()
+        for line in self.reduce_finish(n, acc, scope):
+            scope.put(line)
         if own_lanes:  # combine the reduction's own lanes into one value per free lane
             nfree = math.prod(r.arg[1] for r in free_lanes)
             nown = math.prod(r.arg[1] for r in own_lanes)

@@ -1,0 +1,52 @@
+"""CUDA source for every corpus program builds with nvcc for sm_90, without a GPU, so a
+rendering error fails CI. All programs go into one translation unit (one nvcc call)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ember import text
+from ember.backend import cuda
+
+from .randprog import random_program
+
+CORPUS = sorted((Path(__file__).parents[1] / "eir").rglob("*.eir"))
+NVCC = shutil.which("nvcc")
+
+
+def _unit() -> str:
+    helpers: dict[str, None] = {}  # bitcast helpers, once each
+    kernels: list[str] = []
+    programs = [text.parse_file(str(p)).output_nodes for p in CORPUS]
+    programs += [random_program(seed, 10)[0] for seed in range(60)]
+    for i, outputs in enumerate(programs):
+        src = cuda.render(cuda.prepare(outputs), prefix=f"p{i}_")[len(cuda.PRELUDE):]
+        for line in src.splitlines(keepends=True):
+            if line.startswith("EMBER_D "):
+                helpers[line] = None
+            else:
+                kernels.append(line)
+    return cuda.PRELUDE + "".join(helpers) + "".join(kernels)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_every_generated_kernel_compiles_with_nvcc(tmp_path: Path) -> None:
+    src = tmp_path / "all.cu"
+    src.write_text(_unit())
+    proc = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-cubin", "-o", str(tmp_path / "all.cubin"), str(src)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[:3000]
+
+
+def test_launch_shapes() -> None:
+    softmax = text.parse_file(str(Path(__file__).parents[1] / "eir/compositions/softmax_129.eir")).output_nodes
+    (k,) = cuda.prepare(softmax).kernels
+    assert cuda.launch_config(k) == (3, cuda.BLOCK)  # a block per row
+    colsum = text.parse("ember 1\nx = param f32[64,300]\ns = sum x axes=[0]\nreturn s\n").output_nodes
+    (k,) = cuda.prepare(colsum).kernels
+    assert cuda.launch_config(k) == (2, cuda.BLOCK)  # a thread per column: 300 threads
+    full = text.parse("ember 1\nx = param f32[1024,1024]\ns = sum x axes=[0,1]\nreturn s\n").output_nodes
+    assert len(cuda.prepare(full).kernels) == 2  # partial sums on many blocks, then one
