@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import data, debug
 from ..compiler import optimize
-from ..compiler.lower import Kernel, free_ranges
+from ..compiler.lower import Kernel
 from ..compiler.schedule import Schedule, schedule
 from ..dtype import DType
 from ..ir import Node, Op, toposort
@@ -112,37 +112,17 @@ class CUDARenderer(CLike):
         return CUDAKernelWriter(self, k, prefix).write()
 
 
-def _block_rows(k: Kernel) -> list[Node] | None:
-    """The prefix of output ranges that a block owns, when the kernel's reductions read a
-    contiguous axis (block per row); None for thread per output."""
-    reduces = [n for n in toposort([k.store]) if n.op is Op.REDUCE]
-    if not reduces:
-        return None
-    deps = free_ranges(k.store)
-    top = [n for n in reduces if not any(n in toposort([m.srcs[0]]) for m in reduces if m is not n)]
-    for n in top:
-        last = n.arg[1][-1]
-        loads = [ld for ld in toposort([n.srcs[0]]) if ld.op is Op.LOAD]
-        if last.arg[1] < 32 or not any(optimize.stride(ld, last) == 1 for ld in loads):
-            return None
-    used = set().union(*(deps[n] for n in top))
-    prefix = [r for r in k.ranges if r in used]
-    return prefix if prefix == k.ranges[:len(prefix)] else None
-
-
 def launch_config(k: Kernel) -> tuple[int, int]:
-    """(blocks, threads per block)."""
-    rows = _block_rows(k)
-    if rows is not None:
-        return max(1, math.prod(r.arg[1] for r in rows)), BLOCK
-    total = math.prod(r.arg[1] for r in k.ranges)
+    """(blocks, threads per block), from the plan optimize.gpu_plan made."""
+    if k.rows is not None:
+        return max(1, math.prod(r.arg[1] for r in k.rows)), BLOCK
+    total = math.prod(r.arg[1] for r in k.ranges if r not in k.lanes)
     return max(1, -(-total // BLOCK)), BLOCK
 
 
 class CUDAKernelWriter(KernelWriter):
     def __init__(self, r: CLike, k: Kernel, prefix: str = ""):
         super().__init__(r, k, prefix)
-        self.rows = _block_rows(k)
         self.block_scope: Scope | None = None
 
     def signature(self) -> str:
@@ -159,15 +139,25 @@ class CUDAKernelWriter(KernelWriter):
 
     def open_outputs(self, root: Scope) -> Scope:
         k = self.k
-        if self.rows is None:
-            total = math.prod(r.arg[1] for r in k.ranges)
+        # every buffer starts a cuMemAlloc allocation (256-byte aligned): with that known, nvcc
+        # merges a thread's consecutive loads into 16-byte ones
+        for b in [k.out, *k.reads]:
+            typ = ("" if b is k.out else "const ") + self.r.stype(b.dtype)
+            root.put(f"b{b.id} = ({typ}*)__builtin_assume_aligned(b{b.id}, 16);")
+        if k.rows is None:  # a thread per output (times its lanes)
+            outer = [r for r in k.ranges if r not in k.lanes]
             root.put("int gid = blockIdx.x * blockDim.x + threadIdx.x;")
-            root.put(f"if (gid >= {total}) return;")
-            self.decode(root, "gid", k.ranges)
-            return root.open(frozenset(k.ranges), [])
-        self.decode(root, "blockIdx.x", self.rows)
-        scope = self.block_scope = root.open(frozenset(self.rows), [])
-        inner = [r for r in k.ranges if r not in self.rows]
+            root.put(f"if (gid >= {math.prod(r.arg[1] for r in outer)}) return;")
+            self.decode(root, "gid", outer)
+            root.avail = frozenset(outer)
+            scope = root
+            for r in [r for r in k.ranges if r in k.lanes]:
+                scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
+            return scope
+        self.decode(root, "blockIdx.x", k.rows)  # a block per row: the root scope is the block's
+        root.avail = frozenset(k.rows)
+        scope = self.block_scope = root
+        inner = [r for r in k.ranges if r not in k.rows]
         for i, r in enumerate(inner):
             v = self.range_var(r)
             head = f"for (int {v} = threadIdx.x; {v} < {r.arg[1]}; {v} += blockDim.x)" if i == len(inner) - 1 \

@@ -181,6 +181,8 @@ class CLike:
             return f"({a[0]} / {a[1]})"
         if op in (Op.IDIV, Op.MOD):
             sym = "/" if op is Op.IDIV else "%"
+            if n.srcs[1].op is Op.CONST and n.srcs[1].arg != 0:
+                return self.narrow(d, f"({a[0]} {sym} {a[1]})")
             # division by zero is undefined in the spec but must not trap: masked lanes load zeros
             return self.narrow(d, f"({a[0]} {sym} ({a[1]} + ({a[1]} == 0)))")
         if op is Op.MAX:
@@ -405,8 +407,6 @@ class KernelWriter:
         inner.put(f"{slot} = {self.r.combine(red_op, d, slot, v)};")
         for s in reversed(opened):
             s.close()
-        for line in self.reduce_finish(n, acc, scope):
-            scope.put(line)
         if own_lanes:  # combine the reduction's own lanes into one value per free lane
             nfree = math.prod(r.arg[1] for r in free_lanes)
             nown = math.prod(r.arg[1] for r in own_lanes)
@@ -417,6 +417,8 @@ class KernelWriter:
                       f"{red}[j] = {self.r.combine(red_op, d, f'{red}[j]', f'{acc}[j * {nown} + q]')}; }}")
             acc, size = red, nfree
         is_array = size > 1 or bool(own_lanes)
+        for line in self.reduce_finish(n, f"{acc}[0]" if is_array and size == 1 else acc, scope):
+            scope.put(line)
         if d in (dt.f16, dt.bf16) and red_op is Op.SUM:  # summed in float, rounded once at the end
             if is_array:
                 scope.put(f"for (int j = 0; j < {size}; j++) {acc}[j] = {self.r.round_to(d, f'{acc}[j]')};")

@@ -48,6 +48,7 @@ class Kernel:
     reduces: dict[Node, Node] = field(default_factory=dict)   # REDUCE scalar -> its tensor node
     parallel: int = 0             # 1: the outermost loop runs in parallel (set by optimize)
     lanes: frozenset[Node] = frozenset()   # ranges rendered as innermost register tiles (optimize)
+    rows: list[Node] | None = None  # GPU: output ranges owned by a block whose threads share reductions
 
     @property
     def value(self) -> Node:
@@ -179,7 +180,7 @@ class Lowerer:
             buf = self.realized[t]
             if buf not in self.reads:
                 self.reads.append(buf)
-            index = flat_index(idx, t.shape)
+            (index,) = sym.simplify([flat_index(idx, t.shape)])
             srcs = (buf.ref(), index) if valid is None else (buf.ref(), index, valid)
             return Node(Op.LOAD, t.dtype, srcs)
         if op is Op.CONST:
@@ -205,7 +206,8 @@ def lower_kernel(name: str, root: Node, out: Buffer, realized: dict[Node, Buffer
     ranges = [sym.rng(f"{name}_o{d}", n) for d, n in enumerate(root.shape)]
     idx = tuple(r if r.arg[1] > 1 else sym.const(0) for r in ranges)
     value = lw.value(root, idx, None)
-    store = Node(Op.STORE, root.dtype, (out.ref(), flat_index(idx, root.shape), value))
+    (index,) = sym.simplify([flat_index(idx, root.shape)])
+    store = Node(Op.STORE, root.dtype, (out.ref(), index, value))
     return Kernel(name, out, [r for r in ranges if r.arg[1] > 1], store, lw.reads, lw.reduces)
 
 

@@ -31,7 +31,7 @@ def work(k: Kernel) -> int:
 
 
 def stride(load: Node, r: Node) -> int | None:
-    """How far the load's address moves when r grows by one (None: not affine in r)."""
+    """How far the load's (or store's) address moves when r grows by one (None: not affine in r)."""
     terms, _ = sym.linear(load.srcs[1])
     if r in terms:
         return terms[r]
@@ -98,10 +98,47 @@ def cpu_lanes(k: Kernel) -> None:
             return
 
 
+def block_rows(k: Kernel) -> list[Node] | None:
+    """GPU: the output ranges a block owns when every outermost reduction reads a contiguous
+    axis (its threads then share each reduction); None for a thread per output."""
+    reduces = [n for n in toposort([k.store]) if n.op is Op.REDUCE]
+    if not reduces:
+        return None
+    deps = free_ranges(k.store)
+    top = [n for n in reduces if not any(n in toposort([m.srcs[0]]) for m in reduces if m is not n)]
+    for n in top:
+        last = n.arg[1][-1]
+        loads = [ld for ld in toposort([n.srcs[0]]) if ld.op is Op.LOAD]
+        if last.arg[1] < 32 or not any(stride(ld, last) == 1 for ld in loads):
+            return None
+    used = frozenset().union(*(deps[n] for n in top))
+    prefix = [r for r in k.ranges if r in used]
+    return prefix if prefix == k.ranges[:len(prefix)] else None
+
+
+GPU_LANES = 4  # elements per thread: four independent loads or accumulators in flight
+
+
+def gpu_plan(k: Kernel) -> None:
+    k.rows = block_rows(k)
+    if k.rows is None:
+        # a thread per GPU_LANES consecutive outputs
+        if k.ranges and k.ranges[-1].arg[1] % GPU_LANES == 0 and stride(k.store, k.ranges[-1]) == 1:
+            split_range(k, k.ranges[-1], GPU_LANES)
+        return
+    # each thread keeps GPU_LANES partial results of a shared reduction over a contiguous axis
+    reduces = [n for n in toposort([k.store]) if n.op is Op.REDUCE]
+    for r in {n.arg[1][-1] for n in reduces}:
+        if r.arg[1] % GPU_LANES == 0 and r.arg[1] >= 32 * GPU_LANES:
+            split_range(k, r, GPU_LANES)
+
+
 def optimize(sched: Schedule, target: str) -> None:
     for k in sched.kernels:
         if target == "c":
             cpu_lanes(k)
+        elif target == "cuda":
+            gpu_plan(k)
         outer = [r for r in k.ranges if r not in k.lanes]
         if outer and work(k) >= PARALLEL_WORK:
             k.parallel = 1

@@ -185,8 +185,29 @@ def _fits(n: Node, v: int) -> bool:
     return n.dtype.min <= v <= n.dtype.max
 
 
+def _merge_divmod(terms: dict[Node, int], k: int) -> tuple[dict[Node, int], int]:
+    """a*c*(x // c) + a*(x % c) is a*x: C defines % so that this holds for every x."""
+    changed = True
+    while changed:
+        changed = False
+        for t, a in list(terms.items()):
+            if t.op is Op.MOD and t.srcs[1].op is Op.CONST and t in terms:
+                x, c = t.srcs[0], int(t.srcs[1].arg)
+                q = Node(Op.IDIV, t.dtype, t.srcs)
+                if c != 0 and terms.get(q) == a * c:
+                    del terms[t], terms[q]
+                    xt, xk = linear(x)
+                    for term, coef in xt.items():
+                        terms[term] = terms.get(term, 0) + a * coef
+                    k += a * xk
+                    terms = {u: v for u, v in terms.items() if v != 0}
+                    changed = True
+                    break
+    return terms, k
+
+
 def _canon_sum(n: Node) -> Node | None:
-    terms, k = linear(n)
+    terms, k = _merge_divmod(*linear(n))
     if not _fits(n, k) or any(not _fits(n, c) for c in terms.values()):
         return None
     return build(terms, k, n.dtype)
