@@ -197,18 +197,31 @@ def render(sched: Schedule, prefix: str = "") -> str:
 
 
 def _split_large_reductions(outputs: list[Node]) -> list[Node]:
-    """A full reduction of many elements into one value would run on one block: reduce in two
-    stages instead (many partial results, then one), which the scheduler keeps as two kernels."""
+    """A reduction with few outputs and a long axis would leave most of the GPU idle (a full sum
+    on one block, a column sum on one thread per column): reduce in two stages instead, partial
+    results over groups of the axis, then the groups. The scheduler keeps them two kernels."""
     from .. import ir
     from ..compiler.rewrite import substitute
     mapping: dict[Node, Node] = {}
     for n in toposort(outputs):
-        if n.op in (Op.SUM, Op.RMAX) and n.numel == 1:
-            x = n.srcs[0]
-            if x.numel >= 1 << 16:
-                groups = next(g for g in (1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1) if x.numel % g == 0)
-                part = ir.reduce(n.op, ir.reshape(x, (groups, x.numel // groups)), (1,))
-                mapping[n] = ir.reshape(ir.reduce(n.op, part, (0,)), n.shape)
+        if n.op not in (Op.SUM, Op.RMAX):
+            continue
+        x = n.srcs[0]
+        if n.numel == 1 and x.numel >= 1 << 16 and len(n.arg) > 1:  # everything: one long axis first
+            x = ir.reshape(x, (x.numel,))
+            axis = 0
+        elif len(n.arg) == 1 and n.arg[0] < len(x.shape) - 1 and n.numel < 1 << 17 and x.shape[n.arg[0]] >= 1024:
+            axis = n.arg[0]  # a strided axis: one thread per output would be too few threads
+        else:
+            continue
+        size = x.shape[axis]
+        # groups of at least 64 elements, so the partial results stay small beside the input
+        groups = next((g for g in (1 << e for e in range(10, 0, -1)) if size % g == 0 and size // g >= 64), None)
+        if groups is None:
+            continue
+        split = ir.reshape(x, x.shape[:axis] + (groups, size // groups) + x.shape[axis + 1:])
+        part = ir.reduce(n.op, split, (axis + 1,))
+        mapping[n] = ir.reshape(ir.reduce(n.op, part, (axis,)), n.shape)
     return substitute(outputs, mapping) if mapping else outputs
 
 

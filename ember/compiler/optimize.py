@@ -117,13 +117,17 @@ def block_rows(k: Kernel) -> list[Node] | None:
 
 
 GPU_LANES = 4  # elements per thread: four independent loads or accumulators in flight
+GPU_MIN_THREADS = 1 << 17  # 132 SMs x 1024 resident threads: fewer leaves the GPU partly idle
 
 
 def gpu_plan(k: Kernel) -> None:
     k.rows = block_rows(k)
     if k.rows is None:
-        # a thread per GPU_LANES consecutive outputs
-        if k.ranges and k.ranges[-1].arg[1] % GPU_LANES == 0 and stride(k.store, k.ranges[-1]) == 1:
+        # a thread per GPU_LANES consecutive outputs, unless that leaves too few threads to fill the GPU
+        has_reduce = any(n.op is Op.REDUCE for n in toposort([k.store]))
+        threads = math.prod(r.arg[1] for r in k.ranges) // GPU_LANES
+        if k.ranges and k.ranges[-1].arg[1] % GPU_LANES == 0 and stride(k.store, k.ranges[-1]) == 1 \
+                and (not has_reduce or threads >= GPU_MIN_THREADS):
             split_range(k, k.ranges[-1], GPU_LANES)
         return
     # each thread keeps GPU_LANES partial results of a shared reduction over a contiguous axis

@@ -296,7 +296,7 @@ RULES = RuleSet([
     (P(Op.IDIV, P(name="x"), _const, name="n", pred=_is_int), _fold_div),
     (P(Op.MOD, P(name="x"), _const, name="n", pred=_is_int), _fold_mod),
     (P(Op.CMPLT, P(name="a"), P(name="b"), name="n", pred=lambda n: n.srcs[0].dtype.is_int), _fold_lt),
-    (P(Op.AND, P(Op.CONST, name="c"), P(name="x")), lambda c, x: x if c.arg else c),
+    (P(Op.AND, P(Op.CONST, name="c"), P(name="x"), pred=lambda n: n.dtype is dt.bool_), lambda c, x: x if c.arg else c),
     (P(Op.AND, P(name="x"), P(name="x")), lambda x: x),
     (P(Op.WHERE, P(Op.CONST, name="c"), P(name="a"), P(name="b")), lambda c, a, b: a if c.arg else b),
     (P(Op.WHERE, P(name="c"), P(name="a"), P(name="a")), lambda c, a: a),

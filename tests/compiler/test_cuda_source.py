@@ -47,6 +47,8 @@ def test_launch_shapes() -> None:
     assert cuda.launch_config(k) == (3, cuda.BLOCK)  # a block per row
     colsum = text.parse("ember 1\nx = param f32[64,300]\ns = sum x axes=[0]\nreturn s\n").output_nodes
     (k,) = cuda.prepare(colsum).kernels
-    assert cuda.launch_config(k) == (1, cuda.BLOCK)  # a thread per 4 columns: 75 threads, coalesced
+    assert cuda.launch_config(k) == (2, cuda.BLOCK)  # a thread per column (too few to give each 4), coalesced
+    big_colsum = text.parse("ember 1\nx = param f32[8192,4096]\ns = sum x axes=[0]\nreturn s\n").output_nodes
+    assert len(cuda.prepare(big_colsum).kernels) == 2  # partial sums over groups of rows, then the groups
     full = text.parse("ember 1\nx = param f32[1024,1024]\ns = sum x axes=[0,1]\nreturn s\n").output_nodes
     assert len(cuda.prepare(full).kernels) == 2  # partial sums on many blocks, then one

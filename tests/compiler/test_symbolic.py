@@ -95,3 +95,12 @@ def test_deep_graph_does_not_recurse() -> None:
         x = sym.add(x, sym.const(1))
     (s,) = sym.simplify([x])
     assert s.op is Op.ADD and s.srcs[1].arg == 20000
+
+
+def test_and_with_constant_folds_only_for_bool() -> None:
+    """Regression: `x & 3` on int data once became `x` (the bool rule `true & x -> x` matched)."""
+    x = Node(Op.LOAD, dt.i32, (Node(Op.BUFFER, dt.i32, (), 0), sym.rng("i", 4)))
+    masked = Node(Op.AND, dt.i32, (x, sym.const(3)))
+    assert sym.simplify([masked]) == [masked]
+    cond = sym.lt(sym.rng("i", 4), sym.const(2))
+    assert sym.simplify([sym.and_(sym.true(), cond)]) == [cond]
