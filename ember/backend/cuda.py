@@ -108,12 +108,22 @@ class CUDARenderer(CLike):
     def loop_header(self, r: Node, var: str, lane: bool, parallel: bool) -> list[str]:
         return (["#pragma unroll"] if lane else []) + [f"for (int {var} = 0; {var} < {r.arg[1]}; {var}++)"]
 
+    def stage_open(self, name: str, ctype: str, size: int, var: str) -> tuple[list[str], list[str]]:
+        # the block fills shared memory together; the barrier first: others may still read the last tile
+        return ([f"__shared__ {ctype} {name}[{size}];", "__syncthreads();"],
+                [f"for (int {var} = threadIdx.x; {var} < {size}; {var} += blockDim.x)"])
+
+    def stage_close(self) -> list[str]:
+        return ["__syncthreads();"]
+
     def render_kernel(self, k: Kernel, prefix: str = "") -> str:
         return CUDAKernelWriter(self, k, prefix).write()
 
 
 def launch_config(k: Kernel) -> tuple[int, int]:
     """(blocks, threads per block), from the plan optimize.gpu_plan made."""
+    if k.threads is not None:
+        return max(1, math.prod(r.arg[1] for r in k.rows or [])), math.prod(r.arg[1] for r in k.threads)
     if k.rows is not None:
         return max(1, math.prod(r.arg[1] for r in k.rows)), BLOCK
     total = math.prod(r.arg[1] for r in k.ranges if r not in k.lanes)
@@ -128,15 +138,6 @@ class CUDAKernelWriter(KernelWriter):
     def signature(self) -> str:
         return f"extern \"C\" __global__ void __launch_bounds__({BLOCK}) " + super().signature()[len("void "):]
 
-    def decode(self, scope: Scope, flat: str, ranges: list[Node]) -> None:
-        """Range variables from a flat index, innermost range fastest."""
-        stride = 1
-        for r in reversed(ranges):
-            n = r.arg[1]
-            expr = flat if stride == 1 else f"({flat} / {stride})"
-            scope.put(f"int {self.range_var(r)} = {expr}" + (f" % {n};" if r is not ranges[0] else ";"))
-            stride *= n
-
     def open_outputs(self, root: Scope) -> Scope:
         k = self.k
         # every buffer starts a cuMemAlloc allocation (256-byte aligned): with that known, nvcc
@@ -144,6 +145,14 @@ class CUDAKernelWriter(KernelWriter):
         for b in [k.out, *k.reads]:
             typ = ("" if b is k.out else "const ") + self.r.stype(b.dtype)
             root.put(f"b{b.id} = ({typ}*)__builtin_assume_aligned(b{b.id}, 16);")
+        if k.threads is not None:  # a tile: block and thread indices, then the register lanes
+            self.decode(root, "blockIdx.x", k.rows or [])
+            self.decode(root, "threadIdx.x", k.threads)
+            root.avail = frozenset([*(k.rows or []), *k.threads])
+            scope = root
+            for r in [r for r in k.ranges if r in k.lanes]:
+                scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
+            return scope
         if k.rows is None:  # a thread per output (times its lanes)
             outer = [r for r in k.ranges if r not in k.lanes]
             root.put("int gid = blockIdx.x * blockDim.x + threadIdx.x;")

@@ -201,6 +201,14 @@ class CLike:
             return expr if op in (Op.CMPLT, Op.CMPEQ, Op.CMPNE) else self.narrow(d, expr)
         raise NotImplementedError(f"no rendering for {op.name}")
 
+    def stage_open(self, name: str, ctype: str, size: int, var: str) -> tuple[list[str], list[str]]:
+        """Declaration before a stage's fill loop, and the fill loop's header (CPU: one thread
+        fills a local array; CUDA overrides: the block fills shared memory)."""
+        return [f"{ctype} {name}[{size}];"], [f"for (int {var} = 0; {var} < {size}; {var}++)"]
+
+    def stage_close(self) -> list[str]:
+        return []
+
     def reduce_init(self, op: Op, d: DType) -> str:
         if op is Op.SUM:
             return "0"
@@ -233,6 +241,7 @@ class KernelWriter:
     def __init__(self, r: CLike, k: Kernel, prefix: str = ""):
         self.r, self.k, self.lanes = r, k, k.lanes
         self.name = prefix + k.name
+        self.staged: dict[Node, tuple[str, tuple[Node, ...]]] = {}  # load -> (array, its ranges)
         self.deps = free_ranges(k.store)
         self.names: dict[Node, str] = {}
         self.memo: dict[tuple[Node, int], str | LaneArray] = {}
@@ -250,6 +259,8 @@ class KernelWriter:
         return self.names[r]
 
     def place_deps(self, n: Node) -> frozenset[Node]:
+        if n not in self.deps:  # a node made while rendering (a stage's fill)
+            self.deps.update(free_ranges(n))
         d = self.deps[n]
         return d - self.lanes if n.op is Op.REDUCE else d
 
@@ -278,7 +289,37 @@ class KernelWriter:
         for i, r in enumerate(outer + inner):
             scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), r in self.lanes,
                                                                   parallel=i < self.k.parallel))
+            self.fill_stages(r, scope)
         return scope
+
+    def decode(self, scope: Scope, flat: str, ranges: list[Node]) -> None:
+        """Range variables from a flat index, the last range fastest."""
+        stride = 1
+        for r in reversed(ranges):
+            n = r.arg[1]
+            expr = flat if stride == 1 else f"({flat} / {stride})"
+            scope.put(f"int {self.range_var(r)} = {expr}" + (f" % {n};" if r is not ranges[0] else ";"))
+            stride *= n
+
+    def fill_stages(self, at: Node, scope: Scope) -> None:
+        """At the start of the loop of `at`, copy each stage's values into its array."""
+        from ..compiler.rewrite import substitute
+        for st in self.k.stages:
+            if st.at is not at:
+                continue
+            name, e = self.var("stage"), self.var("e")
+            fresh = {r: sym.rng(f"{r.arg[0]}f", r.arg[1]) for r in st.over}
+            (load,) = substitute([st.load], fresh)
+            before, header = self.r.stage_open(name, self.r.ctype(st.load.dtype), st.size, e)
+            for line in before:
+                scope.put(line)
+            fill = scope.open(frozenset(fresh.values()), header)
+            self.decode(fill, e, [fresh[r] for r in st.over])
+            fill.put(f"{name}[{e}] = {self.ref(self.value(load, fill), load)};")
+            fill.close()
+            for line in self.r.stage_close():
+                scope.put(line)
+            self.staged[st.load] = (name, st.over)
 
     def store_guard(self, scope: Scope) -> str:
         """A condition on the store (CUDA: one thread stores a value the whole block computed)."""
@@ -348,7 +389,7 @@ class KernelWriter:
                 continue
             seen.add(n)
             stack.append((n, True))
-            if n.op is not Op.REDUCE:
+            if n.op is not Op.REDUCE and n not in self.staged:  # a staged load's address is not needed
                 stack.extend((s, False) for s in reversed(n.srcs))
         return order
 
@@ -365,6 +406,10 @@ class KernelWriter:
             return self.buf(n)
         if op is Op.REDUCE:
             return self.emit_reduce(n, scope)
+        if op is Op.LOAD and n in self.staged:  # read the staged copy
+            name, over = self.staged[n]
+            flat = sym.build({r: math.prod(o.arg[1] for o in over[i + 1:]) for i, r in enumerate(over)}, 0)
+            return f"{name}[{self.ref(self.value(flat, scope), flat)}]"
         args = [self.operand(s, scope) for s in n.srcs]
         if op is Op.LOAD:
             expr = self.r.load(args[0], args[1], n.dtype)
@@ -397,6 +442,7 @@ class KernelWriter:
         opened = []
         for i, r in enumerate(loops):
             inner = inner.open(frozenset([r]), self.reduce_header(n, r, i == len(loops) - 1, scope))
+            self.fill_stages(r, inner)
             opened.append(inner)
         for r in free_lanes + own_lanes:
             inner = inner.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))

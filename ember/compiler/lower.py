@@ -39,6 +39,20 @@ class Buffer:
 
 
 @dataclass(eq=False)
+class Stage:
+    """Copy the values of `load` over the ranges `over` into an array at the start of every
+    iteration of the loop of range `at`; uses of the load then read the array. The CPU fills
+    a local array (a packed tile); the GPU fills shared memory with the whole block."""
+    load: Node
+    at: Node
+    over: tuple[Node, ...]
+
+    @property
+    def size(self) -> int:
+        return math.prod(r.arg[1] for r in self.over)
+
+
+@dataclass(eq=False)
 class Kernel:
     name: str
     out: Buffer
@@ -49,6 +63,8 @@ class Kernel:
     parallel: int = 0             # 1: the outermost loop runs in parallel (set by optimize)
     lanes: frozenset[Node] = frozenset()   # ranges rendered as innermost register tiles (optimize)
     rows: list[Node] | None = None  # GPU: output ranges owned by a block whose threads share reductions
+    threads: list[Node] | None = None  # GPU: output ranges decoded from the thread index (a tile)
+    stages: list["Stage"] = field(default_factory=list)    # loads copied to a local/shared array (optimize)
 
     @property
     def value(self) -> Node:

@@ -17,7 +17,7 @@ import math
 
 from ..ir import Node, Op, toposort
 from . import symbolic as sym
-from .lower import Kernel, free_ranges
+from .lower import Kernel, Stage, free_ranges
 from .schedule import Schedule
 
 MATMUL_TILES = ((6, 16), (8, 8), (4, 16), (4, 8), (2, 8))   # best first; the first that divides is used
@@ -38,11 +38,14 @@ def stride(load: Node, r: Node) -> int | None:
     return 0 if all(r not in free_ranges(t)[t] for t in terms) else None
 
 
-def split_range(k: Kernel, r: Node, f: int) -> Node:
-    """Replace range r by r_outer * f + r_lane everywhere in k; r_lane becomes a lane."""
+def split(k: Kernel, r: Node, sizes: tuple[int, ...]) -> list[Node]:
+    """Replace range r by nested ranges: r = r0 * (s1 * s2 ...) + r1 * (s2 ...) + ... + rn, the
+    inner ones of the given sizes. An exact substitution, everywhere in the kernel."""
     name, n = r.arg
-    outer, lane = sym.rng(f"{name}o", n // f), sym.rng(f"{name}l", f)
-    repl = sym.add(sym.mul(outer, sym.const(f)), lane)
+    inner = math.prod(sizes)
+    parts = [sym.rng(f"{name}o", n // inner)] + [sym.rng(f"{name}{c}", s) for c, s in zip("abcdefgh", sizes)]
+    terms = {p: math.prod(sizes[i:]) for i, p in enumerate(parts)}
+    repl = sym.build(terms, 0)
     done: dict[Node, Node] = {r: repl}
     for node in toposort([k.store]):
         if node in done:
@@ -50,15 +53,44 @@ def split_range(k: Kernel, r: Node, f: int) -> Node:
         srcs = tuple(done.get(s, s) for s in node.srcs)
         arg = node.arg
         if node.op is Op.REDUCE and r in arg[1]:
-            arg = (arg[0], tuple(x for y in arg[1] for x in ((outer, lane) if y is r else (y,))))
+            arg = (arg[0], tuple(x for y in arg[1] for x in (parts if y is r else (y,))))
         done[node] = Node(node.op, node.dtype, srcs, arg, node.shape)
     (k.store,) = sym.simplify([done[k.store]])
     k.reduces = {}  # the tensor-level bookkeeping of scheduling is done with
     if r in k.ranges:
         i = k.ranges.index(r)
-        k.ranges[i:i + 1] = [outer, lane]
+        k.ranges[i:i + 1] = parts
+    return parts
+
+
+def split_range(k: Kernel, r: Node, f: int) -> Node:
+    """Split r by f; the inner range becomes a lane."""
+    _, lane = split(k, r, (f,))
     k.lanes = k.lanes | {lane}
     return lane
+
+
+def matmul_parts(k: Kernel) -> tuple[Node, Node, Node, Node, Node] | None:
+    """(reduction, row range i, column range j, load of A, load of B) of a matmul-like kernel:
+    one load ignores j and moves with i, the other ignores i and is contiguous in j."""
+    reduces = [n for n in toposort([k.store]) if n.op is Op.REDUCE]
+    if not reduces:
+        return None
+    deps = free_ranges(k.store)
+    red = max(reduces, key=lambda n: len(deps[n]))
+    outs = [r for r in k.ranges if r in deps[red]]
+    if len(outs) < 2 or outs[-1] is not k.ranges[-1] or len(red.arg[1]) != 1:
+        return None
+    i, j = outs[-2], outs[-1]
+    loads = [n for n in toposort([red.srcs[0]]) if n.op is Op.LOAD]
+    a = [ld for ld in loads if stride(ld, j) == 0 and stride(ld, i) not in (0, None)]
+    b = [ld for ld in loads if stride(ld, i) == 0 and stride(ld, j) == 1]
+    return (red, i, j, a[0], b[0]) if len(a) == 1 and len(b) == 1 else None
+
+
+def _find_load(k: Kernel, like: Node) -> Node:
+    """The load of the same buffer in the kernel after a rewrite."""
+    return next(n for n in toposort([k.store]) if n.op is Op.LOAD and n.srcs[0] is like.srcs[0])
 
 
 def _divisor(n: int, choices: tuple[int, ...]) -> int | None:
@@ -73,12 +105,11 @@ def cpu_lanes(k: Kernel) -> None:
     red = max(reduces, key=lambda n: len(deps[n]))
     loads = [n for n in toposort([red.srcs[0]]) if n.op is Op.LOAD]
     outs = [r for r in k.ranges if r in deps[red]]
-    if len(outs) >= 2 and outs[-1] is k.ranges[-1]:
-        last, prev = outs[-1], outs[-2]
-        a = [ld for ld in loads if stride(ld, last) == 0 and stride(ld, prev) not in (0, None)]
-        b = [ld for ld in loads if stride(ld, prev) == 0 and stride(ld, last) == 1]
+    mm = matmul_parts(k)
+    if mm is not None:
+        _, prev, last, _, b = mm
         tile = next(((ti, tj) for ti, tj in MATMUL_TILES if prev.arg[1] % ti == 0 and last.arg[1] % tj == 0), None)
-        if a and b and tile:
+        if tile:
             split_range(k, prev, tile[0])
             split_range(k, last, tile[1])
             return
@@ -120,7 +151,35 @@ GPU_LANES = 4  # elements per thread: four independent loads or accumulators in 
 GPU_MIN_THREADS = 1 << 17  # 132 SMs x 1024 resident threads: fewer leaves the GPU partly idle
 
 
+GPU_TILES = ((128, 8), (64, 4))  # (block tile, thread tile): 16 x 16 = 256 threads each
+GPU_BK = 8                       # the K-step staged in shared memory
+
+
+def gpu_matmul_tile(k: Kernel) -> bool:
+    """A block computes a TxT output tile, each of its 16x16 threads an RxR register tile; for
+    every K-step the block stages the A and B tiles it needs in shared memory."""
+    mm = matmul_parts(k)
+    if mm is None:
+        return False
+    red, i, j, a, b = mm
+    (kr,) = red.arg[1]
+    t = next(((t, r) for t, r in GPU_TILES if i.arg[1] % t == 0 and j.arg[1] % t == 0), None)
+    if t is None or kr.arg[1] % GPU_BK:
+        return False
+    (tile, reg), outer = t, [r for r in k.ranges if r is not i and r is not j]
+    ib, it, il = split(k, i, (tile // reg, reg))
+    jb, jt, jl = split(k, j, (tile // reg, reg))
+    ko, ki = split(k, kr, (GPU_BK,))
+    k.ranges = [*outer, ib, jb, it, jt, il, jl]
+    k.rows, k.threads, k.lanes = [*outer, ib, jb], [it, jt], frozenset([il, jl])
+    # each tile laid out so the fill reads global memory along its contiguous axis (k for A, j for B)
+    k.stages = [Stage(_find_load(k, a), ko, (it, il, ki)), Stage(_find_load(k, b), ko, (ki, jt, jl))]
+    return True
+
+
 def gpu_plan(k: Kernel) -> None:
+    if gpu_matmul_tile(k):
+        return
     k.rows = block_rows(k)
     if k.rows is None:
         # a thread per GPU_LANES consecutive outputs, unless that leaves too few threads to fill the GPU
