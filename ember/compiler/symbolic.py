@@ -101,7 +101,7 @@ def _compute(n: Node) -> tuple[int, int] | None:
         return int(n.arg), int(n.arg)
     if op is Op.RANGE:
         return 0, n.arg[1] - 1
-    if op in (Op.CMPLT, Op.CMPEQ, Op.CMPNE, Op.AND, Op.OR):
+    if op in (Op.CMPLT, Op.CMPEQ, Op.CMPNE) or n.dtype is dt.bool_:
         return 0, 1
     if not n.srcs:
         return None
@@ -130,6 +130,8 @@ def _compute(n: Node) -> tuple[int, int] | None:
         return (-(c - 1), c - 1) if a[1] > 0 else (-(c - 1), 0)
     if op is Op.MAX:
         return max(a[0], b[0]), max(a[1], b[1])
+    if op is Op.AND and a[0] >= 0 and b[0] >= 0:  # clearing bits of non-negative values
+        return 0, min(a[1], b[1])
     return None
 
 

@@ -104,3 +104,12 @@ def test_and_with_constant_folds_only_for_bool() -> None:
     assert sym.simplify([masked]) == [masked]
     cond = sym.lt(sym.rng("i", 4), sym.const(2))
     assert sym.simplify([sym.and_(sym.true(), cond)]) == [cond]
+
+
+def test_bounds_of_int_and() -> None:
+    """Regression: bounds once took every AND as bool ([0, 1]), so (x & 2) // 2 folded to 0."""
+    x = Node(Op.LOAD, dt.u16, (Node(Op.BUFFER, dt.u16, (), 0), sym.rng("i", 4)))
+    masked = Node(Op.AND, dt.u16, (x, Node(Op.CONST, dt.u16, (), 2)))
+    assert sym.bounds(masked) == (0, 2)
+    q = Node(Op.IDIV, dt.u16, (masked, Node(Op.CONST, dt.u16, (), 2)))
+    assert sym.simplify([q]) == [q]
