@@ -6,7 +6,7 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 echo "== GPU tests"
-python3 -m pytest -q -p no:cacheprovider tests/test_corpus.py tests/compiler/test_differential.py -k cuda 2>&1 | tail -5
+python3 -m pytest -q -p no:cacheprovider tests/test_corpus.py tests/compiler/test_differential.py tests/compiler/test_gpu_plans.py -k "cuda or gpu_plan" 2>&1 | tail -5
 echo "== differential fuzz, cuda vs ref"
 python3 tests/tools/fuzz_backends.py --backend cuda --count "${FUZZ:-400}" --start 100000 2>&1 | tail -8
 echo "== benchmark"

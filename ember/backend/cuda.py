@@ -108,10 +108,10 @@ class CUDARenderer(CLike):
     def loop_header(self, r: Node, var: str, lane: bool, parallel: bool) -> list[str]:
         return (["#pragma unroll"] if lane else []) + [f"for (int {var} = 0; {var} < {r.arg[1]}; {var}++)"]
 
-    def stage_open(self, name: str, ctype: str, size: int, var: str) -> tuple[list[str], list[str]]:
+    def stage_open(self, name: str, ctype: str, size: int, count: int, var: str) -> tuple[list[str], list[str]]:
         # the block fills shared memory together; the barrier first: others may still read the last tile
         return ([f"__shared__ {ctype} {name}[{size}];", "__syncthreads();"],
-                [f"for (int {var} = threadIdx.x; {var} < {size}; {var} += blockDim.x)"])
+                [f"for (int {var} = threadIdx.x; {var} < {count}; {var} += blockDim.x)"])
 
     def stage_close(self) -> list[str]:
         return ["__syncthreads();"]
@@ -120,12 +120,22 @@ class CUDARenderer(CLike):
         return CUDAKernelWriter(self, k, prefix).write()
 
 
+def block_size(k: Kernel) -> int:
+    """Threads per block. Blocks that share long row reductions get 1024 threads: fewer rows in
+    flight, so a row read again by a later pass of the kernel is still in L2."""
+    if k.threads is not None:
+        return math.prod(r.arg[1] for r in k.threads)
+    if k.rows is not None:
+        longest = max((math.prod(r.arg[1] for r in n.arg[1]) for n in toposort([k.store]) if n.op is Op.REDUCE),
+                      default=0)
+        return 1024 if longest >= 8192 else BLOCK
+    return BLOCK
+
+
 def launch_config(k: Kernel) -> tuple[int, int]:
     """(blocks, threads per block), from the plan optimize.gpu_plan made."""
-    if k.threads is not None:
-        return max(1, math.prod(r.arg[1] for r in k.rows or [])), math.prod(r.arg[1] for r in k.threads)
     if k.rows is not None:
-        return max(1, math.prod(r.arg[1] for r in k.rows)), BLOCK
+        return max(1, math.prod(r.arg[1] for r in k.rows)), block_size(k)
     total = math.prod(r.arg[1] for r in k.ranges if r not in k.lanes)
     return max(1, -(-total // BLOCK)), BLOCK
 
@@ -136,7 +146,8 @@ class CUDAKernelWriter(KernelWriter):
         self.block_scope: Scope | None = None
 
     def signature(self) -> str:
-        return f"extern \"C\" __global__ void __launch_bounds__({BLOCK}) " + super().signature()[len("void "):]
+        bounds = block_size(self.k)
+        return f"extern \"C\" __global__ void __launch_bounds__({bounds}) " + super().signature()[len("void "):]
 
     def open_outputs(self, root: Scope) -> Scope:
         k = self.k
@@ -149,6 +160,7 @@ class CUDAKernelWriter(KernelWriter):
             self.decode(root, "blockIdx.x", k.rows or [])
             self.decode(root, "threadIdx.x", k.threads)
             root.avail = frozenset([*(k.rows or []), *k.threads])
+            self.fill_stages(None, root)
             scope = root
             for r in [r for r in k.ranges if r in k.lanes]:
                 scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from .. import dtype as dt
 from ..compiler import symbolic as sym
-from ..compiler.lower import Kernel, free_ranges
+from ..compiler.lower import Kernel, Stage, free_ranges
 from ..dtype import DType
 from ..ir import Node, Op
 
@@ -201,10 +201,11 @@ class CLike:
             return expr if op in (Op.CMPLT, Op.CMPEQ, Op.CMPNE) else self.narrow(d, expr)
         raise NotImplementedError(f"no rendering for {op.name}")
 
-    def stage_open(self, name: str, ctype: str, size: int, var: str) -> tuple[list[str], list[str]]:
-        """Declaration before a stage's fill loop, and the fill loop's header (CPU: one thread
-        fills a local array; CUDA overrides: the block fills shared memory)."""
-        return [f"{ctype} {name}[{size}];"], [f"for (int {var} = 0; {var} < {size}; {var}++)"]
+    def stage_open(self, name: str, ctype: str, size: int, count: int, var: str) -> tuple[list[str], list[str]]:
+        """Declaration of a stage's array (size elements) before its fill loop, and the header of
+        the fill loop over its count values (CPU: one thread fills a local array; CUDA
+        overrides: the block fills shared memory)."""
+        return [f"{ctype} {name}[{size}];"], [f"for (int {var} = 0; {var} < {count}; {var}++)"]
 
     def stage_close(self) -> list[str]:
         return []
@@ -241,7 +242,7 @@ class KernelWriter:
     def __init__(self, r: CLike, k: Kernel, prefix: str = ""):
         self.r, self.k, self.lanes = r, k, k.lanes
         self.name = prefix + k.name
-        self.staged: dict[Node, tuple[str, tuple[Node, ...]]] = {}  # load -> (array, its ranges)
+        self.staged: dict[Node, tuple[str, Stage]] = {}  # load -> (its array, the stage)
         self.deps = free_ranges(k.store)
         self.names: dict[Node, str] = {}
         self.memo: dict[tuple[Node, int], str | LaneArray] = {}
@@ -301,7 +302,7 @@ class KernelWriter:
             scope.put(f"int {self.range_var(r)} = {expr}" + (f" % {n};" if r is not ranges[0] else ";"))
             stride *= n
 
-    def fill_stages(self, at: Node, scope: Scope) -> None:
+    def fill_stages(self, at: Node | None, scope: Scope) -> None:
         """At the start of the loop of `at`, copy each stage's values into its array."""
         from ..compiler.rewrite import substitute
         for st in self.k.stages:
@@ -310,16 +311,23 @@ class KernelWriter:
             name, e = self.var("stage"), self.var("e")
             fresh = {r: sym.rng(f"{r.arg[0]}f", r.arg[1]) for r in st.over}
             (load,) = substitute([st.load], fresh)
-            before, header = self.r.stage_open(name, self.r.ctype(st.load.dtype), st.size, e)
+            count = math.prod(r.arg[1] for r in st.over)
+            before, header = self.r.stage_open(name, self.r.ctype(st.load.dtype), st.size, count, e)
             for line in before:
                 scope.put(line)
             fill = scope.open(frozenset(fresh.values()), header)
             self.decode(fill, e, [fresh[r] for r in st.over])
-            fill.put(f"{name}[{e}] = {self.ref(self.value(load, fill), load)};")
+            where = e if st.size == count else self.ref(self.value(self.stage_index(st, fresh), fill), load)
+            fill.put(f"{name}[{where}] = {self.ref(self.value(load, fill), load)};")
             fill.close()
             for line in self.r.stage_close():
                 scope.put(line)
-            self.staged[st.load] = (name, st.over)
+            self.staged[st.load] = (name, st)
+
+    @staticmethod
+    def stage_index(st: "Stage", ranges: dict[Node, Node] | None = None) -> Node:
+        """Where the value at st.over's ranges (or their stand-ins) lives in the stage's array."""
+        return sym.build({(ranges or {}).get(r, r): s for r, s in zip(st.over, st.strides())}, 0)
 
     def store_guard(self, scope: Scope) -> str:
         """A condition on the store (CUDA: one thread stores a value the whole block computed)."""
@@ -407,8 +415,8 @@ class KernelWriter:
         if op is Op.REDUCE:
             return self.emit_reduce(n, scope)
         if op is Op.LOAD and n in self.staged:  # read the staged copy
-            name, over = self.staged[n]
-            flat = sym.build({r: math.prod(o.arg[1] for o in over[i + 1:]) for i, r in enumerate(over)}, 0)
+            name, st = self.staged[n]
+            flat = self.stage_index(st)
             return f"{name}[{self.ref(self.value(flat, scope), flat)}]"
         args = [self.operand(s, scope) for s in n.srcs]
         if op is Op.LOAD:

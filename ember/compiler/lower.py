@@ -44,12 +44,19 @@ class Stage:
     iteration of the loop of range `at`; uses of the load then read the array. The CPU fills
     a local array (a packed tile); the GPU fills shared memory with the whole block."""
     load: Node
-    at: Node
+    at: Node | None               # None: once, at the start of the kernel
     over: tuple[Node, ...]
+    pad: int = 0                  # extra elements per step of the first range (against bank conflicts)
+
+    def strides(self) -> list[int]:
+        out = [math.prod(r.arg[1] for r in self.over[i + 1:]) for i in range(len(self.over))]
+        if out:
+            out[0] += self.pad
+        return out
 
     @property
     def size(self) -> int:
-        return math.prod(r.arg[1] for r in self.over)
+        return self.over[0].arg[1] * self.strides()[0] if self.over else 1
 
 
 @dataclass(eq=False)

@@ -177,8 +177,30 @@ def gpu_matmul_tile(k: Kernel) -> bool:
     return True
 
 
+def gpu_transpose_tile(k: Kernel) -> bool:
+    """An elementwise kernel whose one load is contiguous along another output range than the
+    store (a transpose): a block moves a 32x32 tile through shared memory, reading along one axis
+    and writing along the other; the tile's pitch is 33 so that neither side has bank conflicts."""
+    if k.threads is not None or not k.ranges or any(n.op is Op.REDUCE for n in toposort([k.store])):
+        return False
+    loads = [n for n in toposort([k.store]) if n.op is Op.LOAD]
+    b = k.ranges[-1]
+    if len(loads) != 1 or stride(k.store, b) != 1 or stride(loads[0], b) in (0, 1, None):
+        return False
+    a = next((r for r in k.ranges[:-1] if stride(loads[0], r) == 1), None)
+    if a is None or a.arg[1] % 32 or b.arg[1] % 32:
+        return False
+    outer = [r for r in k.ranges if r is not a and r is not b]
+    ab, at, al = split(k, a, (8, 4))
+    bb, bt = split(k, b, (32,))
+    k.ranges = [*outer, ab, bb, at, bt, al]
+    k.rows, k.threads, k.lanes = [*outer, ab, bb], [at, bt], frozenset([al])
+    k.stages = [Stage(_find_load(k, loads[0]), None, (bt, at, al), pad=1)]
+    return True
+
+
 def gpu_plan(k: Kernel) -> None:
-    if gpu_matmul_tile(k):
+    if gpu_matmul_tile(k) or gpu_transpose_tile(k):
         return
     k.rows = block_rows(k)
     if k.rows is None:
