@@ -130,15 +130,112 @@ def eval_node(node: Node, srcs: list[np.ndarray]) -> np.ndarray:
             return np.sum(x, axis=node.arg, keepdims=True, dtype=x.dtype)  # wraps, as the spec asks
         if op is Op.RMAX:
             return np.max(x, axis=node.arg, keepdims=True)
-    raise Unsupported(f"the reference evaluator does not run '{op.name.lower()}' yet")
+    raise Unsupported(f"the reference evaluator cannot run '{op.name.lower()}' here")
 
 
 def evaluate(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
     """Values of outputs, given the values of the params they depend on."""
     values: dict[Node, np.ndarray] = {}
-    for node in toposort(outputs):
+    _fill(outputs, inputs, values)
+    return [np.ascontiguousarray(values[o]).reshape(o.shape) for o in outputs]
+
+
+def _fill(roots: list[Node], inputs: dict[Node, np.ndarray], values: dict[Node, np.ndarray]) -> None:
+    for node in toposort(roots):
+        if node in values:
+            continue
         if node.op is Op.PARAM:
             values[node] = inputs[node]
+        elif node.op is Op.GRAD:
+            values[node] = _grad(node.srcs[0], node.srcs[1], inputs, values)
         else:
             values[node] = eval_node(node, [values[s] for s in node.srcs])
-    return [np.ascontiguousarray(values[o]).reshape(o.shape) for o in outputs]  # keeps rank 0
+
+
+# ------------------------------------------------------------------------------------ grad
+# The reference's own reverse pass: numeric, in f64, over the forward values; independent of
+# the compiler's symbolic rules (compiler/autodiff.py), so each checks the other.
+
+def _grad(y: Node, x: Node, inputs: dict[Node, np.ndarray], values: dict[Node, np.ndarray]) -> np.ndarray:
+    if any(n.op is Op.GRAD for n in toposort([y])):
+        # a grad inside y's graph must itself be differentiated: only the symbolic form can be
+        from .compiler.autodiff import expand_grads
+        (y,) = expand_grads([y])
+        _fill([y], inputs, values)
+    order = toposort([y])
+    depends: set[Node] = set()
+    for n in order:
+        if n is x or any(s in depends for s in n.srcs):
+            depends.add(n)
+    out = np.zeros(x.shape)
+    if y in depends and y.dtype.is_float:
+        f64 = {n: values[n].astype(np.float64) if n.dtype.is_float else values[n] for n in order}
+        grads: dict[Node, np.ndarray] = {y: np.ones(y.shape)}
+        for n in reversed(order):
+            if n not in grads or n is x:
+                continue
+            g = grads.pop(n)
+            for src, gs in _vjp(n, g, f64):
+                if src in depends and src.dtype.is_float:
+                    gs = _float(gs, src.dtype).astype(np.float64)  # a gradient is rounded to its node's dtype
+                    grads[src] = grads[src] + gs if src in grads else gs
+        out = grads.get(x, out)
+    return _float(np.broadcast_to(out, x.shape), x.dtype)
+
+
+def _vjp(n: Node, g: np.ndarray, v: dict[Node, np.ndarray]) -> list[tuple[Node, np.ndarray]]:
+    op, s = n.op, n.srcs
+    with np.errstate(all="ignore"):
+        x = v[s[0]] if s else None
+        if op is Op.NEG:
+            return [(s[0], -g)]
+        if op is Op.RECIP:
+            return [(s[0], -g / (x * x))]
+        if op is Op.SQRT:
+            return [(s[0], g / (2 * np.sqrt(x)))]
+        if op is Op.EXP2:
+            return [(s[0], g * np.exp2(x) * np.log(2.0))]
+        if op is Op.LOG2:
+            return [(s[0], g / (x * np.log(2.0)))]
+        if op is Op.SIN:
+            return [(s[0], g * np.cos(x))]
+        if op is Op.CAST:
+            return [(s[0], g)] if s[0].dtype.is_float else []
+        if op is Op.ADD:
+            return [(s[0], g), (s[1], g)]
+        if op is Op.SUB:
+            return [(s[0], g), (s[1], -g)]
+        if op is Op.MUL:
+            return [(s[0], g * v[s[1]]), (s[1], g * x)]
+        if op is Op.DIV:
+            y = v[s[1]]
+            return [(s[0], g / y), (s[1], -g * x / (y * y))]
+        if op is Op.MAX and n.dtype.is_float:
+            y = v[s[1]]
+            share = np.where(x > y, 1.0, np.where(x == y, 0.5, 0.0))
+            return [(s[0], g * share), (s[1], g * (1.0 - share))]
+        if op is Op.WHERE:
+            c = v[s[0]]
+            return [(s[1], np.where(c, g, 0.0)), (s[2], np.where(c, 0.0, g))]
+        if op is Op.RESHAPE:
+            return [(s[0], g.reshape(s[0].shape))]
+        if op is Op.PERMUTE:
+            return [(s[0], np.transpose(g, np.argsort(n.arg)))]
+        if op is Op.EXPAND:
+            axes = tuple(d for d, (a, b) in enumerate(zip(s[0].shape, n.shape)) if a != b)
+            return [(s[0], g.sum(axis=axes, keepdims=True))]
+        if op is Op.PAD:
+            before = n.arg[0]
+            return [(s[0], g[tuple(slice(b, b + d) for b, d in zip(before, s[0].shape))])]
+        if op is Op.SHRINK:
+            full = np.zeros(s[0].shape)
+            full[tuple(slice(a, b) for a, b in zip(*n.arg))] = g
+            return [(s[0], full)]
+        if op is Op.FLIP:
+            return [(s[0], np.flip(g, n.arg))]
+        if op is Op.SUM:
+            return [(s[0], np.broadcast_to(g, s[0].shape))]
+        if op is Op.RMAX and n.dtype.is_float:
+            hit = x == np.max(x, axis=n.arg, keepdims=True)
+            return [(s[0], np.where(hit, g / hit.sum(axis=n.arg, keepdims=True), 0.0))]
+    return []  # keeps rank 0

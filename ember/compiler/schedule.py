@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from .. import debug
 from ..ir import Node, Op, toposort
-from . import simplify
+from . import autodiff, simplify
 from .lower import Buffer, Kernel, lower_kernel, recompute_problems
 
 
@@ -34,7 +34,7 @@ class Schedule:
 
 
 def schedule(outputs: list[Node]) -> Schedule:
-    graph = simplify.simplify(outputs)
+    graph = simplify.simplify(autodiff.expand_grads(outputs))
     debug.graph(3, "after simplify", graph)
     params = [n for n in toposort(graph) if n.op is Op.PARAM]
     ids = iter(range(1 << 30))

@@ -175,11 +175,14 @@ def tolerance(node: Node) -> tuple[float, float]:
     return (1e-4, 1e-3) if node.dtype is dt.f32 else (1e-9, 1e-7)
 
 
-def compare(outputs: list[Node], got: list[np.ndarray], want: list[np.ndarray]) -> str | None:
+def compare(outputs: list[Node], got: list[np.ndarray], want: list[np.ndarray],
+            precision: dt.DType | None = None) -> str | None:
+    """None if got matches want; precision: the dtype whose tolerance applies, when values went
+    through a less precise dtype than the outputs' (a gradient through a cast)."""
     for o, a, e in zip(outputs, got, want):
         if a.shape != e.shape:
             return f"shape {a.shape} != {e.shape}"
-        atol, rtol = tolerance(o)
+        atol, rtol = tolerance(ir.const(0, precision, ()) if precision else o)
         if o.dtype.is_float:
             a = _relax_huge(a, e)
         bad = data.first_mismatch(a, e, o.dtype, atol if o.dtype.is_float else None, rtol if o.dtype.is_float else None)

@@ -472,9 +472,103 @@ def generator() -> None:
           {"t": rows.T}, "element i of the generator is element i in row-major order")
 
 
+def fd_grad(f, x: np.ndarray, h: float = 1e-6) -> np.ndarray:
+    """Central finite differences in f64 of sum(f(x)) with respect to x."""
+    x = np.asarray(x, dtype=np.float64)
+    g = np.zeros_like(x)
+    for i in range(x.size):
+        e = np.zeros_like(x)
+        e.flat[i] = h
+        g.flat[i] = (np.sum(f(x + e)) - np.sum(f(x - e))) / (2 * h)
+    return g
+
+
+def grad() -> None:
+    F = "grad"
+    x = np.array([0.5, 1.25, 2.0, 3.5])
+
+    def one(name: str, body: str, fn, xs: np.ndarray, t: str = "f64", note: str = "", extra: dict | None = None) -> None:
+        shape = ",".join(map(str, xs.shape))
+        text = f"x = param {t}[{shape}]\n{body}\ng = grad y x\nreturn g"
+        write(F, name, text, {"x": xs, **(extra or {})}, {"g": (fd_grad(fn, xs), "atol=1e-6 rtol=1e-5" if t == "f64" else "")},
+              note)
+    one("neg", "y = neg x", lambda v: -v, x)
+    one("recip", "y = recip x", lambda v: 1 / v, x)
+    one("sqrt", "y = sqrt x", np.sqrt, x)
+    one("exp2", "y = exp2 x", np.exp2, x)
+    one("log2", "y = log2 x", np.log2, x)
+    one("sin", "y = sin x", np.sin, x)
+    one("mul_self", "y = mul x x", lambda v: v * v, x, note="both operands are x: contributions add")
+    one("div_by_x", "c = const 3 f64[4]\ny = div c x", lambda v: 3 / v, x)
+    one("sub_add_chain", "c = const 2 f64[4]\na = mul x c\nb = sub a x\ny = add b x", lambda v: 2 * v, x)
+    one("max_ties_split", "c = const 1.25 f64[4]\ny = max x c", lambda v: np.maximum(v, 1.25), x,
+        note="at the tie x == 1.25 the gradient is split equally: 1/2")
+    one("where_branch", "c = const 1.5 f64[4]\nk = cmplt x c\nsq = mul x x\ny = where k sq x",
+        lambda v: np.where(v < 1.5, v * v, v), x, note="where sends the gradient to the chosen branch only")
+    one("cast_f32_back", "h = cast x dtype=f32\nh2 = mul h h\ny = cast h2 dtype=f64", lambda v: v * v, x)
+    m = np.arange(6.0).reshape(2, 3) / 4 + 0.5
+    one("reshape_permute", "r = reshape x shape=[3,2]\np = permute r order=[1,0]\nw = iota f64[2,3] axis=1\ny = mul p w",
+        lambda v: v.reshape(3, 2).T * np.arange(3.0), m)
+    one("expand_sum", "e = reshape x shape=[2,3,1]\nf = expand e shape=[2,3,4]\nw = iota f64[2,3,4] axis=2\ny = mul f w",
+        lambda v: v.reshape(2, 3, 1) * np.arange(4.0), m, note="expand's gradient sums over the copies")
+    one("pad_shrink_flip", "p = pad x before=[1,0] after=[0,2]\ns = shrink p start=[0,1] end=[3,5]\nf = flip s axes=[1]\n"
+        "w = iota f64[3,4] axis=1\ny = mul f w",
+        lambda v: np.pad(v, ((1, 0), (0, 2)))[0:3, 1:5][:, ::-1] * np.arange(4.0), m)
+    one("sum_then_square", "s = sum x axes=[1]\ny = mul s s", lambda v: v.sum(1) ** 2, m)
+    t = np.array([[1.0, 3.0, 3.0], [2.0, 0.5, 1.0]])
+    one("reduce_max_ties", "y = max x axes=[1]", lambda v: v.max(1), t, note="two maxima share the gradient: 1/2 each")
+
+    def softmax(v: np.ndarray) -> np.ndarray:
+        e = np.exp2((v - v.max(1, keepdims=True)) * 1.4426950408889634)
+        return e / e.sum(1, keepdims=True)
+    w = np.array([[1.0, -2.0, 0.5], [0.25, 3.0, -1.0]])
+    one("softmax_weighted", "m = max x axes=[1]\nmb = expand m shape=[2,3]\nd = sub x mb\nk = const 1.4426950408889634 f64[2,3]\n"
+        "t = mul d k\ne = exp2 t\ns = sum e axes=[1]\nsb = expand s shape=[2,3]\np = div e sb\nw = param f64[2,3]\ny = mul p w",
+        lambda v: softmax(v) * w, m, extra={"w": w})
+    labels = np.array([[0, 1, 0], [0, 0, 1]], dtype=np.float64)
+
+    def xent(v: np.ndarray) -> np.ndarray:
+        return -(labels * np.log2(softmax(v))).sum(1)
+    one("cross_entropy", "m = max x axes=[1]\nmb = expand m shape=[2,3]\nd = sub x mb\nk = const 1.4426950408889634 f64[2,3]\n"
+        "t = mul d k\ne = exp2 t\ns = sum e axes=[1]\nsb = expand s shape=[2,3]\np = div e sb\nl = log2 p\n"
+        "oh = param f64[2,3]\nlo = mul l oh\nr = sum lo axes=[1]\ny = neg r", xent, m, extra={"oh": labels},
+        note="cross-entropy (in bits) of a softmax against one-hot labels")
+
+    def layernorm(v: np.ndarray) -> np.ndarray:
+        mu = v.mean(1, keepdims=True)
+        return (v - mu) / np.sqrt(((v - mu) ** 2).mean(1, keepdims=True) + 1e-5) * w
+    one("layernorm_weighted", "s = sum x axes=[1]\nn = const 0.3333333333333333 f64[2,1]\nmu = mul s n\nmub = expand mu shape=[2,3]\n"
+        "d = sub x mub\nd2 = mul d d\nv0 = sum d2 axes=[1]\nv = mul v0 n\neps = const 1e-5 f64[2,1]\nve = add v eps\n"
+        "r = sqrt ve\nri = recip r\nrb = expand ri shape=[2,3]\nz = mul d rb\nw = param f64[2,3]\ny = mul z w",
+        layernorm, m, extra={"w": w})
+    b = np.array([[0.5, -1.0], [2.0, 0.25], [-0.75, 1.5]])
+    one("matmul_left", "ar = reshape x shape=[2,3,1]\nae = expand ar shape=[2,3,2]\nb = param f64[3,2]\nbr = reshape b shape=[1,3,2]\n"
+        "be = expand br shape=[2,3,2]\np = mul ae be\ns = sum p axes=[1]\nc = mul s s\ny = reshape c shape=[2,2]",
+        lambda v: (v @ b) ** 2, m, extra={"b": b})
+    q = np.array([[0.1, 0.4], [-0.3, 0.2], [0.5, -0.1]])
+    kv = np.array([[0.2, -0.1], [0.3, 0.4], [-0.2, 0.1]])
+
+    def attention(v: np.ndarray) -> np.ndarray:
+        s = v @ kv.T
+        return softmax(s) @ kv
+    one("attention", "kk = param f64[3,2]\nkt = permute kk order=[1,0]\nqr = reshape x shape=[3,2,1]\nqe = expand qr shape=[3,2,3]\n"
+        "kr = reshape kt shape=[1,2,3]\nke = expand kr shape=[3,2,3]\nqk = mul qe ke\ns0 = sum qk axes=[1]\ns = reshape s0 shape=[3,3]\n"
+        "m = max s axes=[1]\nmb = expand m shape=[3,3]\nd = sub s mb\nk2 = const 1.4426950408889634 f64[3,3]\nt = mul d k2\n"
+        "e = exp2 t\nz = sum e axes=[1]\nzb = expand z shape=[3,3]\np = div e zb\npr = reshape p shape=[3,3,1]\n"
+        "pe = expand pr shape=[3,3,2]\nvr = reshape kk shape=[1,3,2]\nve = expand vr shape=[3,3,2]\npv = mul pe ve\n"
+        "o = sum pv axes=[1]\ny = reshape o shape=[3,2]", attention, q, extra={"kk": kv}, note="softmax(q k^T) v, gradient in q")
+    one("second_derivative", "c = mul x x\ncube = mul c x\ng1 = grad cube x\ny = mul g1 x", lambda v: 3 * v ** 3, x,
+        note="grad inside grad: d/dx of x * d(x^3)/dx")
+    one("independent_is_zero", "c = param f64[4]\ny = mul c c", lambda v: 0 * v, x, extra={"c": x},
+        note="y does not depend on x: the gradient is zeros")
+    one("f32_chain", "a = mul x x\nb = exp2 a\ny = sin b", lambda v: np.sin(np.exp2(v * v)), np.array([0.1, 0.5, -0.7, 1.0]),
+        t="f32")
+
+
 def main() -> None:
     np.seterr(all="ignore")  # 0/0 and friends are meant here
-    for fam in (sources, unary, binary, compare_bitwise, where, cast_bitcast, movement, reductions, compositions, generator):
+    for fam in (sources, unary, binary, compare_bitwise, where, cast_bitcast, movement, reductions, compositions, generator,
+                grad):
         fam()
     count = len(list(ROOT.rglob("*.eir")))
     print(f"wrote {count} tests under {ROOT}")
