@@ -225,6 +225,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", choices=["c", "cuda"])
     p.set_defaults(fn=cmd_source)
 
+    p = sub.add_parser("train", help="train a small GPT on real text (ember train --help)", add_help=False)
+    p.set_defaults(fn=None)
+    p = sub.add_parser("sample", help="generate text from a training checkpoint", add_help=False)
+    p.set_defaults(fn=None)
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("train", "sample"):  # their own argument parsers
+        from . import train
+        try:
+            return (train.train if argv[0] == "train" else train.sample)(argv[1:])
+        except (ValueError, KeyError, OSError, BackendError) as e:
+            return _fail(f"ember {argv[0]}: {type(e).__name__}: {e}", 3)
+        except Exception as e:
+            return _fail(_internal(f"ember {argv[0]}", e), 3)
     args = ap.parse_args(argv)
     try:
         return args.fn(args)

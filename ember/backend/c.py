@@ -19,6 +19,8 @@ import shutil
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -113,7 +115,27 @@ def _bitcast_helpers(pairs: set[tuple[DType, DType]]) -> str:
     return "\n".join(out) + "\n" if out else ""
 
 
-def render(sched: Schedule) -> str:
+@dataclass
+class CSource:
+    """A program's C source in parts, so big programs compile as several units in parallel."""
+    header: str                  # prelude and helpers, in every unit
+    kernels: list[str]
+    entry: str                   # ember_run, calling the kernels in order
+
+    @property
+    def text(self) -> str:
+        return self.header + "\n" + "\n".join(self.kernels) + "\n" + self.entry
+
+    def units(self, parts: int) -> list[str]:
+        if parts <= 1 or len(self.kernels) < 16:
+            return [self.text]
+        size = -(-len(self.kernels) // parts)
+        groups = [self.kernels[i:i + size] for i in range(0, len(self.kernels), size)]
+        prototypes = "".join(k[:k.index(" {")] + ";\n" for k in self.kernels)
+        return [self.header + "\n" + "\n".join(g) for g in groups] + [self.header + prototypes + self.entry]
+
+
+def render(sched: Schedule) -> CSource:
     """The whole program: prelude, one function per kernel, and `ember_run(void** buffers)`."""
     r = CRenderer()
     kernels = [r.render_kernel(k) for k in sched.kernels]
@@ -122,7 +144,7 @@ def render(sched: Schedule) -> str:
         args = [k.out] + [b for b in k.reads if b.id != k.out.id]
         entry.append(f"  {k.name}({', '.join(f'b[{b.id}]' for b in args)});")
     entry.append("}")
-    return PRELUDE + _bitcast_helpers(r.bitcasts) + "\n" + "\n".join(kernels) + "\n" + "\n".join(entry) + "\n"
+    return CSource(PRELUDE + _bitcast_helpers(r.bitcasts), kernels, "\n".join(entry) + "\n")
 
 
 # ------------------------------------------------------------------------------- compiling
@@ -163,28 +185,36 @@ class CompileError(Exception):
     pass
 
 
-def build(source: str) -> Path:
-    """The shared library for source, from the cache or compiled now (atomically published)."""
+def build(source: "CSource | str") -> Path:
+    """The shared library for source, from the cache or compiled now (atomically published).
+    A large program is compiled as several units at once, one per core, then linked."""
     cc = _cc()
     if cc is None:
         raise CompileError("no C compiler found (set CC, or install gcc or clang)")
-    key = hashlib.sha256("\0".join([cc, *_flags(), source]).encode()).hexdigest()[:32]
+    src = source if isinstance(source, CSource) else CSource(source, [], "")
+    key = hashlib.sha256("\0".join([cc, *_flags(), src.text]).encode()).hexdigest()[:32]
     lib = cache_dir() / f"{key}.so"
     if lib.exists():
         return lib
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
-    os.close(fd)
-    src_path = Path(tmp).with_suffix(".c")
-    try:
-        src_path.write_text(source)
-        proc = subprocess.run([cc, *_flags(), str(src_path), "-o", tmp, "-lm"], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise CompileError(f"the C compiler failed on generated code:\n{proc.stderr[:4000]}")
-        os.replace(tmp, lib)  # atomic: a concurrent reader sees the old state or the whole file
-    finally:
-        src_path.unlink(missing_ok=True)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with tempfile.TemporaryDirectory(dir=lib.parent) as work:
+        units = src.units(os.cpu_count() or 1)
+        paths = [Path(work) / f"u{i}.c" for i in range(len(units))]
+        for path, text in zip(paths, units):
+            path.write_text(text)
+        compile_flags = [f for f in _flags() if f != "-shared"]
+        def compile_unit(p: Path) -> subprocess.CompletedProcess:
+            return subprocess.run([cc, *compile_flags, "-c", str(p), "-o", str(p.with_suffix(".o"))],
+                                  capture_output=True, text=True)
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            procs = list(pool.map(compile_unit, paths))
+        failed = next((p for p in procs if p.returncode != 0), None)
+        if failed is None:
+            failed = subprocess.run([cc, *_flags(), *[str(p.with_suffix(".o")) for p in paths], "-o", f"{work}/lib.so",
+                                     "-lm"], capture_output=True, text=True)
+            failed = failed if failed.returncode != 0 else None
+        if failed is not None:
+            raise CompileError(f"the C compiler failed on generated code:\n{failed.stderr[:4000]}")
+        os.replace(f"{work}/lib.so", lib)  # atomic: a concurrent reader sees the old state or the whole file
     return lib
 
 
@@ -197,9 +227,10 @@ class CProgram:
         t0 = time.perf_counter()
         self.sched = schedule(outputs)
         optimize.optimize(self.sched, target="c")
-        self.source = render(self.sched)
+        self.csource = render(self.sched)
+        self.source = self.csource.text
         t1 = time.perf_counter()
-        self.lib = ctypes.CDLL(str(build(self.source)))
+        self.lib = ctypes.CDLL(str(build(self.csource)))
         self.compile_seconds = (t1 - t0, time.perf_counter() - t1)
         debug.log(1, f"ember: {len(self.sched.kernels)} kernels, codegen {self.compile_seconds[0] * 1e3:.1f} ms, "
                      f"cc {self.compile_seconds[1] * 1e3:.1f} ms")
@@ -261,7 +292,7 @@ def compile(outputs: list[Node]) -> CProgram:
 def source(outputs: list[Node]) -> str:
     sched = schedule(outputs)
     optimize.optimize(sched, target="c")
-    return render(sched)
+    return render(sched).text
 
 
 def run_values(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:

@@ -72,6 +72,7 @@ class Kernel:
     rows: list[Node] | None = None  # GPU: output ranges owned by a block whose threads share reductions
     threads: list[Node] | None = None  # GPU: output ranges decoded from the thread index (a tile)
     stages: list["Stage"] = field(default_factory=list)    # loads copied to a local/shared array (optimize)
+    problems: set[Node] = field(default_factory=set)       # reductions lowering found need a buffer
 
     @property
     def value(self) -> Node:
@@ -112,15 +113,24 @@ class Lowerer:
         self.realized, self.root, self.prefix = realized, root, prefix
         self.memo: dict[Request, Node] = {}
         self.children_of: dict[Request, list[Request]] = {}
-        self.reduce_ranges: dict[Request, tuple[Node, ...]] = {}
+        self.reduce_of: dict[Request, tuple[Node, ...]] = {}
         self.pad_cond: dict[Request, Node | None] = {}
         self.reduces: dict[Node, Node] = {}
         self.reads: list[Buffer] = []
         self.counter = 0
+        self.reduce_ranges: set[Node] = set()   # every range a reduction of this kernel opened
+        self.problems: set[Node] = set()        # reductions met inside a reduction whose loop they use
 
     def new_range(self, size: int) -> Node:
         self.counter += 1
-        return sym.rng(f"{self.prefix}r{self.counter}", size)
+        r = sym.rng(f"{self.prefix}r{self.counter}", size)
+        self.reduce_ranges.add(r)
+        return r
+
+    def _inside_its_reduction(self, idx: tuple[Node, ...]) -> bool:
+        """Whether idx uses the loop of an enclosing reduction (a reduction there would be
+        recomputed on every step of that loop, and its subgraph lowered again each time)."""
+        return any(n in self.reduce_ranges for n in toposort(list(idx)) if n.op is Op.RANGE)
 
     def value(self, t: Node, idx: tuple[Node, ...], valid: Node | None) -> Node:
         """The scalar expression of t at idx (iterative: deep graphs are fine)."""
@@ -157,9 +167,12 @@ class Lowerer:
             src_idx, cond = self.move(t, idx)
             self.pad_cond[req] = cond
             kids = [(t.srcs[0], src_idx, sym.and_(valid, cond))]
+        elif op in (Op.SUM, Op.RMAX) and self._inside_its_reduction(idx):
+            self.problems.add(t)  # stop here: the scheduler gives it a buffer and lowers again
+            kids = []
         elif op in (Op.SUM, Op.RMAX):
             ranges = tuple(self.new_range(t.srcs[0].shape[a]) for a in t.arg)
-            self.reduce_ranges[req] = ranges
+            self.reduce_of[req] = ranges
             it = iter(ranges)
             src_idx = tuple(next(it) if d in t.arg else i for d, i in enumerate(idx))
             kids = [(t.srcs[0], src_idx, valid)]
@@ -217,8 +230,10 @@ class Lowerer:
             if cond is None:  # every index here is inside the source
                 return kids[0]
             return Node(Op.WHERE, t.dtype, (cond, kids[0], Node(Op.CONST, t.dtype, (), t.arg[2])))
+        if op in (Op.SUM, Op.RMAX) and t in self.problems and req not in self.reduce_of:
+            return Node(Op.CONST, t.dtype, (), 0)  # a placeholder: this kernel is lowered again
         if op in (Op.SUM, Op.RMAX):
-            red = Node(Op.REDUCE, t.dtype, (kids[0],), (op, self.reduce_ranges[req]))
+            red = Node(Op.REDUCE, t.dtype, (kids[0],), (op, self.reduce_of[req]))
             self.reduces[red] = t
             return red
         return Node(op, t.dtype, tuple(kids))
@@ -231,7 +246,7 @@ def lower_kernel(name: str, root: Node, out: Buffer, realized: dict[Node, Buffer
     value = lw.value(root, idx, None)
     (index,) = sym.simplify([flat_index(idx, root.shape)])
     store = Node(Op.STORE, root.dtype, (out.ref(), index, value))
-    return Kernel(name, out, [r for r in ranges if r.arg[1] > 1], store, lw.reads, lw.reduces)
+    return Kernel(name, out, [r for r in ranges if r.arg[1] > 1], store, lw.reads, lw.reduces, problems=lw.problems)
 
 
 # ------------------------------------------------------------------------------- loop facts

@@ -52,7 +52,7 @@ def schedule(outputs: list[Node]) -> Schedule:
         more: set[Node] = set()
         users: dict[Node, int] = {}
         for k in kernels:
-            more |= recompute_problems(k)
+            more |= k.problems | recompute_problems(k)
             for t in set(k.reduces.values()):
                 users[t] = users.get(t, 0) + 1
         more |= {t for t, n in users.items() if n > 1}

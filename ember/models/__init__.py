@@ -1,0 +1,1 @@
+"""Models built with ember.nn."""

@@ -1,0 +1,212 @@
+"""Layers with PyTorch's names, and state dicts in the safetensors format."""
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from . import data
+from . import dtype as dt
+from . import tensor as T
+from .tensor import ShapeError, Tensor
+
+
+def parameter(value: Tensor | np.ndarray) -> Tensor:
+    """A trainable leaf: the value is computed now (random inits run as compiled code)."""
+    arr = value.numpy() if isinstance(value, Tensor) else value
+    return Tensor(arr, requires_grad=True)
+
+
+class Module:
+    training = True
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} defines no forward")
+
+    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
+        for name, value in vars(self).items():
+            if isinstance(value, Tensor) and value.requires_grad:
+                yield prefix + name, value
+            elif isinstance(value, Module):
+                yield from value.named_parameters(f"{prefix}{name}.")
+            elif isinstance(value, (list, tuple)):
+                for i, item in enumerate(value):
+                    if isinstance(item, Module):
+                        yield from item.named_parameters(f"{prefix}{name}.{i}.")
+
+    def parameters(self) -> list[Tensor]:
+        return [p for _, p in self.named_parameters()]
+
+    def modules(self) -> Iterator["Module"]:
+        yield self
+        for value in vars(self).values():
+            items = value if isinstance(value, (list, tuple)) else [value]
+            for item in items:
+                if isinstance(item, Module):
+                    yield from item.modules()
+
+    def train(self, mode: bool = True) -> "Module":
+        for m in self.modules():
+            m.training = mode
+        return self
+
+    def eval(self) -> "Module":
+        return self.train(False)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return dict(self.named_parameters())
+
+    def load_state_dict(self, state: dict[str, Tensor | np.ndarray]) -> None:
+        own = self.state_dict()
+        missing = sorted(set(own) - set(state))
+        if missing:
+            raise KeyError(f"load_state_dict: missing {', '.join(missing)}")
+        for name, p in own.items():
+            value = state[name]
+            arr = value.numpy() if isinstance(value, Tensor) else np.asarray(value)
+            if tuple(arr.shape) != p.shape:
+                raise ShapeError(f"load_state_dict: {name} is {list(p.shape)}, the state has {list(arr.shape)}")
+            p.assign(Tensor(arr, p.dtype))
+
+
+class Linear(Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        bound = 1 / math.sqrt(in_features)
+        self.weight = parameter(T.rand(out_features, in_features) * (2 * bound) - bound)
+        self.bias = parameter(T.rand(out_features) * (2 * bound) - bound) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != self.weight.shape[1]:
+            raise ShapeError(f"Linear({self.weight.shape[1]}, {self.weight.shape[0]}) got input {list(x.shape)}")
+        y = x @ self.weight.T
+        return y + self.bias if self.bias is not None else y
+
+
+class Embedding(Module):
+    def __init__(self, num_embeddings: int, embedding_dim: int):
+        self.weight = parameter(T.randn(num_embeddings, embedding_dim))
+
+    def forward(self, idx: Tensor) -> Tensor:
+        return self.weight.gather_rows(idx)
+
+
+class LayerNorm(Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        self.weight, self.bias = parameter(np.ones(dim, np.float32)), parameter(np.zeros(dim, np.float32))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        mu = x.mean(-1, keepdim=True)
+        d = x - mu
+        return d * ((d * d).mean(-1, keepdim=True) + self.eps).rsqrt() * self.weight + self.bias
+
+
+class RMSNorm(Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        self.weight, self.eps = parameter(np.ones(dim, np.float32)), eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * ((x * x).mean(-1, keepdim=True) + self.eps).rsqrt() * self.weight
+
+
+class Dropout(Module):
+    def __init__(self, p: float = 0.1):
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0:
+            return x
+        keep = T.rand(x.shape) >= self.p
+        return T.where(keep, x * (1 / (1 - self.p)), 0.0)
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """softmax(q k^T / sqrt(d), masked so a position sees itself and the past) v; [..., T, d]."""
+    t, d = q.shape[-2], q.shape[-1]
+    scores = (q @ k.transpose(-2, -1)) * (1 / math.sqrt(d))
+    rows = T.Tensor(T.ir.iota(dt.i32, (t, t), 0))
+    cols = T.Tensor(T.ir.iota(dt.i32, (t, t), 1))
+    scores = T.where(cols <= rows, scores, -1e9)
+    return scores.softmax(-1) @ v
+
+
+class CausalSelfAttention(Module):
+    def __init__(self, dim: int, n_head: int):
+        if dim % n_head:
+            raise ShapeError(f"CausalSelfAttention: dim {dim} is not divisible by n_head {n_head}")
+        self.n_head = n_head
+        self.qkv = Linear(dim, 3 * dim)
+        self.proj = Linear(dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, c = x.shape
+        h = self.n_head
+        q, k, v = (y.reshape(b, t, h, c // h).transpose(1, 2) for y in T.split(self.qkv(x), c, -1))
+        y = causal_attention(q, k, v).transpose(1, 2).reshape(b, t, c)
+        return self.proj(y)
+
+
+def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
+    """Mean negative log-likelihood of integer targets under softmax(logits); logits [N, C]."""
+    if logits.ndim != 2 or target.shape != logits.shape[:1]:
+        raise ShapeError(f"cross_entropy: logits {list(logits.shape)} and target {list(target.shape)} "
+                         "(expected [N, C] and [N])")
+    picked = (logits.log_softmax(-1) * target.one_hot(logits.shape[1]).cast(logits.dtype)).sum(-1)
+    return -picked.mean()
+
+
+# --------------------------------------------------------------------------- safetensors
+
+_ST = {dt.f32: "F32", dt.f64: "F64", dt.f16: "F16", dt.bf16: "BF16", dt.i64: "I64", dt.i32: "I32",
+       dt.i16: "I16", dt.i8: "I8", dt.u8: "U8", dt.bool_: "BOOL"}
+_ST_BACK = {v: k for k, v in _ST.items()}
+
+
+def save_safetensors(tensors: dict[str, Tensor | np.ndarray], path: str | Path,
+                     metadata: dict[str, str] | None = None) -> None:
+    """Write the safetensors format (header length, JSON header, raw little-endian data);
+    atomically, so an interrupted save never leaves a broken checkpoint."""
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    blobs, offset = [], 0
+    for name, value in tensors.items():
+        if isinstance(value, Tensor):
+            d, arr = value.dtype, data.to_storage(value.numpy(), value.dtype)
+        else:
+            arr = np.asarray(value)  # (ascontiguousarray would make a 0-d array 1-d)
+            d = T._to_dtype(arr.dtype)
+        raw = arr.astype(arr.dtype.newbyteorder("<"), order="C").tobytes()
+        header[name] = {"dtype": _ST[d], "shape": list(arr.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        for raw in blobs:
+            f.write(raw)
+    tmp.replace(path)
+
+
+def load_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Arrays by name (bf16 as float32 values) and the metadata."""
+    raw = Path(path).read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop("__metadata__", {}) or {}
+    body = raw[8 + n:]
+    out = {}
+    for name, info in header.items():
+        d = _ST_BACK[info["dtype"]]
+        a, b = info["data_offsets"]
+        arr = np.frombuffer(body[a:b], dtype=np.dtype(d.np_name).newbyteorder("<")).reshape(info["shape"])
+        out[name] = data.from_storage(arr, d)
+    return out, meta

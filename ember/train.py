@@ -1,0 +1,225 @@
+"""`ember train` and `ember sample`: a small byte-level GPT trained on real text.
+
+By default the text is the Python standard library's own source files, which every machine
+with Python has; `--data PATH` takes any text file or folder. Checkpoints (safetensors) hold
+the weights, the optimizer state, the batch sampler's state and the loss history, so a run
+resumes exactly where it stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import nn, optim
+from . import tensor as T
+from .models.gpt import GPT, GPTConfig
+
+
+def load_text(path: str | None, limit: int) -> tuple[bytes, str]:
+    """The training text and where it came from; a folder contributes its files sorted by name."""
+    root = Path(path) if path else Path(os.__file__).parent
+    if not root.exists():
+        raise SystemExit(f"ember train: --data {path}: no such file or folder")
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*.py" if path is None else "*")
+                                                  if p.is_file() and "site-packages" not in p.parts)
+    chunks, total = [], 0
+    for f in files:
+        try:
+            raw = f.read_bytes()
+        except OSError:
+            continue
+        chunks.append(raw)
+        total += len(raw)
+        if total >= limit:
+            break
+    text = b"".join(chunks)[:limit]
+    if len(text) < 10_000:
+        raise SystemExit(f"ember train: only {len(text)} bytes of text in {root}; need at least 10000")
+    return text, f"{root} ({len(files)} files)" if root.is_dir() else str(root)
+
+
+class Progress:
+    """A one-line progress bar on stderr."""
+
+    def __init__(self, total: int, start: int):
+        self.total, self.start, self.t0 = total, start, time.perf_counter()
+
+    def update(self, step: int, text: str) -> None:
+        done = step + 1 - self.start
+        frac = (step + 1) / self.total
+        rate = done / max(time.perf_counter() - self.t0, 1e-9)
+        eta = (self.total - step - 1) / rate if rate else 0
+        bar = "=" * int(frac * 24)
+        eta_text = f"{int(eta) // 60}:{int(eta) % 60:02d}"
+        sys.stderr.write(f"\r{step + 1:6d}/{self.total} [{bar:<24s}] {text} | eta {eta_text} ")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
+
+
+def batch(data: np.ndarray, rng: random.Random, b: int, t: int) -> tuple[T.Tensor, T.Tensor]:
+    starts = [rng.randrange(len(data) - t - 1) for _ in range(b)]
+    x = np.stack([data[s:s + t] for s in starts]).astype(np.int32)
+    y = np.stack([data[s + 1:s + t + 1] for s in starts]).astype(np.int32)
+    return T.Tensor(x), T.Tensor(y)
+
+
+def evaluate(model: GPT, val: np.ndarray, b: int, t: int, batches: int = 4) -> float:
+    model.eval()
+    rng = random.Random(1234)  # the same held-out batches every time
+    losses = [model.loss(*batch(val, rng, b, t)).item() for _ in range(batches)]
+    model.train()
+    return float(sum(losses) / len(losses))
+
+
+def save(path: Path, model: GPT, opt: optim.AdamW, meta: dict) -> None:
+    tensors: dict = {f"model.{k}": v for k, v in model.state_dict().items()}
+    tensors.update({f"opt.{k}": v for k, v in opt.state_dict().items()})
+    nn.save_safetensors(tensors, path, {"ember": json.dumps(meta)})
+
+
+def plot(history: dict, path: Path) -> str:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "(matplotlib is not installed: no plot)"
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(*zip(*history["train"]), label="train", alpha=0.6)
+    if history["val"]:
+        ax.plot(*zip(*history["val"]), label="validation", marker="o")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats per byte)")
+    ax.set_title("Ember: byte-level GPT")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def train(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="ember train", description="Train a small byte-level GPT on real text.")
+    ap.add_argument("--data", help="a text file or folder (default: the Python standard library's sources)")
+    ap.add_argument("--out", default="runs/gpt", help="run folder: checkpoint, loss plot, log")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--block", type=int, default=64)
+    ap.add_argument("--dim", type=int, default=96)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda with a GPU, else cpu")
+    ap.add_argument("--max-bytes", type=int, default=4_000_000, help="use at most this much text")
+    ap.add_argument("--fresh", action="store_true", help="start over even if the run folder has a checkpoint")
+    args = ap.parse_args(argv)
+    if args.device:
+        T.Tensor(np.zeros(1)).to(args.device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt = out / "ckpt.safetensors"
+    text, source = load_text(args.data, args.max_bytes)
+    tokens = np.frombuffer(text, dtype=np.uint8)
+    split = int(len(tokens) * 0.9)
+    train_data, val_data = tokens[:split], tokens[split:]
+
+    config = GPTConfig(block=args.block, dim=args.dim, n_layer=args.layers, n_head=args.heads)
+    T.manual_seed(args.seed)
+    model = GPT(config)
+    opt = optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    rng = random.Random(args.seed)
+    history: dict = {"train": [], "val": []}
+    start = 0
+    if ckpt.exists() and not args.fresh:
+        arrays, meta = nn.load_safetensors(ckpt)
+        saved = json.loads(meta["ember"])
+        if saved["config"] != config.to_dict():
+            raise SystemExit(f"ember train: {ckpt} was trained with {saved['config']}; use --fresh or the same sizes")
+        model.load_state_dict({k[6:]: v for k, v in arrays.items() if k.startswith("model.")})
+        opt.load_state_dict({k[4:]: v for k, v in arrays.items() if k.startswith("opt.")})
+        rng.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in saved["rng"]))
+        history, start = saved["history"], saved["step"]
+        print(f"resuming {ckpt} at step {start}", file=sys.stderr)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"ember train: {params:,} parameters, {len(tokens):,} bytes from {source}, device {T.default_device()}",
+          file=sys.stderr)
+
+    bar = Progress(args.steps, start)
+    tokens_per_step = args.batch * args.block
+    t_first = t_rest = 0.0
+    for step in range(start, args.steps):
+        t = time.perf_counter()
+        x, y = batch(train_data, rng, args.batch, args.block)
+        loss = model.loss(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        value = loss.item()
+        dt_step = time.perf_counter() - t
+        if step == start:
+            t_first = dt_step
+        else:
+            t_rest += dt_step
+        history["train"].append((step + 1, value))
+        measured = max(step - start, 1)
+        tps = tokens_per_step * measured / t_rest if t_rest else 0.0
+        val_text = f" val {history['val'][-1][1]:.3f}" if history["val"] else ""
+        bar.update(step, f"loss {value:.3f}{val_text} | {tps / 1000:.1f}k tok/s")
+        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+            history["val"].append((step + 1, evaluate(model, val_data, args.batch, args.block)))
+            meta = {"config": config.to_dict(), "step": step + 1, "rng": rng.getstate(), "history": history}
+            save(ckpt, model, opt, meta)
+            plot(history, out / "loss.png")
+    bar.close()
+    steps_run = args.steps - start
+    summary = {"steps": args.steps, "final_train_loss": history["train"][-1][1] if history["train"] else None,
+               "final_val_loss": history["val"][-1][1] if history["val"] else None,
+               "first_step_s": round(t_first, 2),
+               "tokens_per_s": round(tokens_per_step * (steps_run - 1) / t_rest, 1) if t_rest else None,
+               "python_overhead_ms_per_step": round(1e3 * T._stats["python_s"] / max(T._stats["runs"], 1), 2),
+               "device": T.default_device(), "checkpoint": str(ckpt), "plot": str(out / "loss.png")}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def sample(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="ember sample", description="Generate text from a checkpoint of ember train.")
+    ap.add_argument("--ckpt", default="runs/gpt/ckpt.safetensors")
+    ap.add_argument("--prompt", default="def ")
+    ap.add_argument("--tokens", type=int, default=200)
+    ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if not Path(args.ckpt).exists():
+        raise SystemExit(f"ember sample: no checkpoint at {args.ckpt} (run ember train first)")
+    arrays, meta = nn.load_safetensors(args.ckpt)
+    config = GPTConfig(**json.loads(meta["ember"])["config"])
+    model = GPT(config)
+    model.load_state_dict({k[6:]: v for k, v in arrays.items() if k.startswith("model.")})
+    model.eval()
+    rng = random.Random(args.seed)
+    out = list(args.prompt.encode())
+    for _ in range(args.tokens):
+        window = out[-config.block:]
+        # a fixed-size input (padded on the right) keeps one compiled program; causal attention
+        # means the padding does not change the logits at the last real position
+        x = np.zeros((1, config.block), np.int32)
+        x[0, :len(window)] = window
+        logits = model(T.Tensor(x))[0, len(window) - 1]
+        probs = (logits * (1 / max(args.temperature, 1e-6))).softmax(-1).numpy()
+        out.append(rng.choices(range(config.vocab), weights=probs.tolist())[0])
+    sys.stdout.write(bytes(out).decode("utf-8", errors="replace") + "\n")
+    return 0
