@@ -72,7 +72,7 @@ class Tensor:
             arr = arr.astype(_np_dtype(d)) if d not in (dt.f16, dt.bf16) else data.round_float(arr, d)
             self.node = ir.param(f"t{next(_ids)}", d, tuple(int(s) for s in arr.shape))
             self._value = None
-            _DATA[self.node] = np.ascontiguousarray(arr, dtype=_np_dtype(d))
+            _DATA[self.node] = np.ascontiguousarray(arr, dtype=_np_dtype(d)).reshape(arr.shape)  # keeps 0-d
             _LEAVES[self.node] = self
         self.requires_grad = requires_grad
         self.grad: Tensor | None = None
@@ -553,7 +553,7 @@ def realize(*tensors: Tensor) -> None:
     results = backends.RUNNERS[default_device()](canonical, values)
     _stats["runs"] += 1
     for t, v in zip(todo, results):
-        t._value = np.ascontiguousarray(v)  # the node stays: gradients can still flow through t
+        t._value = np.asarray(v)  # the node stays: gradients can still flow through t
 
 
 # ----------------------------------------------------------------------------- creation
