@@ -65,6 +65,15 @@ class Progress:
         sys.stderr.write("\n")
 
 
+def split_data(tokens: np.ndarray, chunk: int = 1 << 16) -> tuple[np.ndarray, np.ndarray]:
+    """Every tenth chunk of 64 KiB is held out for validation: spread over the whole text, so
+    it is the same kind of text as the training part (not, say, the last files by name)."""
+    chunks = [tokens[i:i + chunk] for i in range(0, len(tokens), chunk)]
+    val = [c for i, c in enumerate(chunks) if i % 10 == 9] or [tokens[-len(tokens) // 10:]]
+    train = [c for i, c in enumerate(chunks) if i % 10 != 9]
+    return np.concatenate(train), np.concatenate(val)
+
+
 def batch(data: np.ndarray, rng: random.Random, b: int, t: int) -> tuple[T.Tensor, T.Tensor]:
     starts = [rng.randrange(len(data) - t - 1) for _ in range(b)]
     x = np.stack([data[s:s + t] for s in starts]).astype(np.int32)
@@ -132,8 +141,7 @@ def train(argv: list[str] | None = None) -> int:
     ckpt = out / "ckpt.safetensors"
     text, source = load_text(args.data, args.max_bytes)
     tokens = np.frombuffer(text, dtype=np.uint8)
-    split = int(len(tokens) * 0.9)
-    train_data, val_data = tokens[:split], tokens[split:]
+    train_data, val_data = split_data(tokens)
 
     config = GPTConfig(block=args.block, dim=args.dim, n_layer=args.layers, n_head=args.heads)
     T.manual_seed(args.seed)

@@ -26,11 +26,13 @@ from typing import Callable
 
 import numpy as np
 
-from .. import data, debug
+from .. import debug
 from ..compiler import optimize
 from ..compiler.schedule import Schedule, schedule
 from ..dtype import DType
 from ..ir import Node
+from . import cached
+from . import run_values as shared_run_values
 from .render import CLike
 
 PRELUDE = r"""
@@ -279,14 +281,7 @@ class CProgram:
                          f"{list(k.out.node.shape)}  reads {len(k.reads)}")
 
 
-_programs: dict[tuple[Node, ...], CProgram] = {}
-
-
-def compile(outputs: list[Node]) -> CProgram:
-    key = tuple(outputs)
-    if key not in _programs:
-        _programs[key] = CProgram(outputs)
-    return _programs[key]
+compile = cached(CProgram)
 
 
 def source(outputs: list[Node]) -> str:
@@ -296,7 +291,4 @@ def source(outputs: list[Node]) -> str:
 
 
 def run_values(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
-    """Run on values as the reference evaluator holds them (see data.py); returns the same."""
-    prog = compile(outputs)
-    stored = {n: data.to_storage(v, n.dtype) for n, v in inputs.items()}
-    return [data.from_storage(a, b.dtype) for a, b in zip(prog(stored), prog.sched.outputs)]
+    return shared_run_values(compile(outputs), inputs)

@@ -23,12 +23,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import data, debug
+from .. import debug
 from ..compiler import optimize
 from ..compiler.lower import Kernel
 from ..compiler.schedule import Schedule, schedule
 from ..dtype import DType
 from ..ir import Node, Op, toposort
+from . import cached
+from . import run_values as shared_run_values
 from .render import CLike, KernelWriter, Scope
 
 BLOCK = 256
@@ -404,17 +406,8 @@ class CUDAProgram:
             self.free()
 
 
-_programs: dict[tuple[Node, ...], CUDAProgram] = {}
-
-
-def compile(outputs: list[Node]) -> CUDAProgram:
-    key = tuple(outputs)
-    if key not in _programs:
-        _programs[key] = CUDAProgram(outputs)
-    return _programs[key]
+compile = cached(CUDAProgram)
 
 
 def run_values(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
-    prog = compile(outputs)
-    stored = {n: data.to_storage(v, n.dtype) for n, v in inputs.items()}
-    return [data.from_storage(a, b.dtype) for a, b in zip(prog(stored), prog.sched.outputs)]
+    return shared_run_values(compile(outputs), inputs)

@@ -145,20 +145,5 @@ def rewrite(roots: list[Node], rules: RuleSet, max_steps: int = 1_000_000) -> li
 
 
 def substitute(roots: list[Node], mapping: dict[Node, Node]) -> list[Node]:
-    """Replace nodes by others everywhere in the graph of roots (no rules: a plain map)."""
-    done: dict[Node, Node] = dict(mapping)
-    stack = list(roots)
-    while stack:
-        node = stack[-1]
-        if node in done:
-            stack.pop()
-            continue
-        pending = [s for s in node.srcs if s not in done]
-        if pending:
-            stack.extend(pending)
-            continue
-        srcs = tuple(done[s] for s in node.srcs)
-        done[node] = node if all(a is b for a, b in zip(srcs, node.srcs)) else \
-            Node(node.op, node.dtype, srcs, node.arg, node.shape)
-        stack.pop()
-    return [done[r] for r in roots]
+    """Replace nodes by others everywhere in the graph of roots (a rewrite with one rule)."""
+    return rewrite(roots, RuleSet([(Pat(pred=lambda n: n in mapping, name="n"), lambda n: mapping[n])]))

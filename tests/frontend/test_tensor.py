@@ -134,8 +134,8 @@ def test_training_step_compiles_once() -> None:
         opt.step()
         losses.append(loss.item())
         if step == 1:
-            programs = len(c._programs)
-    assert len(c._programs) == programs  # steps 2..7 replayed the compiled program
+            programs = len(c.compile.programs)
+    assert len(c.compile.programs) == programs  # steps 2..7 replayed the compiled program
     assert losses[-1] < losses[0]
 
 
