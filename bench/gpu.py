@@ -10,11 +10,8 @@ Each Ember result is checked against PyTorch before it is timed.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -24,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu import chain8, layernorm, matmul, reduce_sum, softmax  # noqa: E402
+from cpu import chain8, compile_times, layernorm, matmul, reduce_sum, softmax  # noqa: E402
 
 from ember import dtype as dt  # noqa: E402
 from ember import ir  # noqa: E402
@@ -93,14 +90,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     for key, name, (params, outputs, _ref) in cases:
         inputs = {p: rng.standard_normal(p.shape, dtype=np.float32) for p in params}
-        with tempfile.TemporaryDirectory() as d:
-            os.environ["EMBER_CACHE"] = d
-            t = time.perf_counter()
-            cuda.CUDAProgram(outputs)
-            cold = time.perf_counter() - t
-            t = time.perf_counter()
-            prog = cuda.CUDAProgram(outputs)
-            cached = time.perf_counter() - t
+        prog, cold, cached = compile_times(cuda.CUDAProgram, outputs)
         run, fetch = prog.bind(inputs)
         run()
         got = fetch()[0]
