@@ -379,6 +379,12 @@ class Tensor:
         flat = self.reshape(self.shape[0], -1)
         return (oh @ flat).reshape(index.shape + self.shape[1:])
 
+    def split(self, size: int, dim: int = 0) -> list["Tensor"]:
+        return split(self, size, dim)
+
+    def chunk(self, chunks: int, dim: int = 0) -> list["Tensor"]:
+        return chunk(self, chunks, dim)
+
     def one_hot(self, num_classes: int) -> "Tensor":
         if self.dtype.is_float:
             raise ShapeError(f"one_hot needs an integer tensor, got {self.dtype}")
@@ -656,6 +662,3 @@ def split(t: Tensor, size: int, dim: int = 0) -> list[Tensor]:
 def chunk(t: Tensor, chunks: int, dim: int = 0) -> list[Tensor]:
     return split(t, -(-t.shape[dim % t.ndim] // chunks), dim)
 
-
-Tensor.split = split  # type: ignore[attr-defined]
-Tensor.chunk = chunk  # type: ignore[attr-defined]
