@@ -24,3 +24,24 @@ def graph(at: int, title: str, outputs: list[Node]) -> None:
     if level() >= at:
         from .text import print_graph
         log(at, f"--- graph {title}\n" + "\n".join(print_graph(outputs)))
+
+
+def kernels(at: int, title: str, kernels: list) -> None:
+    """Each kernel's loops and its expression, one SSA line per node (kernel-level IR)."""
+    if level() < at:
+        return
+    from .ir import toposort
+    out = [f"--- kernels {title}"]
+    for k in kernels:
+        plan = f" rows={[r.arg[0] for r in k.rows]}" if getattr(k, "rows", None) else ""
+        out.append(f"{k.name}: ranges {[r.arg for r in k.ranges]} lanes {sorted(r.arg[0] for r in k.lanes)}{plan}")
+        names: dict = {}
+        for i, n in enumerate(toposort([k.store])):
+            names[n] = f"%{i}"
+            args = " ".join(names[s] for s in n.srcs)
+            if n.op.name == "REDUCE":
+                arg = f" {n.arg[0].name.lower()} over {[r.arg[0] for r in n.arg[1]]}"
+            else:
+                arg = "" if n.arg is None else f" {n.arg!r}"
+            out.append(f"  %{i} = {n.op.name.lower()} {n.dtype}{arg} {args}".rstrip())
+    log(at, "\n".join(out))

@@ -219,6 +219,12 @@ def gpu_plan(k: Kernel) -> None:
 
 
 def optimize(sched: Schedule, target: str) -> None:
+    _optimize(sched, target)
+    from .. import debug
+    debug.kernels(3, f"after optimization for {target}", sched.kernels)
+
+
+def _optimize(sched: Schedule, target: str) -> None:
     for k in sched.kernels:
         if target == "c":
             cpu_lanes(k)

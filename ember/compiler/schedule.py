@@ -34,7 +34,9 @@ class Schedule:
 
 
 def schedule(outputs: list[Node]) -> Schedule:
-    graph = simplify.simplify(autodiff.expand_grads(outputs))
+    expanded = autodiff.expand_grads(outputs)
+    debug.graph(3, "after grad expansion", expanded)
+    graph = simplify.simplify(expanded)
     debug.graph(3, "after simplify", graph)
     params = [n for n in toposort(graph) if n.op is Op.PARAM]
     ids = iter(range(1 << 30))
@@ -64,6 +66,7 @@ def schedule(outputs: list[Node]) -> Schedule:
     in_order = [k.out for k in kernels if k.out.kind == "temp"]
     sched = Schedule(inputs, [out_bufs[o] for o in graph], kernels, in_order)
     sched.slots = plan_memory(sched)
+    debug.kernels(3, "after scheduling and lowering", kernels)
     return sched
 
 
