@@ -46,6 +46,7 @@ def schedule(outputs: list[Node]) -> Schedule:
         if o not in out_bufs:
             out_bufs[o] = Buffer(next(ids), o.dtype, o.numel, "output", o)
     temps: dict[Node, Buffer] = {}
+    position = {n: i for i, n in enumerate(toposort(graph))}
     while True:
         realized = {**out_bufs, **temps, **inputs}
         # a param returned as is still gets a kernel: it copies the input to the output buffer
@@ -61,7 +62,9 @@ def schedule(outputs: list[Node]) -> Schedule:
         more -= set(realized)
         if not more:
             break
-        for t in sorted(more, key=lambda n: targets.index(n) if n in targets else 0):
+        # ids in graph order, never set order (which follows memory addresses): the source must
+        # be the same in every process, or the disk cache misses
+        for t in sorted(more, key=position.__getitem__):
             temps[t] = Buffer(next(ids), t.dtype, t.numel, "temp", t)
     in_order = [k.out for k in kernels if k.out.kind == "temp"]
     sched = Schedule(inputs, [out_bufs[o] for o in graph], kernels, in_order)

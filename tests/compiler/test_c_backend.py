@@ -79,3 +79,13 @@ def test_exp2_float_accuracy_and_special_values() -> None:
     tiny = np.isfinite(want) & ~finite
     assert np.abs(got[tiny] - want[tiny]).max() <= 2.0**-149 * 2  # subnormal results: within 2 steps
     assert np.array_equal(np.isinf(got), np.isinf(want))
+
+
+def test_generated_source_is_the_same_in_every_process() -> None:
+    """The disk cache is keyed by the source: it must not depend on memory addresses (it once
+    did, through the order of a set of temporaries)."""
+    prog = ROOT / "tests" / "eir" / "grad" / "attention.eir"
+    outs = {subprocess.run([sys.executable, "-m", "ember", "source", str(prog), "--backend", backend],
+                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+            for backend in ("c", "c", "c", "cuda", "cuda", "cuda")}
+    assert len(outs) == 2 and all(outs)
