@@ -50,9 +50,6 @@ class Scope:
         assert self.parent is not None
         self.parent.cursor = self.parent.lines.index(self) + 1
 
-    def has_loops(self) -> bool:
-        return any(isinstance(x, Scope) for x in self.lines)
-
 
 # ops whose f16/bf16 result needs no rounding: it is one of the operands, a bool, or already rounded
 EXACT = {Op.CMPLT, Op.CMPEQ, Op.CMPNE, Op.WHERE, Op.MAX, Op.CAST, Op.BITCAST, Op.NEG}

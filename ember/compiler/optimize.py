@@ -17,7 +17,7 @@ import math
 
 from ..ir import Node, Op, toposort
 from . import symbolic as sym
-from .lower import Kernel, Stage, free_ranges
+from .lower import Kernel, Stage, enclosing_reduces, free_ranges
 from .schedule import Schedule
 
 MATMUL_TILES = ((6, 16), (8, 8), (4, 16), (4, 8), (2, 8))   # best first; the first that divides is used
@@ -136,7 +136,8 @@ def block_rows(k: Kernel) -> list[Node] | None:
     if not reduces:
         return None
     deps = free_ranges(k.store)
-    top = [n for n in reduces if not any(n in toposort([m.srcs[0]]) for m in reduces if m is not n)]
+    nested = enclosing_reduces(k.store)
+    top = [n for n in reduces if n not in nested]
     for n in top:
         last = n.arg[1][-1]
         loads = [ld for ld in toposort([n.srcs[0]]) if ld.op is Op.LOAD]
