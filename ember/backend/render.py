@@ -106,8 +106,15 @@ class CLike:
 
     # ------------------------------------------------------------------------------- ops
     def narrow(self, d: DType, expr: str) -> str:
-        """C computes narrow ints in int: cast the result back so it wraps at its own width."""
-        return f"({d.c_name})({expr})" if d.is_int and d.bits < 32 else expr
+        """C computes narrow ints in int: bring the result back to d's width, wrapping. For signed
+        types the low bits are sign-extended in int first, so the final cast is in range: a cast
+        of an out-of-range value is implementation-defined, and nvcc kept -(-32768) as 32768."""
+        if not d.is_int or d.bits >= 32:
+            return expr
+        if not d.is_signed:
+            return f"({d.c_name})({expr})"
+        mask, sign = (1 << d.bits) - 1, 1 << (d.bits - 1)
+        return f"(({d.c_name})((((int)(({expr}) & {mask})) ^ {sign}) - {sign}))"
 
     def load(self, buf: str, idx: str, d: DType) -> str:
         if d is dt.f16:
@@ -134,6 +141,8 @@ class CLike:
             if src is d:
                 return x
             return f"ember_round_{d.name}((double)({x}))"
+        if d.is_int and not src.is_float:
+            return self.narrow(d, x) if d.bits < 32 else f"(({d.c_name})({x}))"
         return f"(({d.c_name})({x}))"
 
     def bitcast(self, x: str, src: DType, d: DType) -> str:
@@ -154,7 +163,7 @@ class CLike:
         """Signed overflow is undefined in C but wraps in the spec: compute in the unsigned type."""
         u = self.wide_unsigned(d)
         expr = f"({u})({a[0]}) {op} ({u})({a[1]})" if len(a) == 2 else f"0u - ({u})({a[0]})"
-        return f"(({d.c_name})({expr}))"
+        return self.narrow(d, expr) if d.bits < 32 else f"(({d.c_name})({expr}))"
 
     def alu(self, n: Node, a: list[str], no_overflow: bool = False) -> str:
         """C for n given its operands' expressions. no_overflow: bounds prove that int arithmetic
@@ -188,7 +197,8 @@ class CLike:
             return f"({a[0]} > {a[1]} ? {a[0]} : {a[1]})"
         if op is Op.SHL:
             unsigned = {8: "unsigned", 16: "unsigned", 32: "unsigned", 64: "unsigned long long"}[d.bits]
-            return self.narrow(d, f"({d.c_name})(({unsigned})({a[0]}) << {a[1]})")
+            shifted = f"(({unsigned})({a[0]}) << {a[1]})"
+            return self.narrow(d, shifted) if d.bits < 32 else f"({d.c_name}){shifted}"
         if op is Op.SHR:
             return self.narrow(d, f"({a[0]} >> {a[1]})")
         if op is Op.WHERE:
