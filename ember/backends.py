@@ -5,7 +5,10 @@ The reference evaluator interprets; compiled backends generate, build and run co
 """
 from __future__ import annotations
 
+import functools
+import statistics
 import sys
+import time
 from typing import Callable
 
 import numpy as np
@@ -62,19 +65,52 @@ def default() -> str:
     return "cuda" if "cuda" in found else "c" if "c" in found else "ref"
 
 
-def run_program(prog: Program, backend: str) -> list[np.ndarray]:
-    """Values of the program's outputs (as the reference evaluator holds values)."""
+def resolve(backend: str) -> str:
+    """The backend that will run: a known, available one (CUDA falls back to C, said once)."""
     if backend not in RUNNERS:
         raise BackendError(f"unknown backend '{backend}' (backends: {', '.join(RUNNERS)})")
     if backend == "cuda" and "cuda" not in available() and "c" in available():
-        from .backend import cuda
-        print(f"ember: {cuda.why_unavailable()}; running on the C backend instead", file=sys.stderr)
+        _notice_fallback()
         backend = "c"
     if backend not in available():
         here = ", ".join(available())
         raise BackendError(f"backend '{backend}' is not available on this machine (available: {here})")
+    return backend
+
+
+@functools.lru_cache(maxsize=None)
+def _notice_fallback() -> None:
+    from .backend import cuda
+    print(f"ember: {cuda.why_unavailable()}; running on the C backend instead", file=sys.stderr)
+
+
+def run_program(prog: Program, backend: str) -> list[np.ndarray]:
+    """Values of the program's outputs (as the reference evaluator holds them)."""
+    backend = resolve(backend)
     inputs = {prog.nodes[p]: prog.input_values(p) for p in prog.params}
     return RUNNERS[backend](prog.output_nodes, inputs)
+
+
+def bench_program(prog: Program, backend: str, runs: int) -> tuple[list[np.ndarray], float]:
+    """The outputs of one run, then the median milliseconds of `runs` more runs on the same inputs
+    (spec 10): compilation and host-device copies excluded, CUDA timed with events."""
+    backend = resolve(backend)
+    inputs = {prog.nodes[p]: prog.input_values(p) for p in prog.params}
+    outputs = prog.output_nodes
+    if backend == "ref":
+        values = _run_ref(outputs, inputs)
+        times = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            ref.evaluate(outputs, inputs)
+            times.append((time.perf_counter() - t) * 1e3)
+    else:
+        from .backend import c, cuda, timed_values
+        try:
+            values, times = timed_values((c if backend == "c" else cuda).compile(outputs), inputs, runs)
+        except (c.CompileError, RuntimeError, NotImplementedError) as e:
+            raise BackendError(str(e)) from None
+    return values, statistics.median(times)
 
 
 def output_lines(prog: Program, values: list[np.ndarray]) -> list[str]:

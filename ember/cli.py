@@ -6,8 +6,11 @@ stderr); 3 a program that cannot be run here for another reason.
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 import traceback
@@ -40,17 +43,25 @@ def _check_inputs(prog: Program) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    median = None
     try:
         prog = parse_file(args.file)
         _check_inputs(prog)
-        values = backends.run_program(prog, args.backend or backends.default())
+        backend = args.backend or backends.default()
+        if args.bench is None:
+            values = backends.run_program(prog, backend)
+        else:
+            values, median = backends.bench_program(prog, backend, args.bench)
     except EirError as e:
         return _fail(str(e), 2)
     except BackendError as e:
         return _fail(f"{args.file}: {e}", 3)
     except Exception as e:  # a bug in Ember: one line, never a partial result
         return _fail(_internal(args.file, e), 3)
-    print("\n".join(backends.output_lines(prog, values)))
+    lines = backends.output_lines(prog, values)
+    if median is not None:
+        lines.append(f"# bench runs={args.bench} median_ms={median:.6g}")
+    print("\n".join(lines))
     return 0
 
 
@@ -110,7 +121,7 @@ def _files(paths: list[str]) -> list[str]:
 
 
 def _parse_output(stdout: str, prog: Program) -> dict[str, np.ndarray]:
-    """Read the protocol's `NAME = [...]` lines back into arrays of each name's dtype."""
+    """Read the protocol's `NAME = [...]` lines back into each name's dtype (spec 9)."""
     got: dict[str, np.ndarray] = {}
     for line in stdout.splitlines():
         name, eq, rest = line.partition(" = ")
@@ -120,10 +131,12 @@ def _parse_output(stdout: str, prog: Program) -> dict[str, np.ndarray]:
         if not (inner.startswith("[") and inner.endswith("]")):
             raise ValueError(f"bad output line for {name}: {line[:80]}")
         items = [s.strip() for s in inner[1:-1].split(",")] if inner[1:-1].strip() else []
-        nums = [data.parse_number(s) for s in items]
-        if any(v is None for v in nums):
-            raise ValueError(f"bad value in output line for {name}: {line[:80]}")
-        got[name] = np.array(nums, dtype=object)
+        dtype = prog.nodes[name].dtype
+        nums = [data.read_back(s, dtype) for s in items]
+        bad = next((s for s, v in zip(items, nums) if v is None), None)
+        if bad is not None:
+            raise ValueError(f"'{bad[:40]}' in the output line for {name} is not a value of {dtype}")
+        got[name] = np.array(nums, dtype=np.float64 if dtype.is_float else object)
     return got
 
 
@@ -137,8 +150,6 @@ def _compare(prog: Program, got: dict[str, np.ndarray]) -> str | None:
         if actual.size != node.numel:
             return f"'{name}' has {actual.size} values, expected {node.numel} ({node.dtype}{list(node.shape)})"
         expected = prog.expected_values(name).reshape(-1)
-        if actual.dtype == object and node.dtype.is_float:  # read from text
-            actual = actual.astype(np.float64)
         i = data.first_mismatch(actual, expected, node.dtype, spec.atol, spec.rtol)
         if i is not None:
             idx = ",".join(map(str, np.unravel_index(i, node.shape))) if node.shape else ""
@@ -147,36 +158,118 @@ def _compare(prog: Program, got: dict[str, np.ndarray]) -> str | None:
     return None
 
 
-def _test_one(path: str, backend: str | None, compiler: list[str] | None, timeout: float) -> str | None:
-    """None if the test file passes, else the failure line."""
+ERROR_TEST = re.compile(r"# error: (\d+): (.*)")
+
+
+def _expected_error(path: str) -> tuple[int, str] | None:
+    """(line, words) for a test of an error message: a file whose first line is
+    `# error: LINE: words of the message` passes when the program is rejected there."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline().decode("ascii", errors="replace")
+    except OSError:
+        return None
+    m = ERROR_TEST.match(first)
+    return (int(m.group(1)), m.group(2).strip()) if m else None
+
+
+def _check_error_test(path: str, want: tuple[int, str], compiler: list[str] | None, timeout: float) -> str | None:
+    line, words = want
+    if compiler is None:
+        try:
+            _check_inputs(parse_file(path))
+        except EirError as e:
+            if e.line == line and words in e.msg:
+                return None
+            return f"{path}: expected the error '{words}' on line {line}, got: {e}"
+        return f"{path}: expected the error '{words}' on line {line}, but the program is valid"
+    try:
+        proc = subprocess.run(compiler + [path], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"{path}: timed out after {timeout:g} s"
+    first = (proc.stderr.strip().splitlines() or [""])[0]
+    if proc.returncode == 2 and first.startswith(f"{path}:{line}:"):
+        return None
+    got = f"got status {proc.returncode}: {first[:120]}"
+    return f"{path}: expected exit status 2 and '{path}:{line}: ...' on stderr, {got}"
+
+
+def _test_one(path: str, backend: str | None, compiler: list[str] | None, timeout: float,
+              bench: int | None = None) -> tuple[str | None, float | None]:
+    """(None if the test file passes, else the failure line; the median ms with bench)."""
+    want = _expected_error(path)
+    if want is not None:
+        return _check_error_test(path, want, compiler, timeout), None
     try:
         prog = parse_file(path)
         _check_inputs(prog)
     except EirError as e:
-        return str(e)
+        return str(e), None
+    median = None
     try:
         if compiler is None:
-            values = backends.run_program(prog, backend or backends.default())
+            if bench is None:
+                values = backends.run_program(prog, backend or backends.default())
+            else:
+                values, median = backends.bench_program(prog, backend or backends.default(), bench)
             got = dict(zip(prog.outputs, values))
         else:
+            cmd = compiler + [path] + (["--bench", str(bench)] if bench is not None else [])
             try:
-                proc = subprocess.run(compiler + [path], capture_output=True, text=True, timeout=timeout)
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
             except subprocess.TimeoutExpired:
-                return f"{path}: timed out after {timeout:g} s"
+                return f"{path}: timed out after {timeout:g} s", None
             except OSError as e:
-                return f"{path}: cannot start the compiler: {e}"
+                return f"{path}: cannot start the compiler: {e}", None
             if proc.returncode != 0:
                 first = (proc.stderr.strip().splitlines() or ["(no message)"])[0]
-                return f"{path}: the compiler exited with status {proc.returncode}: {first}"
+                return f"{path}: the compiler exited with status {proc.returncode}: {first}", None
             got = _parse_output(proc.stdout, prog)
+            if bench is not None:
+                median = bench_median(proc.stdout)
+                if median is None:
+                    return f"{path}: no '# bench runs=N median_ms=X' line (spec 10)", None
         problem = _compare(prog, got)
     except BackendError as e:
-        return f"{path}: {e}"
+        return f"{path}: {e}", None
     except ValueError as e:
-        return f"{path}: {e}"
+        return f"{path}: {e}", None
     except Exception as e:
-        return _internal(path, e)
-    return None if problem is None else f"{path}: {problem}"
+        return _internal(path, e), None
+    return (None if problem is None else f"{path}: {problem}"), median
+
+
+BENCH_LINE = re.compile(r"# bench runs=(\d+) median_ms=([0-9.eE+-]+)\s*$")
+
+
+def bench_median(stdout: str) -> float | None:
+    """The median_ms of the spec's timing line, or None when there is none."""
+    for line in reversed(stdout.splitlines()):
+        m = BENCH_LINE.match(line.strip())
+        if m:
+            v = data.parse_number(m.group(2))
+            return float(v) if v is not None and math.isfinite(v) and v >= 0 else None
+    return None
+
+
+def _usage_problem(args: argparse.Namespace) -> str | None:
+    """What makes a whole `ember test` run impossible, said once instead of once per file."""
+    if args.compiler:
+        try:
+            cmd = shlex.split(args.compiler)
+        except ValueError as e:
+            return f"ember test: --compiler: {e}"
+        if not cmd:
+            return "ember test: --compiler is empty"
+        exe = cmd[0]
+        if not (shutil.which(exe) or (os.sep in exe and os.access(exe, os.X_OK))):
+            return f"ember test: the compiler '{exe}' was not found or is not executable"
+        return None
+    try:
+        backends.resolve(args.backend or backends.default())
+    except BackendError as e:
+        return f"ember test: {e}"
+    return None
 
 
 def cmd_test(args: argparse.Namespace) -> int:
@@ -184,52 +277,94 @@ def cmd_test(args: argparse.Namespace) -> int:
     missing = [f for f in files if not os.path.exists(f)]
     if missing:
         return _fail(f"ember test: no such file or directory: {missing[0]}", 2)
+    if not files:
+        return _fail(f"ember test: no .eir files in {' '.join(args.paths)}", 2)
+    problem = _usage_problem(args)
+    if problem:
+        return _fail(problem, 2)
     compiler = shlex.split(args.compiler) if args.compiler else None
     jobs = args.jobs or os.cpu_count() or 1
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = list(pool.map(lambda f: _test_one(f, args.backend, compiler, args.timeout), files))
-    failed = [r for r in results if r is not None]
+        results = list(pool.map(lambda f: _test_one(f, args.backend, compiler, args.timeout, args.bench), files))
+    failed = [r for r, _ in results if r is not None]
     for line in failed:
         print(f"FAIL {line}")
+    if args.bench is not None:
+        for f, (r, median) in zip(files, results):
+            if r is None and median is not None:
+                print(f"{f}: median_ms={median:.6g}")
     print(f"{len(files) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="ember", description="Ember: a tensor compiler for the Ember IR (.eir).")
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of runs >= 1, got '{text}'")
+    return n
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    ap = argparse.ArgumentParser(prog="ember", description="Ember: a tensor compiler for the Ember IR (.eir).",
+                                 formatter_class=fmt)
+    ap.add_argument("--version", action="version", version=f"ember {version()}")
     sub = ap.add_subparsers(dest="cmd", required=True)
     backends_help = "ref, c or cuda (default: cuda with a GPU, else c)"
 
-    p = sub.add_parser("run", help="run a test file and print its outputs (the compiler protocol)")
-    p.add_argument("file")
+    p = sub.add_parser("run", help="run a test file and print its outputs (the compiler protocol)", formatter_class=fmt)
+    p.add_argument("file", help="the .eir test file")
     p.add_argument("--backend", help=backends_help)
+    p.add_argument("--bench", type=_positive, metavar="N", default=None,
+                   help="then run N more times and print '# bench runs=N median_ms=X' (spec 10)")
     p.set_defaults(fn=cmd_run)
 
-    p = sub.add_parser("test", help="run test files (directories recursively) and check their expect lines")
-    p.add_argument("paths", nargs="+")
+    p = sub.add_parser("test", help="run test files (directories recursively) and check their expect lines",
+                       formatter_class=fmt)
+    p.add_argument("paths", nargs="+", help="test files and folders")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--backend", help=backends_help)
     group.add_argument("--compiler", help="an external command that follows the protocol, e.g. './mycc'")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per file with --compiler")
-    p.add_argument("-j", "--jobs", type=int, default=0, help="files run at once (default: the core count)")
+    p.add_argument("-j", "--jobs", type=int, default=0, help="files run at once (0: the core count)")
+    p.add_argument("--bench", type=_positive, metavar="N", default=None,
+                   help="time each passing file over N runs (spec 10) and print its median")
     p.set_defaults(fn=cmd_test)
 
-    p = sub.add_parser("fmt", help="print a file in canonical form (comments and order kept)")
-    p.add_argument("file")
+    p = sub.add_parser("fmt", help="print a file in canonical form (comments and order kept)", formatter_class=fmt)
+    p.add_argument("file", help="the .eir file")
     p.add_argument("-w", "--write", action="store_true", help="rewrite the file in place")
     p.add_argument("--check", action="store_true", help="exit 1 if the file is not in canonical form")
     p.set_defaults(fn=cmd_fmt)
 
-    p = sub.add_parser("source", help="print the generated source of a program")
-    p.add_argument("file")
-    p.add_argument("--backend", choices=["c", "cuda"])
+    p = sub.add_parser("source", help="print the generated source of a program", formatter_class=fmt)
+    p.add_argument("file", help="the .eir file")
+    p.add_argument("--backend", choices=["c", "cuda"], help="which source (default: cuda with a GPU, else c)")
     p.set_defaults(fn=cmd_source)
+
+    from . import grade
+    grade.add_commands(sub, fmt)
 
     p = sub.add_parser("train", help="train a small GPT on real text (ember train --help)", add_help=False)
     p.set_defaults(fn=None)
     p = sub.add_parser("sample", help="generate text from a training checkpoint", add_help=False)
     p.set_defaults(fn=None)
+    return ap
 
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+    try:
+        return dist_version("ember")
+    except PackageNotFoundError:
+        return "0.1.0 (source tree)"
+
+
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("train", "sample"):  # their own argument parsers
         from . import train
@@ -239,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(f"ember {argv[0]}: {type(e).__name__}: {e}", 3)
         except Exception as e:
             return _fail(_internal(f"ember {argv[0]}", e), 3)
-    args = ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
     except KeyboardInterrupt:
@@ -247,4 +382,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    sys.exit(main())
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # `ember run FILE | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 141
+    sys.exit(code)

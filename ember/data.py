@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -204,6 +205,45 @@ def format_values(values: np.ndarray, dtype: DType) -> str:
     else:
         items = [str(int(v)) for v in flat]
     return "[" + ", ".join(items) + "]"
+
+
+def read_back(tok: str, dtype: DType) -> int | float | None:
+    """A printed value read back into dtype (spec 9): decimal to the nearest value of the dtype,
+    ties to even; ints exactly. None when tok is not a value of dtype."""
+    v = parse_number(tok)
+    if v is None:
+        return None
+    if not dtype.is_float:
+        if isinstance(v, float):
+            if not math.isfinite(v) or v != int(v):
+                return None
+            v = int(v)
+        return v if dtype.min <= v <= dtype.max else None
+    x = float(v) if not isinstance(v, int) or abs(v) < 1 << 1000 else math.copysign(math.inf, v)
+    y = float(round_float(np.array([x]), dtype)[0])
+    if dtype is dt.f64 or x == y or not math.isfinite(x) or not math.isfinite(y):
+        return y
+    # x is f64, already rounded once: a second rounding errs only when x landed exactly on a
+    # midpoint between two values of dtype. Then compare the exact decimal with that midpoint.
+    z = _next_toward(y, x, dtype)
+    mid = (y + z) / 2 if math.isfinite(z) else y + (y - _next_toward(y, 0.0, dtype)) / 2
+    if x != mid:
+        return y
+    exact = Fraction(tok) if isinstance(v, float) and "x" not in tok.lower() else Fraction(v)
+    return y if abs(exact - Fraction(y)) <= abs(exact - Fraction(z)) else z  # a true tie keeps y, the even one
+
+
+def _next_toward(y: float, x: float, dtype: DType) -> float:
+    """The value of dtype next to y in the direction of x (y is a value of dtype)."""
+    if dtype is dt.bf16:
+        bits = int(np.array([y], np.float32).view(np.uint32)[0])
+        step = 0x10000 if y != 0 else 0x10000 | (0x80000000 if x < 0 else 0)
+        away = abs(x) > abs(y) or y == 0
+        out = (bits + step if away else bits - 0x10000) if y != 0 else step
+        return float(np.array([out & 0xFFFFFFFF], np.uint32).view(np.float32)[0])
+    t = np.float16 if dtype is dt.f16 else np.float32
+    with np.errstate(over="ignore"):
+        return float(np.nextafter(t(y), t(math.inf if x > y else -math.inf)))
 
 
 DEFAULT_TOL = {dt.f64: (1e-12, 1e-9), dt.f32: (1e-5, 1e-4), dt.f16: (1e-3, 1e-2), dt.bf16: (1e-2, 2e-2)}

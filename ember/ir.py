@@ -117,7 +117,8 @@ def toposort(roots: list[Node] | tuple[Node, ...]) -> list[Node]:
 # Tensor-level constructors with the spec's type rules. Each raises IRError with a message that
 # says what was expected and what was found.
 
-MAX_NUMEL = 2**31  # the text format's limit (spec 2), checked by the parser; internal graphs may exceed it
+MAX_NUMEL = 2**31  # params and returned values have fewer elements (spec 2), checked by the parser
+MAX_VALUE_NUMEL = 2**62 - 1  # any other value (never stored by a good compiler: a matmul's [M,K,N] product)
 
 
 def check_shape(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -135,6 +135,10 @@ def eval_node(node: Node, srcs: list[np.ndarray]) -> np.ndarray:
 
 def evaluate(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
     """Values of outputs, given the values of the params they depend on."""
+    big = next((n for n in toposort(outputs) if n.numel >= 1 << 31 and n.op is not Op.EXPAND), None)
+    if big is not None:  # spec 2 allows it; an evaluator that stores every value cannot
+        raise Unsupported(f"the reference evaluator stores every value, and one has {big.numel} elements "
+                          "(conformance tests keep values under 2^31; use a compiled backend)")
     values: dict[Node, np.ndarray] = {}
     _fill(outputs, inputs, values)
     return [np.ascontiguousarray(values[o]).reshape(o.shape) for o in outputs]

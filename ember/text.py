@@ -266,7 +266,9 @@ class Parser:
             if len(toks) < 2:
                 raise ValueError("return needs at least one name")
             for name in toks[1:]:
-                self.use(name)
+                if self.use(name).numel >= ir.MAX_NUMEL:
+                    raise ValueError(f"a returned value must have fewer than 2^31 elements: '{name}' has "
+                                     f"{self.use(name).numel}")
             self.prog.outputs = toks[1:]
             self.prog.return_line = line
             return
@@ -312,8 +314,10 @@ class Parser:
         if operands and attr_toks and toks.index(attr_toks[0]) < toks.index(operands[-1]):
             raise ValueError("attributes (key=value) come after the operands")
         node = self.build(opname, operands, attr_toks)
-        if node.numel >= ir.MAX_NUMEL:
-            raise ValueError(f"a tensor must have fewer than 2^31 elements, found {node.numel}")
+        if node.numel > ir.MAX_VALUE_NUMEL:
+            raise ValueError(f"a value may have at most 2^62 - 1 elements, found {node.numel}")
+        if node.op is Op.PARAM and node.numel >= ir.MAX_NUMEL:
+            raise ValueError(f"a param must have fewer than 2^31 elements, found {node.numel}")
         if assert_type is not None and assert_type != (node.dtype, node.shape):
             raise ValueError(f"type assertion failed: inferred {ir.fmt_type(node.dtype, node.shape)}, "
                              f"asserted {ir.fmt_type(*assert_type)}")

@@ -81,6 +81,10 @@ class Kernel:
 
 def flat_index(idx: tuple[Node, ...], shape: tuple[int, ...]) -> Node:
     """Row-major linear index of idx in shape."""
+    if math.prod(shape) >= 1 << 31:  # index arithmetic is i32 (symbolic.INDEX)
+        raise NotImplementedError(f"a value of {math.prod(shape)} elements is addressed as a whole here, which needs "
+                                  "64-bit indexing; Ember indexes in 32 bits (a value this large is fine while it "
+                                  "is only expanded and reduced, as in a matmul)")
     terms: dict[Node, int] = {}
     k = 0
     stride = 1

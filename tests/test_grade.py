@@ -1,0 +1,158 @@
+"""Grading: values read back into their dtype (spec 9), --bench (spec 10), `ember grade` and
+`ember bench` with correct, wrong, crashing, hanging, flooding and hostile submissions."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ember import data
+from ember import dtype as dt
+from ember.cli import main
+from ember.grade import linear_scores
+from ember.sandbox import slot_uids
+
+HERE = Path(__file__).parent
+
+
+@pytest.mark.parametrize("tok,dtype,want", [
+    ("1.00000005960464477539062500000000001", dt.f32, 1 + 2**-23),   # just above an f32 midpoint
+    ("1.000000059604644775390625", dt.f32, 1.0),                      # the midpoint: ties to even
+    ("1.00390625000000000000001", dt.bf16, 1 + 2**-7),
+    ("1.00390625", dt.bf16, 1.0),
+    ("-1.000488281250000001", dt.f16, -(1 + 2**-10)),
+    ("0.100000001", dt.f32, 0.10000000149011612),
+    ("255", dt.u8, 255), ("256", dt.u8, None), ("1.5", dt.i32, None), ("x", dt.f32, None),
+])
+def test_read_back_rounds_decimal_once(tok: str, dtype: dt.DType, want: float | None) -> None:
+    assert data.read_back(tok, dtype) == want
+
+
+def test_test_compiler_reads_values_into_dtype(capsys: pytest.CaptureFixture[str]) -> None:
+    # these expectations are exact f32/bf16 values, which an f64 comparison of 9 digits failed
+    files = [str(HERE / "eir" / "generator" / "float_seed_42.eir"), str(HERE / "eir" / "sources" / "const_bf16_rounding.eir")]
+    code = main(["test", *files, "--compiler", "ember run --backend ref"])
+    assert code == 0 and capsys.readouterr().out.splitlines()[-1] == "2 passed, 0 failed"
+
+
+@pytest.mark.parametrize("backend", ["ref", "c"])
+def test_run_bench_line(backend: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(HERE / "eir" / "compositions" / "softmax.eir"), "--backend", backend, "--bench", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("p = [") and lines[1].startswith("# bench runs=3 median_ms=")
+    assert float(lines[1].split("=")[-1]) >= 0
+
+
+def test_error_tests_explain_themselves(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["test", str(HERE / "errors"), "--backend", "ref"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0 and out[-1].endswith(" passed, 0 failed"), out[:3]
+
+
+def test_unknown_backend_is_one_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["test", str(HERE / "eir" / "unary"), "--backend", "tpu"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert main(["test", str(HERE / "eir" / "unary"), "--compiler", "/no/such/compiler"]) == 2
+
+
+def test_linear_scores() -> None:
+    assert linear_scores({"a": 1.0, "b": 3.0, "c": 2.0, "d": None}) == {"a": 100.0, "b": 0.0, "c": 50.0, "d": 0.0}
+    assert linear_scores({"a": 2.0, "b": 2.0}) == {"a": 100.0, "b": 100.0}
+
+
+def _compiler(folder: Path, name: str, body: str, build: str | None = None) -> None:
+    d = folder / name
+    d.mkdir(parents=True)
+    exe = d / ("build" if build else "compiler")
+    exe.write_text("#!/bin/sh\n" + (build or body) + "\n")
+    exe.chmod(0o755)
+
+
+def _tree_hash(folder: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        h.update(str(p).encode())
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+GOOD = 'exec python3 -m ember run --backend c "$@"'
+
+
+@pytest.fixture
+def course(tmp_path: Path) -> Path:
+    tests = tmp_path / "tests"
+    (tests / "ann").mkdir(parents=True)
+    (tests / "bob").mkdir()
+    (tests / "ann" / "neg.eir").write_text("ember 1\nx = param i32[3]\ny = neg x\nreturn y\ninput x = [1, 2, -3]\n"
+                                           "expect y = [-1, -2, 3]\n")
+    (tests / "ann" / "half.eir").write_text("ember 1\nx = param f32[2]\nh = const 0.5 f32[2]\ny = mul x h\nreturn y\n"
+                                            "input x = [1, 3]\nexpect y = [0.5, 1.5]\n")
+    (tests / "bob" / "bad.eir").write_text("ember 1\nx = param i32[1]\nreturn x\ninput x = [1]\nexpect x = [2]\n")
+    subs = tmp_path / "subs"
+    _compiler(subs, "good", GOOD)
+    _compiler(subs, "built", "", build=f"printf '#!/bin/sh\\n{GOOD}\\n' > compiler && chmod +x compiler")
+    _compiler(subs, "wrong", 'python3 -m ember run --backend c "$@" | sed "s/-1/-7/"')
+    _compiler(subs, "crash", "kill -SEGV $$")
+    _compiler(subs, "hang", "sleep 300")
+    _compiler(subs, "flood", "yes 1")
+    _compiler(subs, "forker", "while true; do sleep 300 & done")
+    # reads every .eir it can find, tries to write beside the tests, leaves a process behind
+    hostile = ('for f in $(find / -name "*.eir" 2>/dev/null); do grep -h "^expect" "$f"; done | head -1 >&2\n'
+               f'echo pwned > {tests}/ann/pwned.eir; echo pwned > {tests}/ann/neg.eir\n'
+               "setsid sleep 300 >/dev/null 2>&1 &\n" + GOOD)
+    _compiler(subs, "hostile", hostile)
+    return tmp_path
+
+
+def test_grade_contains_misbehaving_compilers(course: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = _tree_hash(course / "tests")
+    out = course / "out"
+    code = main(["grade", "--tests", str(course / "tests"), "--submissions", str(course / "subs"),
+                 "--out", str(out), "--timeout", "8", "--jobs", "2"])
+    assert code == 0
+    report = json.loads((out / "grade.json").read_text())
+    assert report["tests"]["bob/bad.eir"]["valid"] is False and "reference" in report["tests"]["bob/bad.eir"]["reason"]
+    rates = {n: s["rate"] for n, s in report["submissions"].items()}
+    assert rates["reference"] == rates["good"] == rates["built"] == 1.0
+    assert rates["wrong"] == 0.5 and report["tests"]["ann/neg.eir"]["broken_by"] == sorted(
+        ["crash", "hang", "flood", "forker", "wrong"] + (["hostile"] if rates["hostile"] < 1 else []))
+    for bad in ("crash", "hang", "flood", "forker"):
+        assert rates[bad] == 0.0, bad
+    assert "timed out" in report["submissions"]["hang"]["failures"]["ann/neg.eir"]
+    assert _tree_hash(course / "tests") == before           # nothing written beside the tests
+    for name in ("summary.md", "submissions.csv", "tests.csv", "failures.csv"):
+        assert (out / name).exists()
+    if os.geteuid() == 0:  # no process of a sandbox user outlives the grading
+        uids = ",".join(map(str, slot_uids(2)))
+        left = subprocess.run(["pgrep", "-u", uids], capture_output=True, text=True).stdout
+        assert left == ""
+
+
+def test_bench_scores_and_honesty(course: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    suite = course / "suite"
+    suite.mkdir()
+    (suite / "sum.eir").write_text("ember 1\nx = param f32[256,256]\ns = sum x axes=[1]\nreturn s\ninput x = rand seed=1\n")
+    subs = course / "benchsubs"
+    _compiler(subs, "good", GOOD)
+    _compiler(subs, "wrong", 'python3 -m ember run --backend c "$@" | sed "s/\\[/[1/"')
+    # right answers, but claims 1 microsecond while each run sleeps 0.2 s
+    liar = ('python3 -m ember run --backend c "$1" | grep -v "^#"; '
+            'n=$3; i=0; while [ $i -lt $n ]; do sleep 0.2; i=$((i+1)); done; echo "# bench runs=$n median_ms=0.001"')
+    _compiler(subs, "liar", liar)
+    out = course / "bout"
+    code = main(["bench", "--suite", str(suite), "--submissions", str(subs), "--out", str(out), "--runs", "2",
+                 "--timeout", "60"])
+    assert code == 0
+    report = json.loads((out / "bench.json").read_text())
+    row = report["programs"]["sum.eir"]
+    assert row["reference"]["status"] == row["good"]["status"] == "ok"
+    assert row["wrong"]["status"] == "wrong" and row["wrong"]["score"] == 0.0
+    assert row["liar"]["status"] == "error" and "dishonest" in row["liar"]["note"]
+    assert max(row["reference"]["score"], row["good"]["score"]) == 100.0
+    assert set(report["submissions"]) == {"reference", "good", "wrong", "liar"}
