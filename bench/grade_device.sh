@@ -8,12 +8,12 @@ OUT=${OUT:-/tmp/grade_out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name --format=csv,noheader
 echo "== GPU tests (corpus on cuda, grading)"
-timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_corpus.py -k cuda tests/test_grade.py 2>&1 | tail -3
+timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_corpus.py tests/test_grade.py -k "cuda or grade or bench" 2>&1 | tail -3
 echo "== ember run --bench 10 --backend cuda, each suite program (median of CUDA-event times)"
 for f in bench/suite/*.eir; do
-  t0=$(date +%s.%N)
+  t0=$(date +%s%N)
   line=$(timeout 120 python3 -m ember run "$f" --backend cuda --bench 10 2>&1 | tail -1)
-  printf '%-28s %s  (process %.1f s)\n' "$(basename $f)" "$line" "$(echo "$(date +%s.%N) - $t0" | bc)"
+  printf '%-28s %s  (whole process %d ms)\n' "$(basename $f)" "$line" $(( ($(date +%s%N) - t0) / 1000000 ))
 done
 echo "== ember bench: the suite, Ember on cuda as a student submission beside the reference"
 subs=$(mktemp -d); mkdir -p "$subs/ember_cuda"

@@ -38,7 +38,8 @@ def slot_uids(jobs: int) -> list[int]:
     """This process's sandbox users: a range of its own, so two graders never kill each other's runs."""
     base = UID_BASE + (os.getpid() % 1000) * 64
     return [base + i for i in range(min(max(1, jobs), 64))]
-KEEP_ENV = ("PATH", "LANG", "LC_ALL", "PYENV_ROOT", "PYENV_VERSION", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CC")
+KEEP_ENV = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "PYENV_ROOT", "PYENV_VERSION", "CUDA_VISIBLE_DEVICES",
+            "LD_LIBRARY_PATH", "CC")
 
 
 @dataclass
@@ -202,7 +203,9 @@ class Sandbox:
 
     def _env(self, work: Path, contained: bool) -> dict[str, str]:
         env = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
-        if not contained:  # the reference compiler keeps the grader's compile cache
+        if not contained:  # the reference compiler: Ember from where the grader runs it, and its compile cache
+            here = str(Path(__file__).resolve().parent.parent)
+            env["PYTHONPATH"] = os.pathsep.join([here] + ([env["PYTHONPATH"]] if "PYTHONPATH" in env else []))
             env["EMBER_CACHE"] = os.environ.get("EMBER_CACHE") or str(Path.home() / ".cache" / "ember")
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
         env.update(HOME=str(work), TMPDIR=str(work), LANG=env.get("LANG", "C.UTF-8"))
