@@ -11,6 +11,8 @@ kills every process it started. The containment level is chosen once, by probing
   submission cannot read another's folder). Folders the program needs that sit under a folder
   only root may enter (/root/.pyenv under /root) are moved onto an otherwise empty mount.
 - `user` (root without namespaces): the separate user and the limits, without the hiding.
+  The memory limit is on data (RLIMIT_DATA), not address space: CUDA reserves far more address
+  space than it uses.
 - `rlimits` (not root): the limits and the timeout only; `ember grade` says so.
 
 When a run ends, every process of its slot's user is killed, so nothing outlives it.
@@ -46,7 +48,7 @@ KEEP_ENV = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "PYENV_ROOT", "PYENV_VERSION
 class Limits:
     wall: float = 60.0             # seconds before the whole process tree is killed
     cpu: int = 600                 # CPU seconds per process
-    memory: int = 16 << 30         # bytes of address space per process
+    memory: int = 16 << 30         # bytes of data (heap and private writable mappings) per process
     file_size: int = 1 << 30       # the largest file a run may write
     processes: int = 256           # processes and threads of the slot's user at once
     output: int = 64 << 20         # bytes of stdout + stderr kept; more kills the run
@@ -213,7 +215,7 @@ class Sandbox:
 
     def _command(self, cmd: list[str], work: Path, uid: int, submission: Path | None, contained: bool) -> list[str]:
         lim = self.limits
-        limited = ["prlimit", f"--cpu={lim.cpu}", f"--as={lim.memory}", f"--fsize={lim.file_size}",
+        limited = ["prlimit", f"--cpu={lim.cpu}", f"--data={lim.memory}", f"--fsize={lim.file_size}",
                    f"--nproc={lim.processes}", "--core=0", "--"] + cmd
         if not shutil.which("prlimit"):
             limited = cmd

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,7 @@ def test_read_back_rounds_decimal_once(tok: str, dtype: dt.DType, want: float | 
 def test_test_compiler_reads_values_into_dtype(capsys: pytest.CaptureFixture[str]) -> None:
     # these expectations are exact f32/bf16 values, which an f64 comparison of 9 digits failed
     files = [str(HERE / "eir" / "generator" / "float_seed_42.eir"), str(HERE / "eir" / "sources" / "const_bf16_rounding.eir")]
-    code = main(["test", *files, "--compiler", "ember run --backend ref"])
+    code = main(["test", *files, "--compiler", f"{sys.executable} -m ember run --backend ref"])
     assert code == 0 and capsys.readouterr().out.splitlines()[-1] == "2 passed, 0 failed"
 
 
