@@ -227,12 +227,14 @@ def tolerance(prog: Program) -> tuple[float | None, float | None]:
 
 def linear_scores(times: dict[str, float | None]) -> dict[str, float]:
     """100 for the fastest, 0 for the slowest, linear in time between; failures 0; equal times
-    score equal (one working compiler, or all equally fast: 100 each)."""
-    ok = {n: t for n, t in times.items() if t is not None}
+    (to 3 significant digits) score equal (one working compiler, or all equally fast: 100 each)."""
+    # medians equal to 3 significant digits are a tie: CUDA-event medians of one program move by
+    # about 0.2% between processes (bench/grade_device.sh), so finer differences are noise
+    ok = {n: float(f"{t:.3g}") for n, t in times.items() if t is not None}
     if not ok:
         return {n: 0.0 for n in times}
     lo, hi = min(ok.values()), max(ok.values())
-    return {n: 0.0 if t is None else 100.0 if hi == lo else 100.0 * (hi - t) / (hi - lo) for n, t in times.items()}
+    return {n: 0.0 if n not in ok else 100.0 if hi == lo else 100.0 * (hi - ok[n]) / (hi - lo) for n in times}
 
 
 HONESTY_FACTOR = 10  # the honesty check's second run count is this many times --runs

@@ -63,6 +63,7 @@ def test_unknown_backend_is_one_usage_error(capsys: pytest.CaptureFixture[str]) 
 def test_linear_scores() -> None:
     assert linear_scores({"a": 1.0, "b": 3.0, "c": 2.0, "d": None}) == {"a": 100.0, "b": 0.0, "c": 50.0, "d": 0.0}
     assert linear_scores({"a": 2.0, "b": 2.0}) == {"a": 100.0, "b": 100.0}
+    assert linear_scores({"a": 19.321, "b": 19.324, "c": 38.6}) == {"a": 100.0, "b": 100.0, "c": 0.0}  # a tie
 
 
 def _compiler(folder: Path, name: str, body: str, build: str | None = None) -> None:
