@@ -160,8 +160,9 @@ def available() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _flags() -> tuple[str, ...]:
-    base = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared")
+def _flags(opt: str = "-O3") -> tuple[str, ...]:
+    """opt: -O3 always, except when the fuzzer asks whether a wrong answer is the C compiler's."""
+    base = (opt, "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared")
     return base + (("-fopenmp",) if _supports("-fopenmp") else ("-fopenmp-simd",) if _supports("-fopenmp-simd") else ())
 
 
@@ -187,14 +188,14 @@ class CompileError(Exception):
     pass
 
 
-def build(source: "CSource | str") -> Path:
+def build(source: "CSource | str", opt: str = "-O3") -> Path:
     """The shared library for source, from the cache or compiled now (atomically published).
     A large program is compiled as several units at once, one per core, then linked."""
     cc = _cc()
     if cc is None:
         raise CompileError("no C compiler found (set CC, or install gcc or clang)")
     src = source if isinstance(source, CSource) else CSource(source, [], "")
-    key = hashlib.sha256("\0".join([cc, *_flags(), src.text]).encode()).hexdigest()[:32]
+    key = hashlib.sha256("\0".join([cc, *_flags(opt), src.text]).encode()).hexdigest()[:32]
     lib = cache_dir() / f"{key}.so"
     if lib.exists():
         return lib
@@ -203,7 +204,7 @@ def build(source: "CSource | str") -> Path:
         paths = [Path(work) / f"u{i}.c" for i in range(len(units))]
         for path, text in zip(paths, units):
             path.write_text(text)
-        compile_flags = [f for f in _flags() if f != "-shared"]
+        compile_flags = [f for f in _flags(opt) if f != "-shared"]
         def compile_unit(p: Path) -> subprocess.CompletedProcess:
             return subprocess.run([cc, *compile_flags, "-c", str(p), "-o", str(p.with_suffix(".o"))],
                                   capture_output=True, text=True)
@@ -211,7 +212,7 @@ def build(source: "CSource | str") -> Path:
             procs = list(pool.map(compile_unit, paths))
         failed = next((p for p in procs if p.returncode != 0), None)
         if failed is None:
-            failed = subprocess.run([cc, *_flags(), *[str(p.with_suffix(".o")) for p in paths], "-o", f"{work}/lib.so",
+            failed = subprocess.run([cc, *_flags(opt), *[str(p.with_suffix(".o")) for p in paths], "-o", f"{work}/lib.so",
                                      "-lm"], capture_output=True, text=True)
             failed = failed if failed.returncode != 0 else None
         if failed is not None:
@@ -225,14 +226,14 @@ def build(source: "CSource | str") -> Path:
 class CProgram:
     """A compiled program: call it with the params' storage arrays, get the outputs' arrays."""
 
-    def __init__(self, outputs: list[Node]):
+    def __init__(self, outputs: list[Node], opt: str = "-O3"):
         t0 = time.perf_counter()
         self.sched = schedule(outputs)
         optimize.optimize(self.sched, target="c")
         self.csource = render(self.sched)
         self.source = self.csource.text
         t1 = time.perf_counter()
-        self.lib = ctypes.CDLL(str(build(self.csource)))
+        self.lib = ctypes.CDLL(str(build(self.csource, opt)))
         self.compile_seconds = (t1 - t0, time.perf_counter() - t1)
         debug.log(1, f"ember: {len(self.sched.kernels)} kernels, codegen {self.compile_seconds[0] * 1e3:.1f} ms, "
                      f"cc {self.compile_seconds[1] * 1e3:.1f} ms")

@@ -151,6 +151,10 @@ def _movement_of_const(n: Node, c: Node) -> Node | None:
     return Node(Op.CONST, n.dtype, (), c.arg, n.shape) if n.op is not Op.PAD else None
 
 
+def _where(c: Node, a: Node, b: Node) -> Node:
+    return ir.where(c, a, b)
+
+
 def _reduce_of_ones(n: Node, x: Node) -> Node | None:
     """A reduction over dims of size 1 only is a reshape; no data moves."""
     if all(x.shape[a] == 1 for a in n.arg):
@@ -170,6 +174,12 @@ RULES = RuleSet([
     (P(Op.CAST, P(Op.CAST, P(name="x")), name="n"), _cast_cast),
     (P(Op.WHERE, P(Op.CONST, name="c"), P(name="a"), P(name="b")), lambda c, a, b: a if c.arg else b),
     (P(Op.WHERE, P(name="c"), P(name="a"), P(name="a")), lambda c, a: a),
+    # where(c, where(c, a, x), b) is where(c, a, b), and so is where(c, a, where(c, x, b)). Besides
+    # being simpler, the nested form is miscompiled by GCC 12.2 at -O3 with AVX2 (Debian 12's cc):
+    # after sinking the loads into the select arms, its if-conversion loads b under the wrong mask
+    # (zero-filled lanes) in a 33x2x7 loop nest (issue 14, tests/compiler/test_toolchain_bugs.py).
+    (P(Op.WHERE, P(name="c"), P(Op.WHERE, P(name="c"), P(name="a"), P()), P(name="b")), _where),
+    (P(Op.WHERE, P(name="c"), P(name="a"), P(Op.WHERE, P(name="c"), P(), P(name="b"))), _where),
     (P(Op.RESHAPE, P(name="x"), name="n"), _reshape),
     (P(Op.PERMUTE, P(name="x"), name="n"), _permute),
     (P(Op.EXPAND, P(name="x"), name="n"), _expand),

@@ -1,5 +1,6 @@
 """Random valid programs for differential testing: every op, every dtype, movement chains,
-reductions. Undefined behaviour (spec 6) is avoided by construction: divisors are made nonzero,
+reductions, odd shapes, several outputs, and the patterns that toolchains have miscompiled
+(nested `where` on one condition, reductions of negated and masked integers). Undefined behaviour (spec 6) is avoided by construction: divisors are made nonzero,
 shift amounts masked, floats clamped before casts to ints. Used by test_differential.py and by
 tests/tools/fuzz_backends.py for large batches."""
 from __future__ import annotations
@@ -62,7 +63,9 @@ class Gen:
     def step(self) -> Node | None:
         x = self.rng.choice(self.nodes[-6:] if self.rng.random() < 0.7 else self.nodes)
         d, r = x.dtype, self.rng.random
-        kind = self.rng.randrange(6)
+        kind = self.rng.randrange(7)
+        if kind == 6:
+            return self.pattern(x)
         if kind == 0:  # movement
             return self.movement(x)
         if kind == 1 and d.is_numeric:  # reduction
@@ -97,6 +100,26 @@ class Gen:
             return None
         a = self.rng.choice(num)
         return ir.where(x, a, self.like(a))
+
+    def pattern(self, x: Node) -> Node:
+        """Shapes of code that toolchains got wrong (issue 14), and the sources no other step makes."""
+        rng, shape = self.rng, x.shape
+        kind = rng.randrange(3)
+        if kind == 0:  # where(c, where(c, a, b), d) and where(c, a, where(c, b, d)): GCC 12 at -O3 -mavx2
+            conds = [n for n in self.nodes if n.dtype is dt.bool_ and n.shape == shape]
+            c = rng.choice(conds) if conds and rng.random() < 0.7 else self.param(dt.bool_, shape)
+            inner = ir.where(c, x, self.like(x))
+            return ir.where(c, inner, self.like(x)) if rng.random() < 0.5 else ir.where(c, self.like(x), inner)
+        if kind == 1 and x.dtype.is_int:  # max or sum of negated, masked ints: ptxas 13.0 on sm_90
+            y = x if x.dtype.is_signed else ir.unary(Op.CAST, x, rng.choice([dt.i8, dt.i16, dt.i32, dt.i64]))
+            y = ir.binary(Op.AND, y, self.const(rng.choice([1, 7, 31, 127]), y.dtype, shape))
+            y = ir.binary(Op.MAX, y, self.const(0, y.dtype, shape))
+            y = ir.unary(Op.NEG, y)
+            axes = tuple(a for a in range(len(shape)) if rng.random() < 0.6)
+            return ir.reduce(Op.RMAX if rng.random() < 0.7 else Op.SUM, y, axes)
+        if shape and rng.random() < 0.7:
+            return ir.iota(rng.choice(FLOATS + INTS), shape, rng.randrange(len(shape)))
+        return self.const(rng.choice([0, 1, 2, -1]) if x.dtype.is_signed or x.dtype.is_float else 1, x.dtype, shape)
 
     def convert(self, x: Node) -> Node:
         target = self.rng.choice(FLOATS + INTS + [dt.bool_])
@@ -147,13 +170,15 @@ def random_program(seed: int, steps: int = 8) -> tuple[list[Node], dict[Node, np
     rng = random.Random(seed)
     g = Gen(rng)
     rank = rng.randint(0, 3)
-    shape = tuple(rng.randint(1, 5) for _ in range(rank))
+    shape = tuple(rng.choice([1, 2, 3, 4, 5, 7, 33]) for _ in range(rank))  # odd sizes: masked edges, remainders
+    if int(np.prod(shape)) > 4096:
+        shape = tuple(min(d, 5) for d in shape)
     g.nodes.append(g.param(rng.choice(FLOATS + INTS + [dt.bool_]), shape))
     for _ in range(steps):
         node = g.step()
         if node is not None and node.numel <= 4096:
             g.nodes.append(node)
-    outputs = [g.nodes[-1]] + ([rng.choice(g.nodes)] if rng.random() < 0.3 else [])
+    outputs = [g.nodes[-1]] + [rng.choice(g.nodes) for _ in range(rng.choice([0, 0, 0, 1, 2]))]
     inputs = {}
     for i, p in enumerate(g.params):
         d = p.dtype
@@ -166,6 +191,23 @@ def random_program(seed: int, steps: int = 8) -> tuple[list[Node], dict[Node, np
             r = data.Rand(seed * 31 + i)
         inputs[p] = data.generate(r, d, p.numel).reshape(p.shape)
     return outputs, inputs
+
+
+def program_text(seed: int, steps: int = 8) -> str:
+    """random_program(seed, steps) as a test file, inputs as the rand lines that made them."""
+    from ember.text import print_graph
+    outputs, inputs = random_program(seed, steps)
+    used = set(ir.toposort(outputs))
+    params = list(inputs)
+    lines = print_graph(outputs, {p: p.arg for p in params})
+    for i, p in enumerate(params):
+        if p not in used:
+            continue
+        d, s = p.dtype, seed * 31 + i
+        spec = f"seed={s} scale=2" if d.is_float else f"seed={s} lo={-20 if d.is_signed else 0} hi={20 if d.is_signed else 40}" \
+            if d.is_int else f"seed={s}"
+        lines.append(f"input {p.arg} = rand {spec}")
+    return "\n".join(lines) + "\n"
 
 
 def tolerance(node: Node) -> tuple[float, float]:
