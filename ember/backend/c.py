@@ -212,8 +212,9 @@ def build(source: "CSource | str", opt: str = "-O3") -> Path:
             procs = list(pool.map(compile_unit, paths))
         failed = next((p for p in procs if p.returncode != 0), None)
         if failed is None:
-            failed = subprocess.run([cc, *_flags(opt), *[str(p.with_suffix(".o")) for p in paths], "-o", f"{work}/lib.so",
-                                     "-lm"], capture_output=True, text=True)
+            objects = [str(p.with_suffix(".o")) for p in paths]
+            failed = subprocess.run([cc, *_flags(opt), *objects, "-o", f"{work}/lib.so", "-lm"],
+                                    capture_output=True, text=True)
             failed = failed if failed.returncode != 0 else None
         if failed is not None:
             raise CompileError(f"the C compiler failed on generated code:\n{failed.stderr[:4000]}")
