@@ -118,6 +118,14 @@ class CUDARenderer(CLike):
             return f"ember_imax<{n.dtype.c_name}>({a[0]}, {a[1]})"
         return super().alu(n, a, no_overflow)
 
+    def cast(self, x: str, src: DType, d: DType) -> str:
+        if d.is_float and src.is_int and src.bits < 32:
+            # through int: NVVM of CUDA 13.0 dropped the 8-bit sign extension of some lanes of a
+            # 16-byte i8 load before `cvt.rn.f32.s16` (i8 sums cast to f32 came out wrong; the
+            # PTX already was). From int it emits cvt.s32.s8, right in every lane (issue 14).
+            x = f"((int)({x}))"
+        return super().cast(x, src, d)
+
     def combine(self, op: Op, d: DType, acc: str, v: str) -> str:
         if op is Op.RMAX and d.is_int:
             return f"ember_imax<{d.c_name}>({acc}, {v})"
@@ -319,8 +327,8 @@ def why_unavailable() -> str:
 
 
 def compile_cubin(src: str, arch: str, ptxas_o0: bool = False) -> bytes:
-    """NVRTC, cached on disk by the hash of source and target. ptxas_o0: the fuzzer asking
-    whether a wrong answer is ptxas's (never used to run programs)."""
+    """NVRTC, cached on disk by the hash of source and target. ptxas_o0: unoptimized, for the
+    fuzzer asking whether a wrong answer is the toolchain's (never used to run programs)."""
     from cuda.bindings import nvrtc
     version = _check(nvrtc.nvrtcVersion())
     key = hashlib.sha256(f"{arch}\0{version}\0{ptxas_o0}\0{src}".encode()).hexdigest()[:32]
@@ -331,8 +339,8 @@ def compile_cubin(src: str, arch: str, ptxas_o0: bool = False) -> bytes:
         return path.read_bytes()
     prog = _check(nvrtc.nvrtcCreateProgram(src.encode(), b"ember.cu", 0, [], []))
     opts = [f"--gpu-architecture={arch}".encode(), b"-default-device", b"--std=c++17"]
-    if ptxas_o0:
-        opts.append(b"--ptxas-options=-O0")
+    if ptxas_o0:  # -G: NVVM unoptimized too (a miscompile may be in either), and ptxas at -O0
+        opts += [b"-G", b"--ptxas-options=-O0"]
     (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
     if int(err) != 0:
         size = _check(nvrtc.nvrtcGetProgramLogSize(prog))

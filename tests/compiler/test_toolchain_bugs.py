@@ -4,6 +4,8 @@ that avoids the bug (so CI without a GPU still guards the CUDA workaround)."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -43,3 +45,18 @@ def test_cuda_int_max_has_no_compare_select() -> None:
     kernels = src[src.index('extern "C"'):]
     assert "ember_imax<int>" in kernels
     assert not re.search(r"\(t\d+ > (t\d+|acc\d+) \?", kernels)
+
+
+def test_cuda_narrow_int_to_float_goes_through_int() -> None:
+    src = cuda.source(parse_file(str(HERE / "nvvm13_i8_to_f32.eir")).output_nodes)
+    assert re.search(r"\(\(float\)\(\(\(int\)\(t\d+\)\)\)\)", src)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
+def test_nvvm_emits_no_16_bit_convert_for_i8(tmp_path: Path) -> None:
+    """The miscompiled conversion is visible in PTX, so this needs no GPU."""
+    src = tmp_path / "k.cu"
+    src.write_text(cuda.source(parse_file(str(HERE / "nvvm13_i8_to_f32.eir")).output_nodes))
+    subprocess.run(["nvcc", "-arch=sm_90", "-ptx", "-w", "-o", str(tmp_path / "k.ptx"), str(src)], check=True)
+    ptx = (tmp_path / "k.ptx").read_text()
+    assert "cvt.rn.f32.s16" not in ptx and ptx.count("cvt.s32.s8") == 28
