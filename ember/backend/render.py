@@ -237,6 +237,12 @@ class CLike:
             pragma = ["#pragma omp parallel for"]
         elif lane:
             pragma = [f"#pragma GCC unroll {size}"]
+        elif size <= 16:
+            # Keep short loops loops. GCC 12.2 at -O3 peels loops of up to 16 iterations
+            # completely, then vectorizes the loop around them with masked SLP groups, and got that
+            # wrong (AVX2 and AVX-512: a 33x2x7 nest of selects, an 11x3x4 pad; issue 14,
+            # tests/compiler/toolchain). Innermost loops of real sizes vectorize as before.
+            pragma = ["#pragma GCC unroll 1"]
         return pragma + [f"for (int {var} = 0; {var} < {size}; {var}++)"]
 
     def render_kernel(self, k: Kernel, prefix: str = "") -> str:

@@ -174,10 +174,9 @@ RULES = RuleSet([
     (P(Op.CAST, P(Op.CAST, P(name="x")), name="n"), _cast_cast),
     (P(Op.WHERE, P(Op.CONST, name="c"), P(name="a"), P(name="b")), lambda c, a, b: a if c.arg else b),
     (P(Op.WHERE, P(name="c"), P(name="a"), P(name="a")), lambda c, a: a),
-    # where(c, where(c, a, x), b) is where(c, a, b), and so is where(c, a, where(c, x, b)). Besides
-    # being simpler, the nested form is miscompiled by GCC 12.2 at -O3 with AVX2 (Debian 12's cc):
-    # after sinking the loads into the select arms, its if-conversion loads b under the wrong mask
-    # (zero-filled lanes) in a 33x2x7 loop nest (issue 14, tests/compiler/test_toolchain_bugs.py).
+    # where(c, where(c, a, x), b) is where(c, a, b), and so is where(c, a, where(c, x, b)). The
+    # nested form was also the first program GCC 12 was seen to miscompile (issue 14; the fix for
+    # that is in the C renderer's loop_header).
     (P(Op.WHERE, P(name="c"), P(Op.WHERE, P(name="c"), P(name="a"), P()), P(name="b")), _where),
     (P(Op.WHERE, P(name="c"), P(name="a"), P(Op.WHERE, P(name="c"), P(), P(name="b"))), _where),
     (P(Op.RESHAPE, P(name="x"), name="n"), _reshape),
