@@ -53,3 +53,30 @@ def test_split_ranges_keep_meaning(seed: int) -> None:
     got = [data.from_storage(a, b.dtype)
            for a, b in zip(prog({n: data.to_storage(v, n.dtype) for n, v in inputs.items()}), prog.sched.outputs)]
     assert compare(outputs, got, want) is None, f"seed={seed}"
+
+
+def _fuzzer():  # type: ignore[no-untyped-def]
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).parents[1] / "tools" / "fuzz_backends.py"
+    spec = importlib.util.spec_from_file_location("fuzz_backends", path)
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+@pytest.mark.skipif("c" not in backends.available(), reason="no C compiler")
+def test_fixed_fuzz_batch_on_c() -> None:
+    """A CI-sized batch of the bulk fuzzer (seeds of its 10,000-program run), with its verdicts."""
+    assert _fuzzer().fuzz(range(1000000, 1000040), "c", 10) == []
+
+
+def test_minimizer_deletes_what_the_failure_does_not_need() -> None:
+    from pathlib import Path
+
+    from ember.text import parse
+    text = (Path(__file__).parent / "toolchain" / "ptxas13_vimnmx3_neg.eir").read_text()
+    small = _fuzzer().minimize(text, lambda t: " = neg " in t and " = and " in t)
+    prog = parse(small, "small.eir")
+    ops = [line.split()[2] for line in small.splitlines() if " = " in line and not line.startswith(("input", "expect"))]
+    assert "neg" in ops and "and" in ops and "where" not in ops and len(prog.nodes) == 5, small  # param, const, and, neg, max

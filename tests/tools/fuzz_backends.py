@@ -85,7 +85,21 @@ def minimize(text: str, fails) -> str:  # type: ignore[no-untyped-def]
                     break
             if changed:
                 break
-    return text
+    return _drop_unused(text)
+
+
+def _drop_unused(text: str) -> str:
+    """Remove statements (and params with their input lines) that nothing uses any more."""
+    while True:
+        lines = text.splitlines()
+        prog = parse(text, "fuzz.eir")
+        used = " ".join(ln.split("#")[0] for ln in lines if not ln.startswith(("input ", "expect ")))
+        dead = [n for n in prog.nodes if n not in prog.outputs and len(re.findall(rf"\b{n}\b", used)) == 1]
+        if not dead:
+            return text
+        gone = {prog.lines[n] - 1 for n in dead}
+        text = "\n".join(ln for i, ln in enumerate(lines) if i not in gone
+                         and not any(ln.startswith(f"input {n} ") for n in dead)) + "\n"
 
 
 def fuzz(seeds: range, backend: str, steps: int) -> list[tuple[int, str, str, str]]:
