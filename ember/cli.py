@@ -307,8 +307,20 @@ def _positive(text: str) -> int:
     return n
 
 
+class HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default; an unset one reads 'off'."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default is argparse.SUPPRESS or not action.option_strings or action.required:
+            return text
+        if action.default is None or action.default is False:
+            return text + " (default: off)"
+        return super()._get_help_string(action) or text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = HelpWithDefaults
     ap = argparse.ArgumentParser(prog="ember", description="Ember: a tensor compiler for the Ember IR (.eir).",
                                  formatter_class=fmt)
     ap.add_argument("--version", action="version", version=f"ember {version()}")

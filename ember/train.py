@@ -118,20 +118,22 @@ def plot(history: dict, path: Path) -> str:
 
 
 def train(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="ember train", description="Train a small byte-level GPT on real text.")
+    from .cli import HelpWithDefaults
+    ap = argparse.ArgumentParser(prog="ember train", description="Train a small byte-level GPT on real text.",
+                                 formatter_class=HelpWithDefaults)
     ap.add_argument("--data", help="a text file or folder (default: the Python standard library's sources)")
     ap.add_argument("--out", default="runs/gpt", help="run folder: checkpoint, loss plot, log")
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--block", type=int, default=64)
-    ap.add_argument("--dim", type=int, default=96)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--steps", type=int, default=300, help="optimizer steps")
+    ap.add_argument("--batch", type=int, default=16, help="sequences per step")
+    ap.add_argument("--block", type=int, default=64, help="context length in bytes")
+    ap.add_argument("--dim", type=int, default=96, help="model width")
+    ap.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    ap.add_argument("--heads", type=int, default=4, help="attention heads")
+    ap.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the initialization and the batches")
+    ap.add_argument("--eval-every", type=int, default=50, help="steps between validation losses")
     ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda with a GPU, else cpu")
-    ap.add_argument("--max-bytes", type=int, default=4_000_000, help="use at most this much text")
+    ap.add_argument("--max-bytes", type=int, default=4_000_000, help="use at most this many bytes of text")
     ap.add_argument("--fresh", action="store_true", help="start over even if the run folder has a checkpoint")
     args = ap.parse_args(argv)
     if args.device:
@@ -204,12 +206,14 @@ def train(argv: list[str] | None = None) -> int:
 
 
 def sample(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="ember sample", description="Generate text from a checkpoint of ember train.")
-    ap.add_argument("--ckpt", default="runs/gpt/ckpt.safetensors")
-    ap.add_argument("--prompt", default="def ")
-    ap.add_argument("--tokens", type=int, default=200)
-    ap.add_argument("--temperature", type=float, default=0.8)
-    ap.add_argument("--seed", type=int, default=0)
+    from .cli import HelpWithDefaults
+    ap = argparse.ArgumentParser(prog="ember sample", description="Generate text from a checkpoint of ember train.",
+                                 formatter_class=HelpWithDefaults)
+    ap.add_argument("--ckpt", default="runs/gpt/ckpt.safetensors", help="the checkpoint to load")
+    ap.add_argument("--prompt", default="def ", help="text to continue")
+    ap.add_argument("--tokens", type=int, default=200, help="bytes to generate")
+    ap.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (0: greedy)")
+    ap.add_argument("--seed", type=int, default=0, help="sampling seed")
     args = ap.parse_args(argv)
     if not Path(args.ckpt).exists():
         raise SystemExit(f"ember sample: no checkpoint at {args.ckpt} (run ember train first)")

@@ -86,3 +86,28 @@ def test_fmt_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["fmt", "-w", str(f)], capsys)[0] == 0
     assert f.read_text() == "ember 1\nx = param f32[2]\nreturn x\n"
     assert run(["fmt", str(f), "--check"], capsys)[0] == 0
+
+
+def test_every_option_has_help_with_its_default() -> None:
+    import argparse
+
+    from ember.cli import HelpWithDefaults, build_parser
+    parsers = [p for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+               for p in a.choices.values() if p.add_help]
+    for p in parsers:
+        fmt = HelpWithDefaults(p.prog)
+        for action in p._actions:
+            if not action.option_strings or action.help == argparse.SUPPRESS or "--help" in action.option_strings:
+                continue
+            text = fmt._get_help_string(action)
+            assert action.help and ("default" in text or action.required), (p.prog, action.option_strings)
+
+
+def test_version_and_broken_pipe(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "ember", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("ember ")
+    f = tmp_path / "big.eir"
+    f.write_text("ember 1\nx = param f32[200000]\ny = neg x\nreturn y\ninput x = rand seed=1\n")
+    proc = subprocess.run(f"{sys.executable} -m ember run {f} --backend ref | head -c 10", shell=True,
+                          capture_output=True, text=True)
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
