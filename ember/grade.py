@@ -234,7 +234,7 @@ def linear_scores(times: dict[str, float | None]) -> dict[str, float]:
     if not ok:
         return {n: 0.0 for n in times}
     lo, hi = min(ok.values()), max(ok.values())
-    return {n: 0.0 if n not in ok else 100.0 if hi == lo else 100.0 * (hi - ok[n]) / (hi - lo) for n in times}
+    return {n: 0.0 if n not in ok else 100.0 if hi == lo else 100.0 * ((hi - ok[n]) / (hi - lo)) for n in times}
 
 
 HONESTY_FACTOR = 10  # the honesty check's second run count is this many times --runs

@@ -153,8 +153,8 @@ def test_bench_scores_and_honesty(course: Path, capsys: pytest.CaptureFixture[st
     assert code == 0
     report = json.loads((out / "bench.json").read_text())
     row = report["programs"]["sum.eir"]
-    assert row["reference"]["status"] == row["good"]["status"] == "ok"
-    assert row["wrong"]["status"] == "wrong" and row["wrong"]["score"] == 0.0
-    assert row["liar"]["status"] == "error" and "dishonest" in row["liar"]["note"]
-    assert max(row["reference"]["score"], row["good"]["score"]) == 100.0
+    assert row["reference"]["status"] == row["good"]["status"] == "ok", row
+    assert row["wrong"]["status"] == "wrong" and row["wrong"]["score"] == 0.0, row
+    assert row["liar"]["status"] == "error" and "dishonest" in row["liar"]["note"], row
+    assert max(row["reference"]["score"], row["good"]["score"]) == pytest.approx(100.0), row
     assert set(report["submissions"]) == {"reference", "good", "wrong", "liar"}
