@@ -49,12 +49,38 @@ def _np_dtype(d: DType) -> np.dtype:
     return data.value_dtype(d)
 
 
-def _to_dtype(x: Any) -> DType:
+_NAMES = {"float": dt.f32, "double": dt.f64, "half": dt.f16, "long": dt.i64, "int": dt.i32, "short": dt.i16,
+          "bool": dt.bool_, "float32": dt.f32, "float64": dt.f64, "float16": dt.f16, "bfloat16": dt.bf16,
+          "int8": dt.i8, "int16": dt.i16, "int32": dt.i32, "int64": dt.i64, "uint8": dt.u8, "uint16": dt.u16,
+          "uint32": dt.u32, "uint64": dt.u64, **dt.BY_NAME}
+
+
+def as_dtype(x: Any) -> DType:
+    """A dtype given as ember.float32, a name ("float32", "f32", "long") or a numpy dtype."""
     if isinstance(x, DType):
         return x
-    return {np.dtype(np.float32): dt.f32, np.dtype(np.float64): dt.f64, np.dtype(np.float16): dt.f16,
-            np.dtype(np.int32): dt.i32, np.dtype(np.int64): dt.i64, np.dtype(np.int8): dt.i8,
-            np.dtype(np.int16): dt.i16, np.dtype(np.uint8): dt.u8, np.dtype(np.bool_): dt.bool_}[np.dtype(x)]
+    if isinstance(x, str):
+        if x.removeprefix("torch.") in _NAMES:
+            return _NAMES[x.removeprefix("torch.")]
+        raise TypeError(f"unknown dtype name {x!r} (names: {', '.join(sorted(_NAMES))})")
+    try:
+        name = np.dtype(x).name
+    except TypeError:
+        name = None
+    if name in _NAMES:
+        return _NAMES[name]
+    raise TypeError(f"dtype: expected an ember dtype, a name such as 'float32' or a numpy dtype, got {x!r}")
+
+
+_to_dtype = as_dtype
+
+
+def _dim(d: int, ndim: int, name: str = "dim") -> int:
+    """A dim in [-ndim, ndim) as a non-negative index (PyTorch: a 0-d tensor takes -1 and 0)."""
+    n = max(ndim, 1)
+    if not isinstance(d, (int, np.integer)) or not -n <= d < n:
+        raise IndexError(f"{name} out of range (expected to be in range of [{-n}, {n - 1}], but got {d})")
+    return int(d) % n
 
 
 class Tensor:
@@ -68,7 +94,7 @@ class Tensor:
             self._value = None
         else:
             arr = np.asarray(value)
-            d = dtype or (_to_dtype(arr.dtype) if arr.dtype.kind in "iub" else dt.f32)
+            d = as_dtype(dtype) if dtype is not None else (as_dtype(arr.dtype) if arr.dtype.kind in "iub" else dt.f32)
             arr = arr.astype(_np_dtype(d)) if d not in (dt.f16, dt.bf16) else data.round_float(arr, d)
             self.node = ir.param(f"t{next(_ids)}", d, tuple(int(s) for s in arr.shape))
             self._value = None
@@ -128,8 +154,9 @@ class Tensor:
 
     def to(self, target: Any) -> "Tensor":
         """`.to(dtype)` casts; `.to("cpu"/"cuda")` picks where programs run (one device at a time)."""
-        if isinstance(target, DType):
-            return self.cast(target)
+        if isinstance(target, DType) or (isinstance(target, str) and target.removeprefix("torch.") in _NAMES) \
+                or isinstance(target, (np.dtype, type)):
+            return self.cast(as_dtype(target))
         name = {"cpu": "c", "cuda": "cuda", "c": "c", "ref": "ref"}.get(str(target).split(":")[0])
         if name is None:
             raise ShapeError(f"to({target!r}): devices are 'cpu' and 'cuda'")
@@ -137,7 +164,13 @@ class Tensor:
         return self
 
     def detach(self) -> "Tensor":
-        return self if self.is_leaf else Tensor(self.numpy(), self.dtype)
+        """The same value with no gradient path to this tensor (a leaf shares its data)."""
+        if self.is_leaf:
+            out = Tensor(ir.param(f"t{next(_ids)}", self.dtype, self.shape))
+            _DATA[out.node] = _DATA[self.node]
+            _LEAVES[out.node] = out
+            return out
+        return Tensor(self.numpy(), self.dtype)
 
     @property
     def is_leaf(self) -> bool:
@@ -162,9 +195,13 @@ class Tensor:
     def _wrap(self, other: Any) -> "Tensor":
         if isinstance(other, Tensor):
             return other
-        if isinstance(other, (bool, int, float)):
-            d = self.dtype if not (isinstance(other, float) and not self.dtype.is_float) else dt.f32
-            return self._const(other, d)
+        if isinstance(other, (bool, int, float, np.number)):
+            other = other.item() if isinstance(other, np.number) else other
+            if isinstance(other, float) and not self.dtype.is_float:
+                return self._const(other, dt.f32)
+            if isinstance(other, int) and not isinstance(other, bool) and self.dtype is dt.bool_:
+                return self._const(other, dt.i64)
+            return self._const(other, self.dtype)
         return Tensor(np.asarray(other), self.dtype)
 
     def _binary(self, op: Op, other: Any, reverse: bool = False, name: str = "") -> "Tensor":
@@ -204,16 +241,65 @@ class Tensor:
     def __ge__(self, o: Any) -> "Tensor": return (self < o).logical_not()  # noqa: E704
     def eq(self, o: Any) -> "Tensor": return self._binary(Op.CMPEQ, o)  # noqa: E704
     def ne(self, o: Any) -> "Tensor": return self._binary(Op.CMPNE, o)  # noqa: E704
-    def __and__(self, o: Any) -> "Tensor": return self._binary(Op.AND, o)  # noqa: E704
-    def __or__(self, o: Any) -> "Tensor": return self._binary(Op.OR, o)  # noqa: E704
-    def __xor__(self, o: Any) -> "Tensor": return self._binary(Op.XOR, o)  # noqa: E704
+    def __eq__(self, o: Any) -> "Tensor": return self.eq(o)  # type: ignore[override]  # noqa: E704
+    def __ne__(self, o: Any) -> "Tensor": return self.ne(o)  # type: ignore[override]  # noqa: E704
+
+    def __bool__(self) -> bool:
+        if self.numel() != 1:
+            raise RuntimeError(f"the truth value of a tensor of {self.numel()} elements is ambiguous "
+                               "(use .any() or .all())")
+        return bool(self.item())
+    def __and__(self, o: Any) -> "Tensor": return self._bitwise(Op.AND, o)  # noqa: E704
+    def __or__(self, o: Any) -> "Tensor": return self._bitwise(Op.OR, o)  # noqa: E704
+    def __xor__(self, o: Any) -> "Tensor": return self._bitwise(Op.XOR, o)  # noqa: E704
+    def __rand__(self, o: Any) -> "Tensor": return self._bitwise(Op.AND, o, True)  # noqa: E704
+    def __ror__(self, o: Any) -> "Tensor": return self._bitwise(Op.OR, o, True)  # noqa: E704
+    def __rxor__(self, o: Any) -> "Tensor": return self._bitwise(Op.XOR, o, True)  # noqa: E704
+    def __lshift__(self, o: Any) -> "Tensor": return self._bitwise(Op.SHL, o)  # noqa: E704
+    def __rshift__(self, o: Any) -> "Tensor": return self._bitwise(Op.SHR, o)  # noqa: E704
+    def __rlshift__(self, o: Any) -> "Tensor": return self._bitwise(Op.SHL, o, True)  # noqa: E704
+    def __rrshift__(self, o: Any) -> "Tensor": return self._bitwise(Op.SHR, o, True)  # noqa: E704
+    bitwise_and, bitwise_or, bitwise_xor = __and__, __or__, __xor__
+    bitwise_left_shift, bitwise_right_shift = __lshift__, __rshift__
+
+    def __invert__(self) -> "Tensor":
+        if self.dtype.is_float:
+            raise TypeError(f"~ (bitwise_not) needs an integer or bool tensor, got {self.dtype}")
+        return self._flip_order()
+
+    bitwise_not = __invert__
+
+    def _bitwise(self, op: Op, o: Any, reverse: bool = False) -> "Tensor":
+        other = o if isinstance(o, Tensor) else _scalar(o)
+        if self.dtype.is_float or other.dtype.is_float:
+            raise TypeError(f"{op.name.lower()}: bitwise ops need integer or bool tensors, got "
+                            f"{self.dtype} and {other.dtype}")
+        if op in (Op.SHL, Op.SHR):  # C's shift of a negative or too wide amount is undefined: PyTorch's 0 or sign
+            a, b = (other, self) if reverse else (self, other)
+            a, b = _broadcast(*_promote(a, b), "shift")
+            width = a.dtype.bits
+            safe = where((b < 0) | (b >= width), 0, b).cast(b.dtype)
+            out = Tensor(ir.binary(op, a.node, safe.node))
+            over = (a < 0).cast(a.dtype) * -1 if op is Op.SHR and a.dtype.is_signed else a._const(0)
+            return where((b < 0) | (b >= width), over, out)
+        return self._binary(op, other, reverse)
     __hash__ = object.__hash__
 
     def logical_not(self) -> "Tensor":
         return self._binary(Op.CMPEQ, False) if self.dtype is dt.bool_ else self.eq(0)
 
     def maximum(self, o: Any) -> "Tensor": return self._binary(Op.MAX, o, name="maximum")  # noqa: E704
-    def minimum(self, o: Any) -> "Tensor": return -((-self).maximum(-self._wrap(o)))  # noqa: E704
+
+    def minimum(self, o: Any) -> "Tensor":
+        a, b = _promote(self, self._wrap(o))
+        if a.dtype.is_float:
+            return -((-a).maximum(-b))
+        return a._flip_order().maximum(b._flip_order())._flip_order()
+
+    def _flip_order(self) -> "Tensor":
+        """An order-reversing bijection of ints (bitwise not; bool: not), exact at the extremes."""
+        ones = 1 if self.dtype is dt.bool_ else (-1 if self.dtype.is_signed else self.dtype.max)
+        return Tensor(ir.binary(Op.XOR, self.node, ir.const(ones, self.dtype, self.shape)))
 
     # ------------------------------------------------------------------------- math
     def exp(self) -> "Tensor": return (self * LOG2E)._unary(Op.EXP2)  # noqa: E704
@@ -227,25 +313,83 @@ class Tensor:
     def cos(self) -> "Tensor": return (self + math.pi / 2)._unary(Op.SIN)  # noqa: E704
     def trunc(self) -> "Tensor": return self._unary(Op.TRUNC)  # noqa: E704
     def relu(self) -> "Tensor": return self.maximum(0)  # noqa: E704
-    def sigmoid(self) -> "Tensor": return ((-self).exp() + 1).reciprocal()  # noqa: E704
-    def tanh(self) -> "Tensor": return (self * 2).sigmoid() * 2 - 1  # noqa: E704
+    def sigmoid(self) -> "Tensor":
+        """exp(-|x|) never overflows, so the value and its gradient stay finite for any x."""
+        x = self if self.dtype.is_float else self.float()
+        z = (-x.abs()).exp()
+        return where(x >= 0, (z + 1).reciprocal(), z / (z + 1))
+
+    def tanh(self) -> "Tensor":
+        """(1 - e)/(1 + e) with e = exp(-2|x|), finite everywhere; a series near 0, where that
+        form would cancel."""
+        x = self if self.dtype.is_float else self.float()
+        a = x.abs()
+        e = (a * -2).exp()
+        big = (1 - e) / (1 + e)
+        x2 = x * x
+        small = a * (1 + x2 * (-1 / 3 + x2 * (2 / 15 + x2 * (-17 / 315 + x2 * (62 / 2835)))))
+        return where(x < 0, -1, 1).cast(x.dtype) * where(a < 0.25, small, big)
     def silu(self) -> "Tensor": return self * self.sigmoid()  # noqa: E704
     def square(self) -> "Tensor": return self * self  # noqa: E704
     def abs(self) -> "Tensor": return where(self < 0, -self, self)  # noqa: E704
 
-    def gelu(self) -> "Tensor":
-        """The tanh approximation, as GPT-2 uses."""
-        return self * 0.5 * ((self + self * self * self * 0.044715) * math.sqrt(2 / math.pi)).tanh().__add__(1)
+    def gelu(self, approximate: str = "none") -> "Tensor":
+        """x * Phi(x); approximate='tanh' is GPT-2's form."""
+        if approximate == "tanh":
+            return self * 0.5 * ((self + self * self * self * 0.044715) * math.sqrt(2 / math.pi)).tanh().__add__(1)
+        if approximate != "none":
+            raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+        return self * 0.5 * ((self * (1 / math.sqrt(2))).erf() + 1)
+
+    def erf(self) -> "Tensor":
+        """Abramowitz and Stegun 7.1.26 with the exp of -x^2: absolute error under 1.5e-7 (f32's
+        resolution; f64 gets the same, not f64's)."""
+        x = self if self.dtype.is_float else self.float()
+        a = x.abs()
+        t = (a * 0.3275911 + 1).reciprocal()
+        poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+        y = 1 - poly * (-(a * a)).exp()
+        return where(x < 0, -y, y)
 
     def pow(self, e: Any) -> "Tensor":
-        if isinstance(e, int) and 0 <= e <= 8:
-            out = self._const(1)._broadcast_to(self.shape) if e == 0 else self
-            for _ in range(e - 1):
-                out = out * self
+        """PyTorch's pow: integer exponents by repeated squaring (exact signs of negative bases,
+        integer results for integer tensors, x**0 == 1 with gradient 0), others through exp2 and
+        log2 of |x| with C's rules for signs, zeros and infinities."""
+        if isinstance(e, Tensor):
+            return _pow(self, e)
+        e = e.item() if isinstance(e, np.number) else e
+        e = int(e) if isinstance(e, bool) else e
+        if not self.dtype.is_float and isinstance(e, float):
+            return self.float().pow(e)
+        if isinstance(e, int) or float(e).is_integer() and abs(e) < 2 ** 31:
+            n = int(e)
+            if n < 0 and not self.dtype.is_float:
+                raise ValueError(f"pow: integers to negative integer powers are not allowed (exponent {n})")
+            if n < 0:
+                return self.pow(-n).reciprocal()
+            out = None
+            base = self
+            while n:
+                if n & 1:
+                    out = base if out is None else out * base
+                n >>= 1
+                if n:
+                    base = base * base
+            if out is None:  # x ** 0 is 1, NaN included; still a function of x, whose gradient is 0
+                one = self._const(1)._broadcast_to(self.shape)
+                out = where(self.isnan(), one, one)
             return out
-        if isinstance(e, (int, float)) and e == 0.5:
-            return self.sqrt()
-        return (self.log() * e).exp()
+        if e in (0.5, -0.5):  # as PyTorch: sqrt and rsqrt (sqrt(-0.0) is -0.0, pow's is +0.0)
+            return self.sqrt() if e > 0 else self.rsqrt()
+        return _pow(self, self._wrap(float(e)))
+
+    def __rpow__(self, base: Any) -> "Tensor":
+        b = _scalar(base)
+        if b.dtype.is_float or self.dtype.is_float:
+            b = b.cast(self.dtype if self.dtype.is_float else dt.f32)
+        else:
+            b = b.cast(self.dtype)
+        return _pow(b, self)
 
     def clamp(self, min: float | None = None, max: float | None = None) -> "Tensor":  # noqa: A002
         out = self
@@ -257,8 +401,11 @@ class Tensor:
 
     clip = clamp
 
-    def cast(self, d: DType) -> "Tensor":
+    def cast(self, d: Any) -> "Tensor":
+        d = as_dtype(d)
         return self if d is self.dtype else Tensor(ir.unary(Op.CAST, self.node, d))
+
+    type = cast
 
     def float(self) -> "Tensor": return self.cast(dt.f32)  # noqa: E704
     def half(self) -> "Tensor": return self.cast(dt.f16)  # noqa: E704
@@ -279,11 +426,12 @@ class Tensor:
     view = reshape
 
     def permute(self, *order: Any) -> "Tensor":
-        order = tuple(o % self.ndim for o in _shape_arg(order))
+        order = tuple(_dim(o, self.ndim) for o in _shape_arg(order))
         return _call("permute", lambda: ir.permute(self.node, order), self)
 
     def transpose(self, a: int = -2, b: int = -1) -> "Tensor":
         order = list(range(self.ndim))
+        a, b = _dim(a, self.ndim), _dim(b, self.ndim)
         order[a], order[b] = order[b], order[a]
         return self.permute(order)
 
@@ -307,17 +455,22 @@ class Tensor:
         return _call("expand", lambda: ir.expand(x.node, shape), x)
 
     def flatten(self, start: int = 0, end: int = -1) -> "Tensor":
-        start, end = start % max(self.ndim, 1), end % max(self.ndim, 1)
+        if self.ndim == 0:
+            return self.reshape(1)
+        start, end = _dim(start, self.ndim), _dim(end, self.ndim)
         return self.reshape(self.shape[:start] + (math.prod(self.shape[start:end + 1]),) + self.shape[end + 1:])
 
     def squeeze(self, dim: int | None = None) -> "Tensor":
         if dim is None:
             return self.reshape(tuple(s for s in self.shape if s != 1))
-        dim %= self.ndim
+        if self.ndim == 0:
+            _dim(dim, 0)
+            return self
+        dim = _dim(dim, self.ndim)
         return self.reshape(self.shape[:dim] + self.shape[dim + 1:]) if self.shape[dim] == 1 else self
 
     def unsqueeze(self, dim: int) -> "Tensor":
-        dim = dim % (self.ndim + 1)
+        dim = _dim(dim, self.ndim + 1)
         return self.reshape(self.shape[:dim] + (1,) + self.shape[dim:])
 
     def pad(self, pads: Sequence[int], value: float = 0.0) -> "Tensor":
@@ -329,7 +482,7 @@ class Tensor:
         return _call("pad", lambda: ir.pad(self.node, tuple(before), tuple(after), v), self)
 
     def flip(self, dims: Iterable[int]) -> "Tensor":
-        axes = tuple(d % self.ndim for d in ([dims] if isinstance(dims, int) else dims))
+        axes = tuple(_dim(d, self.ndim) for d in ([dims] if isinstance(dims, int) else dims))
         return _call("flip", lambda: ir.flip(self.node, axes), self)
 
     def repeat(self, *times: Any) -> "Tensor":
@@ -340,6 +493,8 @@ class Tensor:
         return x.reshape(inter)._broadcast_to(big).reshape(tuple(t * s for t, s in zip(times, x.shape)))
 
     def __getitem__(self, idx: Any) -> "Tensor":
+        if isinstance(idx, Tensor) and idx.dtype is dt.bool_:
+            return self._masked(idx)
         if isinstance(idx, Tensor):  # gather rows: x[indices]
             return self.gather_rows(idx)
         idx = idx if isinstance(idx, tuple) else (idx,)
@@ -374,10 +529,28 @@ class Tensor:
         return out.reshape(tuple(out.shape[d] for d in keep))
 
     def gather_rows(self, index: "Tensor") -> "Tensor":
-        """self[index] for an integer tensor: rows of self picked by index, as a one-hot matmul."""
-        oh = index.one_hot(self.shape[0]).cast(self.dtype)
-        flat = self.reshape(self.shape[0], -1)
-        return (oh @ flat).reshape(index.shape + self.shape[1:])
+        """self[index] for an integer tensor: rows of self picked by index. Each output row is the
+        max over rows of where(row is picked, row, lowest): exact for -0.0, inf and NaN, which a
+        one-hot matmul is not (0 * inf). An index out of range gives the lowest value."""
+        if self.dtype is dt.bool_:
+            return self.cast(dt.u8).gather_rows(index).cast(dt.bool_)
+        n = self.shape[0]
+        picked = index.one_hot(n).cast(dt.bool_).unsqueeze(-1)
+        flat = self.reshape(n, -1)
+        lowest = -math.inf if self.dtype.is_float else self.dtype.min
+        return where(picked, flat, lowest).max(-2).reshape(index.shape + self.shape[1:])
+
+    def _masked(self, mask: "Tensor") -> "Tensor":
+        """self[mask] for a bool mask over the leading dims. The result's length depends on the
+        data, so the mask is computed first (the values stay lazy and differentiable)."""
+        if mask.shape != self.shape[:mask.ndim]:
+            raise IndexError(f"the shape of the mask {list(mask.shape)} does not match the shape of the "
+                             f"indexed tensor {list(self.shape)}")
+        picked = np.flatnonzero(mask.numpy().reshape(-1))
+        if picked.size == 0:
+            raise ShapeError("boolean mask selects no element: Ember tensors have no empty dims")
+        rows = self.reshape((math.prod(mask.shape),) + self.shape[mask.ndim:])
+        return rows.gather_rows(Tensor(picked.astype(np.int64)))
 
     def split(self, size: int, dim: int = 0) -> list["Tensor"]:
         return split(self, size, dim)
@@ -389,14 +562,15 @@ class Tensor:
         if self.dtype.is_float:
             raise ShapeError(f"one_hot needs an integer tensor, got {self.dtype}")
         classes = Tensor(ir.iota(self.dtype, (num_classes,), 0))
-        return self.unsqueeze(-1).eq(classes)
+        return self.unsqueeze(-1).eq(classes).cast(dt.i64)
 
     # ------------------------------------------------------------------- reductions
     def _axes(self, dim: Any) -> tuple[int, ...]:
         if dim is None:
             return tuple(range(self.ndim))
-        dims = (dim,) if isinstance(dim, int) else tuple(dim)
-        return tuple(sorted({d % self.ndim for d in dims}))
+        dims = (dim,) if isinstance(dim, (int, np.integer)) else tuple(dim)
+        axes = tuple(sorted({_dim(d, self.ndim) for d in dims}))
+        return axes if self.ndim else ()  # a 0-d tensor takes dim 0 or -1: nothing to reduce
 
     def _reduce(self, op: Op, dim: Any, keepdim: bool) -> "Tensor":
         axes = self._axes(dim)
@@ -408,7 +582,11 @@ class Tensor:
         return x._reduce(Op.SUM, dim, keepdim)
 
     def max(self, dim: Any = None, keepdim: bool = False) -> "Tensor": return self._reduce(Op.RMAX, dim, keepdim)  # noqa: E704
-    def min(self, dim: Any = None, keepdim: bool = False) -> "Tensor": return -((-self).max(dim, keepdim))  # noqa: E704
+
+    def min(self, dim: Any = None, keepdim: bool = False) -> "Tensor":
+        if self.dtype.is_float:
+            return -((-self).max(dim, keepdim))
+        return self._flip_order().max(dim, keepdim)._flip_order()
 
     def mean(self, dim: Any = None, keepdim: bool = False) -> "Tensor":
         n = math.prod(self.shape[d] for d in self._axes(dim))
@@ -417,7 +595,8 @@ class Tensor:
     def var(self, dim: Any = None, keepdim: bool = False, correction: int = 1) -> "Tensor":
         n = math.prod(self.shape[d] for d in self._axes(dim))
         d = self - self.mean(dim, keepdim=True)
-        return (d * d).sum(dim, keepdim) * (1.0 / max(n - correction, 1))
+        # n <= correction divides by zero, as PyTorch does: inf, or NaN where all values are equal
+        return (d * d).sum(dim, keepdim) / float(max(n - correction, 0))
 
     def std(self, dim: Any = None, keepdim: bool = False, correction: int = 1) -> "Tensor":
         return self.var(dim, keepdim, correction).sqrt()
@@ -434,14 +613,46 @@ class Tensor:
     def log_softmax(self, dim: int = -1) -> "Tensor":
         return self - self.logsumexp(dim, keepdim=True)
 
-    def argmax(self, dim: int = -1, keepdim: bool = False) -> "Tensor":
-        """The first index of the maximum along dim."""
-        dim %= self.ndim
-        n = self.shape[dim]
-        hit = self.eq(self.max(dim, keepdim=True))
-        idx = Tensor(ir.iota(dt.i32, self.shape, dim))
-        first = where(hit, idx, Tensor(ir.const(n, dt.i32, ())))
+    def argmax(self, dim: int | None = None, keepdim: bool = False) -> "Tensor":
+        """The first index (int64) of the maximum along dim, or in the flattened tensor without
+        one; NaN counts as the largest value, as in PyTorch."""
+        return self._arg("max", dim, keepdim)
+
+    def argmin(self, dim: int | None = None, keepdim: bool = False) -> "Tensor":
+        """The first index (int64) of the minimum along dim (of the flattened tensor without one)."""
+        return self._arg("min", dim, keepdim)
+
+    def _arg(self, extreme: str, dim: int | None, keepdim: bool) -> "Tensor":
+        if dim is None:
+            out = self.reshape(-1)._arg(extreme, 0, False)
+            return out.reshape((1,) * self.ndim) if keepdim else out
+        if self.ndim == 0:
+            _dim(dim, 0)
+            return Tensor(ir.const(0, dt.i64, ()))
+        dim = _dim(dim, self.ndim)
+        m = getattr(self, extreme)(dim, keepdim=True)
+        hit = self.eq(m)
+        if self.dtype.is_float:
+            hit = hit | (self.isnan() & m.isnan())
+        idx = Tensor(ir.iota(dt.i64, self.shape, dim))
+        first = where(hit, idx, Tensor(ir.const(self.shape[dim], dt.i64, ())))
         return first.min(dim, keepdim)
+
+    def isnan(self) -> "Tensor":
+        return self.ne(self) if self.dtype.is_float else full(self.shape, False, dt.bool_)
+
+    def isinf(self) -> "Tensor":
+        return self.abs().eq(math.inf) if self.dtype.is_float else full(self.shape, False, dt.bool_)
+
+    def isfinite(self) -> "Tensor":
+        return (self - self).eq(0) if self.dtype.is_float else full(self.shape, True, dt.bool_)
+
+    def signbit(self) -> "Tensor":
+        """True for negative values, -0.0 and NaNs with the sign bit set, as C's signbit."""
+        if not self.dtype.is_float:
+            return self < 0 if self.dtype.is_signed else full(self.shape, False, dt.bool_)
+        bits = {dt.f64: dt.i64, dt.f32: dt.i32, dt.f16: dt.i16, dt.bf16: dt.i16}[self.dtype]
+        return Tensor(ir.unary(Op.BITCAST, self.node, bits)) < 0
 
     def matmul(self, other: "Tensor") -> "Tensor":
         a, b = _promote(self, other)
@@ -522,14 +733,64 @@ def _promote(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
         return a, b.cast(a.dtype)
     if a.node.op is Op.CONST and a.ndim == 0 and (b.dtype.is_float or not a.dtype.is_float):
         return a.cast(b.dtype), b
-    rank = lambda d: _RANK.index(d) if d in _RANK else 4  # noqa: E731
-    d = a.dtype if rank(a.dtype) >= rank(b.dtype) else b.dtype
+    d = _promote_dtype(a.dtype, b.dtype)
     return a.cast(d), b.cast(d)
 
 
+def _promote_dtype(a: DType, b: DType) -> DType:
+    """The higher of two dtypes in PyTorch's order (unsigned wider ints rank as their width)."""
+    rank = lambda d: _RANK.index(d) if d in _RANK else 4  # noqa: E731
+    return a if rank(a) >= rank(b) else b
+
+
+def _pow(x: Tensor, e: Tensor) -> Tensor:
+    """Elementwise x ** e for tensors (PyTorch's promotion and C's pow rules)."""
+    x, e = _promote(x, e)
+    x, e = _broadcast(x, e, "pow")
+    if not x.dtype.is_float:  # square and multiply over the exponent's bits; negative: 0, 1 or -1
+        out, base, bits = x._const(1)._broadcast_to(x.shape), x, e
+        for _ in range(x.dtype.bits - 1 if x.dtype.is_signed else x.dtype.bits):
+            out = where((bits & 1).eq(1), out * base, out)
+            base, bits = base * base, bits >> 1
+        if x.dtype.is_signed:
+            odd = (e & 1).eq(1)
+            neg = where(x.eq(1), 1, where(x.eq(-1), where(odd, -1, 1), 0)).cast(x.dtype)
+            out = where(e < 0, neg, out)
+        return out
+    ax = x.abs()
+    safe = where(ax.eq(0) | ax.isinf(), 1.0, ax).cast(x.dtype)  # keeps log2 finite: gradients too
+    mag = (safe.log2() * e).exp2()
+    zero_or_inf = where((ax.eq(0) & (e < 0)) | (ax.isinf() & (e > 0)), math.inf, 0.0).cast(x.dtype)
+    mag = where(ax.eq(0) | ax.isinf(), zero_or_inf, mag)
+    whole = e.trunc().eq(e)
+    odd = whole & (e * 0.5).trunc().ne(e * 0.5)
+    signed = where(odd, -mag, mag)
+    # a negative finite base with a fractional exponent is NaN, and so is its gradient: log2 of the
+    # base itself there, of 1 elsewhere (a NaN constant would poison every gradient through where)
+    invalid = (x < 0) & whole.logical_not() & ax.isinf().logical_not()
+    nan = (where(invalid, x, 1.0).cast(x.dtype).log2() * e).exp2()
+    negative = where(whole, signed, where(ax.isinf(), mag, nan))
+    out = where(x < 0, negative, where(odd & x.signbit(), -mag, mag))
+    # x ** 0 and 1 ** y are 1, NaN and inf included (C's pow); 1 ** finite y keeps its gradient
+    return where(e.eq(0) | (x.eq(1) & e.isfinite().logical_not()), 1.0, out).cast(x.dtype)
+
+
+def _scalar(v: Any) -> Tensor:
+    """A Python scalar as a 0-d tensor of PyTorch's dtype for it: bool, int64 or float32."""
+    v = v.item() if isinstance(v, np.number) else v
+    d = dt.bool_ if isinstance(v, bool) else dt.i64 if isinstance(v, int) else dt.f32
+    return Tensor(ir.const(data.literal_value(v, d, truncate=True), d, ()))
+
+
 def where(cond: Tensor, x: Any, y: Any) -> Tensor:
-    xt = x if isinstance(x, Tensor) else (y if isinstance(y, Tensor) else cond)._wrap(x)
-    yt = y if isinstance(y, Tensor) else xt._wrap(y)
+    if isinstance(x, Tensor) or isinstance(y, Tensor):
+        xt = x if isinstance(x, Tensor) else y._wrap(x)
+        yt = y if isinstance(y, Tensor) else x._wrap(y)
+    else:
+        xt, yt = _scalar(x), _scalar(y)
+        if xt.dtype is not yt.dtype:
+            d = dt.f32 if dt.f32 in (xt.dtype, yt.dtype) else dt.i64
+            xt, yt = xt.cast(d), yt.cast(d)
     xt, yt = _promote(xt, yt)
     shape = _broadcast_shape(_broadcast_shape(cond.shape, xt.shape, "where"), yt.shape, "where")
     c, a, b = cond._broadcast_to(shape), xt._broadcast_to(shape), yt._broadcast_to(shape)
@@ -585,42 +846,62 @@ def _random_bits(shape: tuple[int, ...]) -> Node:
     return ir.reshape(z, shape)
 
 
-def rand(*shape: Any, dtype: DType = dt.f32) -> Tensor:
+def rand(*shape: Any, dtype: Any = dt.f32, requires_grad: bool = False) -> Tensor:
     """Uniform in [0, 1), from the seeded counter-based generator."""
     shape = _shape_arg(shape)
     bits = Tensor(_random_bits(shape))
     top = Tensor(ir.binary(Op.SHR, bits.node, ir.const(40, dt.u64, shape)))  # 24 random bits
-    return (top.cast(dt.f32) * (2.0 ** -24)).cast(dtype)
+    return _leaf((top.cast(dt.f32) * (2.0 ** -24)).cast(as_dtype(dtype)), requires_grad)
 
 
-def randn(*shape: Any, dtype: DType = dt.f32) -> Tensor:
+def randn(*shape: Any, dtype: Any = dt.f32, requires_grad: bool = False) -> Tensor:
     """Standard normal, Box-Muller on two uniform draws."""
     shape = _shape_arg(shape)
     u1, u2 = rand(shape), rand(shape)
     r = ((1.0 - u1).log() * -2.0).sqrt()
-    return (r * (u2 * (2 * math.pi)).cos()).cast(dtype)
+    return _leaf((r * (u2 * (2 * math.pi)).cos()).cast(as_dtype(dtype)), requires_grad)
 
 
-def full(shape: Any, value: float, dtype: DType = dt.f32) -> Tensor:
-    return Tensor(ir.const(data.literal_value(value, dtype, truncate=True), dtype, tuple(_shape_arg((shape,)))))
+def full(shape: Any, value: float, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    """PyTorch's full: the dtype of the value (bool, int64 or float32) unless given."""
+    d = as_dtype(dtype) if dtype is not None else _scalar(value).dtype
+    out = Tensor(ir.const(data.literal_value(value, d, truncate=True), d, tuple(_shape_arg((shape,)))))
+    return _leaf(out, requires_grad)
 
 
-def zeros(*shape: Any, dtype: DType = dt.f32) -> Tensor:
-    return full(_shape_arg(shape), 0, dtype)
+def zeros(*shape: Any, dtype: Any = dt.f32, requires_grad: bool = False) -> Tensor:
+    return full(_shape_arg(shape), 0, dtype, requires_grad)
 
 
-def ones(*shape: Any, dtype: DType = dt.f32) -> Tensor:
-    return full(_shape_arg(shape), 1, dtype)
+def ones(*shape: Any, dtype: Any = dt.f32, requires_grad: bool = False) -> Tensor:
+    return full(_shape_arg(shape), 1, dtype, requires_grad)
 
 
-def arange(start: int, end: int | None = None, step: int = 1, dtype: DType = dt.i32) -> Tensor:
+def arange(start: float, end: float | None = None, step: float = 1, dtype: Any = None,
+           requires_grad: bool = False) -> Tensor:
+    """PyTorch's arange: int64 for integer arguments, float32 when any is a float."""
     if end is None:
         start, end = 0, start
-    n = max(0, -(-(end - start) // step))
+    if step == 0:
+        raise ShapeError("arange: step must be nonzero")
+    floats = any(isinstance(v, float) for v in (start, end, step))
+    d = as_dtype(dtype) if dtype is not None else (dt.f32 if floats else dt.i64)
+    n = max(0, math.ceil((end - start) / step)) if floats else max(0, -(-(end - start) // step))
     if n == 0:
         raise ShapeError(f"arange({start}, {end}, {step}) would be empty: tensors have no empty dims")
-    idx = Tensor(ir.iota(dtype, (n,), 0))
-    return idx * step + start if (step, start) != (1, 0) else idx
+    idx = Tensor(ir.iota(dt.f64 if floats or d.is_float else dt.i64, (n,), 0))
+    out = (idx * step + start if (step, start) != (1, 0) else idx).cast(d)
+    return _leaf(out, requires_grad)
+
+
+def _leaf(t: Tensor, requires_grad: bool) -> Tensor:
+    """t itself, or (requires_grad) its value as a leaf that collects a gradient, as PyTorch's
+    factory functions give."""
+    if not requires_grad:
+        return t
+    if not t.dtype.is_float:
+        raise ShapeError(f"requires_grad needs a float dtype, got {t.dtype}")
+    return Tensor(t.numpy(), t.dtype, requires_grad=True)
 
 
 def tensor(value: Any, dtype: DType | None = None, requires_grad: bool = False) -> Tensor:
@@ -632,14 +913,28 @@ def from_numpy(arr: np.ndarray) -> Tensor:
 
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
-    """Concatenate along dim: each piece padded to the full length, then added."""
-    dim %= tensors[0].ndim
+    """Concatenate along dim: each piece padded to the full length, then selected by position
+    (a select keeps -0.0 and NaN's bits, which adding zeros would not)."""
+    if not tensors:
+        raise ShapeError("cat: expected a non-empty list of tensors")
+    dim = _dim(dim, tensors[0].ndim)
+    rest = tensors[0].shape[:dim] + tensors[0].shape[dim + 1:]
+    for t in tensors:
+        if t.ndim != tensors[0].ndim or t.shape[:dim] + t.shape[dim + 1:] != rest:
+            raise ShapeError(f"cat: shapes {[list(x.shape) for x in tensors]} differ outside dim {dim}")
+    d = tensors[0].dtype
+    for t in tensors[1:]:
+        d = _promote_dtype(d, t.dtype)
     total = sum(t.shape[dim] for t in tensors)
     out, offset = None, 0
     for t in tensors:
         pads = [0, 0] * (t.ndim - dim - 1) + [offset, total - offset - t.shape[dim]]
-        piece = t.pad(pads)
-        out = piece if out is None else out + piece
+        piece = t.cast(d).pad(pads)
+        if out is None:
+            out = piece
+        else:
+            pos = Tensor(ir.iota(dt.i64, piece.shape, dim))
+            out = where(pos >= offset, piece, out)
         offset += t.shape[dim]
     assert out is not None
     return out
@@ -650,7 +945,7 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
 
 
 def split(t: Tensor, size: int, dim: int = 0) -> list[Tensor]:
-    dim %= t.ndim
+    dim = _dim(dim, t.ndim)
     out = []
     for s in range(0, t.shape[dim], size):
         idx = [slice(None)] * t.ndim
@@ -660,5 +955,5 @@ def split(t: Tensor, size: int, dim: int = 0) -> list[Tensor]:
 
 
 def chunk(t: Tensor, chunks: int, dim: int = 0) -> list[Tensor]:
-    return split(t, -(-t.shape[dim % t.ndim] // chunks), dim)
+    return split(t, -(-t.shape[_dim(dim, t.ndim)] // chunks), dim)
 

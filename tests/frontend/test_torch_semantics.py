@@ -1,0 +1,193 @@
+"""PyTorch semantics the frontend must match exactly (issue 11): values and gradients against
+PyTorch itself, including ties, -0.0, infinities and NaN."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ember.tensor as et
+from ember import backends
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.skipif("c" not in backends.available(), reason="no C compiler"),
+              pytest.mark.filterwarnings("ignore:.*degrees of freedom:UserWarning")]
+
+SPECIAL = np.array([-3.0, -2.0, -1.5, -0.5, -0.0, 0.0, 0.5, 1.0, 2.0, 3.0, np.inf, -np.inf, np.nan], np.float32)
+
+
+def same(got: et.Tensor, want: "torch.Tensor", tol: float = 1e-5) -> None:
+    g, w = got.numpy(), want.detach().numpy()
+    assert g.shape == w.shape and got.dtype.np_name == str(w.dtype) or (got.dtype.name, w.dtype) in (
+        ("bool", np.bool_),), (got.dtype, w.dtype, g.shape, w.shape)
+    if w.dtype.kind == "f":
+        np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
+        zeros = (w == 0) & (g == 0)
+        assert (np.signbit(g[zeros]) == np.signbit(w[zeros])).all(), "signs of zeros differ"
+    else:
+        np.testing.assert_array_equal(g, w)
+
+
+def grads(fn, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[no-untyped-def]
+    x = et.tensor(vals, requires_grad=True)
+    fn(x).sum().backward()
+    tx = torch.tensor(vals, requires_grad=True)
+    fn(tx).sum().backward()
+    return x.grad.numpy(), tx.grad.numpy()
+
+
+@pytest.mark.parametrize("e", [0, 1, 2, 3, 4, 7, -1, -2, 0.5, 2.5, -2.5, 3.0, 1.5])
+def test_pow_scalar_exponent(e: float) -> None:
+    same(et.tensor(SPECIAL) ** e, torch.tensor(SPECIAL) ** e)
+
+
+def test_pow_integers_tensors_and_reversed() -> None:
+    a, b = np.array([-3, -1, 0, 2, 5]), np.array([2, 3, 0, -1, 1])
+    same(et.tensor(a) ** 3, torch.tensor(a) ** 3)
+    same(et.tensor(a) ** et.tensor(b), torch.tensor(a) ** torch.tensor(b))
+    x, e = SPECIAL[:10], np.array([2.0, 3.0, 0.5, -1.0, 0.0, 2.5, -2.0, 1.0, 0.0, -0.5], np.float32)
+    g, w = grads(lambda t: t ** (torch.tensor(e) if isinstance(t, torch.Tensor) else et.tensor(e)), np.abs(x) + 0.5)
+    np.testing.assert_allclose(g, w, rtol=1e-5)
+    same(et.tensor(x) ** et.tensor(e), torch.tensor(x) ** torch.tensor(e))
+    same(2 ** et.tensor(x), 2 ** torch.tensor(x))
+    with pytest.raises(ValueError):
+        et.tensor(a) ** -1
+
+
+@pytest.mark.parametrize("e", [0, 1, 2, 3, 2.5, 1.5])
+def test_pow_gradients(e: float) -> None:
+    g, w = grads(lambda x: x ** e, np.array([0.0, 0.7, 3.0, 1.0], np.float32))
+    np.testing.assert_allclose(g, w, rtol=1e-5)
+
+
+def test_argmax_argmin() -> None:
+    v = np.array([[1.0, 3.0, 3.0], [np.nan, 2.0, np.nan], [-1.0, -5.0, -5.0]], np.float32)
+    for name in ("argmax", "argmin"):
+        for dim in (None, 0, 1, -1):
+            same(getattr(et.tensor(v), name)(dim), getattr(torch.tensor(v), name)(dim))
+        same(getattr(et.tensor(v), name)(1, keepdim=True), getattr(torch.tensor(v), name)(1, keepdim=True))
+
+
+def test_out_of_range_dim_is_an_index_error() -> None:
+    x = et.tensor(np.zeros((2, 3), np.float32))
+    for call in (lambda: x.sum(2), lambda: x.softmax(-3), lambda: x.permute(0, 2), lambda: x.unsqueeze(4),
+                 lambda: x.transpose(0, 5), lambda: x.argmax(2), lambda: et.cat([x, x], 2)):
+        with pytest.raises(IndexError):
+            call()
+
+
+def test_min_is_exact_at_int_min() -> None:
+    v = np.array([-2**31, 5, 0, 2**31 - 1], np.int32)
+    same(et.tensor(v).min(), torch.tensor(v).min())
+    same(et.tensor(v).minimum(et.tensor(v[::-1].copy())), torch.minimum(torch.tensor(v), torch.tensor(v[::-1].copy())))
+    u = np.array([0, 255, 7], np.uint8)
+    same(et.tensor(u).min(), torch.tensor(u).min())
+
+
+def test_where_scalars_keep_their_dtype() -> None:
+    c = np.array([True, False, True])
+    same(et.where(et.tensor(c), 1, 0), torch.where(torch.tensor(c), 1, 0))
+    same(et.where(et.tensor(c), 1.5, 0), torch.where(torch.tensor(c), 1.5, 0))
+    x = np.array([1, 2, 3], np.int32)
+    same(et.where(et.tensor(c), et.tensor(x), 7), torch.where(torch.tensor(c), torch.tensor(x), 7))
+    same(et.where(et.tensor(c), et.tensor(x), 0.5), torch.where(torch.tensor(c), torch.tensor(x), 0.5))
+
+
+def test_one_hot_int64_and_var_with_large_correction() -> None:
+    i = np.array([0, 2, 1])
+    same(et.tensor(i).one_hot(4), torch.nn.functional.one_hot(torch.tensor(i), 4))
+    v = np.array([[1.0, 2.0], [3.0, 3.0]], np.float32)
+    for corr in (1, 2, 3):
+        same(et.tensor(v).var(1, correction=corr), torch.tensor(v).var(1, correction=corr))
+        same(et.tensor(v).std(1, correction=corr), torch.tensor(v).std(1, correction=corr))
+    same(et.tensor(np.array([5.0], np.float32)).var(), torch.tensor([5.0]).var())
+
+
+def _act(x, name: str):  # type: ignore[no-untyped-def]
+    return torch.nn.functional.gelu(x) if name == "gelu" and isinstance(x, torch.Tensor) else getattr(x, name)()
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "tanh", "gelu"])
+def test_activation_gradients_stay_finite(name: str) -> None:
+    v = np.array([-1000.0, -90.0, -20.0, -1.0, -1e-6, 0.0, 1e-6, 0.3, 20.0, 90.0, 1000.0], np.float32)
+    same(_act(et.tensor(v), name), _act(torch.tensor(v), name))
+    g, w = grads(lambda x: _act(x, name), v)
+    assert np.isfinite(g).all()
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_gelu_tanh_approximation() -> None:
+    v = np.linspace(-6, 6, 25).astype(np.float32)
+    same(et.tensor(v).gelu(approximate="tanh"), torch.nn.functional.gelu(torch.tensor(v), approximate="tanh"))
+
+
+def test_eq_ne_return_tensors_and_truth_value() -> None:
+    a, b = np.array([1.0, np.nan, -0.0]), np.array([1.0, np.nan, 0.0])
+    same(et.tensor(a) == et.tensor(b), torch.tensor(a) == torch.tensor(b))
+    same(et.tensor(a) != et.tensor(b), torch.tensor(a) != torch.tensor(b))
+    assert bool(et.tensor([3.0]) == 3.0)
+    with pytest.raises(RuntimeError):
+        bool(et.tensor([1.0, 2.0]) == 1.0)
+
+
+def test_detach_stops_gradients_on_leaves() -> None:
+    x = et.tensor(np.array([1.0, 2.0], np.float32), requires_grad=True)
+    (x * x.detach()).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [1.0, 2.0])
+
+
+def test_boolean_mask_indexing() -> None:
+    v = np.arange(12, dtype=np.float32).reshape(3, 4)
+    m = v % 3 == 1
+    same(et.tensor(v)[et.tensor(m)], torch.tensor(v)[torch.tensor(m)])
+    rows = np.array([True, False, True])
+    same(et.tensor(v)[et.tensor(rows)], torch.tensor(v)[torch.tensor(rows)])
+    with pytest.raises(IndexError):
+        et.tensor(v)[et.tensor(np.array([True, False]))]
+
+
+def test_zero_dim_with_dim_argument() -> None:
+    x = np.float32(2.5)
+    same(et.tensor(x).sum(0), torch.tensor(x).sum(0))
+    same(et.tensor(x).max(-1), torch.tensor(x).amax(-1))
+    same(et.tensor(x).softmax(0), torch.tensor(x).softmax(0))
+    same(et.tensor(x).argmax(0), torch.tensor(x).argmax(0))
+
+
+def test_arange_floats_and_factories_with_grad() -> None:
+    same(et.arange(0, 1, 0.1), torch.arange(0, 1, 0.1))
+    same(et.arange(5), torch.arange(5))
+    same(et.arange(1.5, -2, -0.5), torch.arange(1.5, -2, -0.5))
+    x = et.randn(3, 2, requires_grad=True)
+    (x * 2).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.full((3, 2), 2.0, np.float32))
+
+
+def test_dtype_names() -> None:
+    for name, d in (("float32", et.float32), ("int64", et.int64), ("bfloat16", et.bfloat16), ("f16", et.float16)):
+        assert et.zeros(2, dtype=name).dtype is d
+    assert et.tensor([1, 2], dtype=np.int16).dtype.name == "i16"
+    assert et.tensor([1.0]).to("float64").dtype.name == "f64"
+    with pytest.raises(TypeError, match="dtype"):
+        et.zeros(2, dtype="float33")
+
+
+def test_cat_keeps_negative_zero_and_nan() -> None:
+    a, b = np.array([-0.0, np.nan], np.float32), np.array([np.inf, -0.0], np.float32)
+    same(et.cat([et.tensor(a), et.tensor(b)]), torch.cat([torch.tensor(a), torch.tensor(b)]))
+
+
+def test_gather_rows_is_exact_with_infinities() -> None:
+    v = np.array([[np.inf, 1.0], [-0.0, np.nan], [2.0, -np.inf]], np.float32)
+    i = np.array([2, 0, 1, 2])
+    same(et.tensor(v)[et.tensor(i)], torch.tensor(v)[torch.tensor(i)])
+
+
+def test_bitwise_and_shifts() -> None:
+    a = np.array([-3, -1, 0, 2, 5])
+    ta, ea = torch.tensor(a), et.tensor(a)
+    same(ea << 2, ta << 2)
+    same(ea >> 1, ta >> 1)
+    same(~ea, ~ta)
+    same(1 & ea, 1 & ta)
+    same(ea ^ 6, ta ^ 6)
+    same(~et.tensor(np.array([True, False])), ~torch.tensor([True, False]))
