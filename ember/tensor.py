@@ -230,8 +230,48 @@ class Tensor:
         a = self if self.dtype.is_float else self.float()
         return a._binary(Op.DIV, o, True)
 
-    def __floordiv__(self, o: Any) -> "Tensor": return self._binary(Op.IDIV, o)  # noqa: E704
-    def __mod__(self, o: Any) -> "Tensor": return self._binary(Op.MOD, o)  # noqa: E704
+    def __floordiv__(self, o: Any) -> "Tensor": return self.div(o, rounding_mode="floor")  # noqa: E704
+    def __rfloordiv__(self, o: Any) -> "Tensor": return self._wrap(o).div(self, rounding_mode="floor")  # noqa: E704
+    def __mod__(self, o: Any) -> "Tensor": return self.remainder(o)  # noqa: E704
+    def __rmod__(self, o: Any) -> "Tensor": return self._wrap(o).remainder(self)  # noqa: E704
+
+    def div(self, o: Any, rounding_mode: str | None = None) -> "Tensor":
+        """True division, or rounded toward zero ('trunc') or down ('floor'), as PyTorch."""
+        if rounding_mode is None:
+            return self / o
+        a, b = _broadcast(*_promote(self, self._wrap(o)), "div")
+        if rounding_mode not in ("trunc", "floor"):
+            raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+        if not a.dtype.is_float:
+            q = Tensor(ir.binary(Op.IDIV, a.node, b.node))  # C's division truncates
+            if rounding_mode == "trunc":
+                return q
+            r = Tensor(ir.binary(Op.MOD, a.node, b.node))
+            return where(r.ne(0) & ((r < 0).ne(b < 0)), q - 1, q)
+        if rounding_mode == "trunc":
+            return (a / b).trunc()
+        m = a.fmod(b)  # PyTorch's floor division: exact through fmod, not floor(a / b)
+        d = (a - m) / b
+        d = where(m.ne(0) & ((b < 0).ne(m < 0)), d - 1, d)
+        fl = d.floor()
+        fl = where(d - fl > 0.5, fl + 1, fl)
+        return where(d.eq(0), (a / b) * 0, where(b.eq(0), a / b, fl))
+
+    def fmod(self, o: Any) -> "Tensor":
+        """C's fmod: the remainder with the dividend's sign (computed in f64 for narrower floats)."""
+        a, b = _broadcast(*_promote(self, self._wrap(o)), "fmod")
+        if not a.dtype.is_float:
+            return Tensor(ir.binary(Op.MOD, a.node, b.node))
+        wa, wb = a.cast(dt.f64), b.cast(dt.f64)
+        r = wa - (wa / wb).trunc() * wb
+        r = where(wa.isinf() | wb.eq(0), math.nan, where(wb.isinf(), wa, r)).cast(dt.f64)
+        return where(r.eq(0), wa * 0, r).cast(a.dtype)  # a zero remainder keeps the dividend's sign
+
+    def remainder(self, o: Any) -> "Tensor":
+        """Python's %: the remainder with the divisor's sign."""
+        a, b = _broadcast(*_promote(self, self._wrap(o)), "remainder")
+        r = a.fmod(b)
+        return where(r.ne(0) & ((r < 0).ne(b < 0)), r + b, r)  # a zero keeps fmod's sign, as PyTorch
     def __neg__(self) -> "Tensor": return self._unary(Op.NEG)  # noqa: E704
     def __pow__(self, o: Any) -> "Tensor": return self.pow(o)  # noqa: E704
     def __matmul__(self, o: "Tensor") -> "Tensor": return self.matmul(o)  # noqa: E704
@@ -311,7 +351,157 @@ class Tensor:
     def reciprocal(self) -> "Tensor": return self._unary(Op.RECIP)  # noqa: E704
     def sin(self) -> "Tensor": return self._unary(Op.SIN)  # noqa: E704
     def cos(self) -> "Tensor": return (self + math.pi / 2)._unary(Op.SIN)  # noqa: E704
-    def trunc(self) -> "Tensor": return self._unary(Op.TRUNC)  # noqa: E704
+    def trunc(self) -> "Tensor": return self._unary(Op.TRUNC) if self.dtype.is_float else self  # noqa: E704
+    fix = trunc
+    def frac(self) -> "Tensor": return self - self.trunc()  # noqa: E704
+
+    def floor(self) -> "Tensor":
+        if not self.dtype.is_float:
+            return self
+        t = self.trunc()
+        return where(self < t, t - 1, t)
+
+    def ceil(self) -> "Tensor":
+        if not self.dtype.is_float:
+            return self
+        t = self.trunc()
+        return where(self > t, t + 1, t)
+
+    def round(self, decimals: int = 0) -> "Tensor":
+        """Half to even, as PyTorch; decimals scale by 10**decimals first."""
+        if not self.dtype.is_float:
+            return self
+        if decimals:
+            return (self * 10.0 ** decimals).round() / 10.0 ** decimals
+        t = self.trunc()
+        a = (self - t).abs()
+        odd = (t * 0.5).trunc().ne(t * 0.5)
+        return where((a > 0.5) | (a.eq(0.5) & odd), t + where(self < 0, -1.0, 1.0).cast(self.dtype), t)
+
+    def sign(self) -> "Tensor":
+        """1, -1 or 0 (PyTorch: 0 for -0.0 and NaN too)."""
+        one, zero = self._const(1), self._const(0)
+        return where(self > 0, one, where(self < 0, -one if self.dtype.is_signed or self.dtype.is_float else one, zero))
+
+    def sgn(self) -> "Tensor": return self.sign()  # noqa: E704
+
+    def copysign(self, o: Any) -> "Tensor":
+        a = self if self.dtype.is_float else self.float()
+        a, b = _broadcast(*_promote(a, a._wrap(o)), "copysign")
+        return where(b.signbit(), -a.abs(), a.abs())
+
+    def log10(self) -> "Tensor": return self.log2() * math.log10(2)  # noqa: E704
+
+    def log1p(self) -> "Tensor":
+        """log(1 + x) accurate near 0: log(u) * x / (u - 1) with u = 1 + x (Goldberg)."""
+        x = self if self.dtype.is_float else self.float()
+        u = x + 1
+        d = u - 1
+        safe = where(d.eq(0) | u.isinf(), 1.0, d).cast(x.dtype)
+        return where(d.eq(0), x, where(u.isinf(), u.log(), u.log() * (x / safe)))
+
+    def expm1(self) -> "Tensor":
+        """exp(x) - 1 accurate near 0: (u - 1) * x / log(u) with u = exp(x) (Kahan)."""
+        x = self if self.dtype.is_float else self.float()
+        u = x.exp()
+        edge = u.isinf() | u.eq(0)
+        us = where(edge | u.eq(1), 2.0, u).cast(x.dtype)  # the formula's input where it is not used
+        return where(u.eq(1), x, where(edge, u - 1, (us - 1) * (x / us.log())))
+
+    def erfc(self) -> "Tensor": return 1 - self.erf()  # noqa: E704
+
+    def logaddexp(self, o: Any) -> "Tensor":
+        a, b = _broadcast(*_promote(self, self._wrap(o)), "logaddexp")
+        m = a.maximum(b)
+        d = where(a.eq(b), 0.0, (a - b).abs()).cast(m.dtype)  # equal infinities: no inf - inf
+        return m + (-d).exp().log1p()
+
+    def lerp(self, end: Any, weight: Any) -> "Tensor":
+        """start + weight * (end - start), from the nearer end as PyTorch computes it."""
+        end, w = self._wrap(end), self._wrap(weight)
+        diff = end - self
+        return where(w.abs() < 0.5, self + w * diff, end - diff * (1 - w))
+
+    def tan(self) -> "Tensor": return self.sin() / self.cos()  # noqa: E704
+
+    def sinh(self) -> "Tensor":
+        x = self if self.dtype.is_float else self.float()
+        return (x.expm1() - (-x).expm1()) * 0.5
+
+    def cosh(self) -> "Tensor":
+        x = (self if self.dtype.is_float else self.float()).abs()
+        e = (x - math.log(2)).exp()  # exp(x)/2 without overflowing before exp(x) does
+        return e + 0.25 / e
+
+    def asinh(self) -> "Tensor":
+        x = self if self.dtype.is_float else self.float()
+        a = x.abs()
+        big = a > 2 ** 28
+        s = where(big, 1.0, a).cast(x.dtype)
+        small = (s + s * s / ((s * s + 1).sqrt() + 1)).log1p()
+        y = where(big, where(big, a, 1.0).cast(x.dtype).log() + math.log(2), small)  # log of a safe input:
+        return where(x.signbit(), -y, y)  # a masked branch's infinite derivative times 0 would be NaN
+
+    def acosh(self) -> "Tensor":
+        x = self if self.dtype.is_float else self.float()
+        big = x > 2 ** 28
+        s = where(big | (x < 1), 2.0, x).cast(x.dtype)
+        t = s - 1
+        y = (t + (t * 2 + t * t).sqrt()).log1p()
+        return where(big, where(big, x, 2.0).cast(x.dtype).log() + math.log(2), where(x < 1, x * math.nan, y))
+
+    def atanh(self) -> "Tensor":
+        x = self if self.dtype.is_float else self.float()
+        return ((x * 2) / (1 - x)).log1p() * 0.5
+
+    def atan(self) -> "Tensor":
+        """Reduced to |t| <= tan(pi/12) (1/|x| above 1, then a pi/6 step), then its odd series
+        to t^23: error under 1e-15 relative."""
+        x = self if self.dtype.is_float else self.float()
+        a = x.abs()
+        inv = a > 1
+        r = where(inv, where(inv, a, 1.0).cast(x.dtype).reciprocal(), a)
+        step = r > 2 - math.sqrt(3)
+        rs = where(step, (r * math.sqrt(3) - 1) / (r + math.sqrt(3)), r)
+        t2 = rs * rs
+        series = 0.0
+        for k in range(23, 0, -2):
+            series = (1 / k if (k // 2) % 2 == 0 else -1 / k) + t2 * series
+        y = rs * series
+        y = where(step, y + math.pi / 6, y)
+        y = where(inv, math.pi / 2 - y, y)
+        return where(x.signbit(), -y, y)
+
+    def atan2(self, o: Any) -> "Tensor":
+        """atan2(self, other) with C's rules for zeros and infinities."""
+        y, x = _broadcast(*_promote(self if self.dtype.is_float else self.float(), self._wrap(o)), "atan2")
+        y, x = (y, x) if y.dtype.is_float else (y.float(), x.float())
+        ay, ax = y.abs(), x.abs()
+        both_inf, both_zero = ay.isinf() & ax.isinf(), ay.eq(0) & ax.eq(0)
+        safe_x = where(both_inf | both_zero | ax.eq(0), 1.0, ax).cast(y.dtype)
+        ratio = where(both_inf, 1.0, where(both_zero, 0.0, where(ax.eq(0), math.inf, ay / safe_x))).cast(y.dtype)
+        base = ratio.atan()
+        base = where(x.signbit(), math.pi - base, base)
+        return where(y.isnan() | x.isnan(), y + x, where(y.signbit(), -base, base))
+
+    arctan2 = atan2
+
+    def asin(self) -> "Tensor":
+        x = self if self.dtype.is_float else self.float()
+        return x.atan2(((1 - x) * (1 + x)).sqrt())
+
+    def acos(self) -> "Tensor":
+        x = self if self.dtype.is_float else self.float()
+        return ((1 - x) * (1 + x)).sqrt().atan2(x)
+
+    def isclose(self, o: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> "Tensor":
+        a, b = _broadcast(*_promote(self, self._wrap(o)), "isclose")
+        close = a.eq(b)
+        if a.dtype.is_float:
+            close = close | (a.isfinite() & b.isfinite() & ((a - b).abs() <= atol + rtol * b.abs()))
+            if equal_nan:
+                close = close | (a.isnan() & b.isnan())
+        return close
     def relu(self) -> "Tensor": return self.maximum(0)  # noqa: E704
     def sigmoid(self) -> "Tensor":
         """exp(-|x|) never overflows, so the value and its gradient stay finite for any x."""
@@ -331,7 +521,7 @@ class Tensor:
         return where(x < 0, -1, 1).cast(x.dtype) * where(a < 0.25, small, big)
     def silu(self) -> "Tensor": return self * self.sigmoid()  # noqa: E704
     def square(self) -> "Tensor": return self * self  # noqa: E704
-    def abs(self) -> "Tensor": return where(self < 0, -self, self)  # noqa: E704
+    def abs(self) -> "Tensor": return where(self.signbit() if self.dtype.is_float else self < 0, -self, self)  # noqa: E704
 
     def gelu(self, approximate: str = "none") -> "Tensor":
         """x * Phi(x); approximate='tanh' is GPT-2's form."""
@@ -342,14 +532,17 @@ class Tensor:
         return self * 0.5 * ((self * (1 / math.sqrt(2))).erf() + 1)
 
     def erf(self) -> "Tensor":
-        """Abramowitz and Stegun 7.1.26 with the exp of -x^2: absolute error under 1.5e-7 (f32's
-        resolution; f64 gets the same, not f64's)."""
+        """Its Taylor series below 0.5, else Abramowitz and Stegun 7.1.26 with the exp of -x^2:
+        absolute error under 1.5e-7 (f32's resolution; f64 gets the same, not f64's)."""
         x = self if self.dtype.is_float else self.float()
         a = x.abs()
         t = (a * 0.3275911 + 1).reciprocal()
         poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
         y = 1 - poly * (-(a * a)).exp()
-        return where(x < 0, -y, y)
+        x2 = x * x  # below 0.5 its Taylor series, which keeps the relative precision of small values
+        small = x * (2 / math.sqrt(math.pi)) * (1 + x2 * (-1 / 3 + x2 * (1 / 10 + x2 * (-1 / 42 + x2 * (
+            1 / 216 + x2 * (-1 / 1320 + x2 / 9360))))))
+        return where(a < 0.5, small, where(x.signbit(), -y, y))
 
     def pow(self, e: Any) -> "Tensor":
         """PyTorch's pow: integer exponents by repeated squaring (exact signs of negative bases,
@@ -391,7 +584,7 @@ class Tensor:
             b = b.cast(self.dtype)
         return _pow(b, self)
 
-    def clamp(self, min: float | None = None, max: float | None = None) -> "Tensor":  # noqa: A002
+    def clamp(self, min: Any = None, max: Any = None) -> "Tensor":  # noqa: A002
         out = self
         if min is not None:
             out = out.maximum(min)

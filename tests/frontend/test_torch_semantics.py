@@ -191,3 +191,69 @@ def test_bitwise_and_shifts() -> None:
     same(1 & ea, 1 & ta)
     same(ea ^ 6, ta ^ 6)
     same(~et.tensor(np.array([True, False])), ~torch.tensor([True, False]))
+
+
+GRID = np.concatenate([SPECIAL, np.array([-0.25, 0.25, 0.999, -0.999, 1e-7, -1e-7, 7.5, -7.5, 40.0, -40.0, 1e6, 2.5, -2.5],
+                                         np.float32)])
+UNARY = {  # name: (domain filter, tolerance)
+    "floor": (None, 0), "ceil": (None, 0), "round": (None, 0), "trunc": (None, 0), "frac": (None, 0),
+    "sign": (None, 0), "abs": (None, 0), "erf": (None, 1e-6), "erfc": (None, 1e-6), "log10": (None, 1e-6),
+    "log1p": (None, 1e-6), "expm1": (None, 1e-6), "tan": (lambda v: np.abs(v) < 1e3, 1e-5),
+    "atan": (None, 1e-6), "asin": (None, 1e-6), "acos": (None, 1e-6), "sinh": (lambda v: np.abs(v) < 80, 1e-6),
+    "cosh": (lambda v: np.abs(v) < 80, 1e-6), "asinh": (None, 1e-6), "acosh": (None, 1e-6), "atanh": (None, 2e-5),
+    "isnan": (None, 0), "isinf": (None, 0), "isfinite": (None, 0), "signbit": (None, 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary_math(name: str) -> None:
+    keep, tol = UNARY[name]
+    v = GRID[keep(GRID)] if keep else GRID
+    got = getattr(et.tensor(v), name)()
+    want = getattr(torch.tensor(v), name)()
+    same(got, want, tol)
+
+
+@pytest.mark.parametrize("name", ["atan", "asinh", "sinh", "tanh", "log1p", "expm1", "erf", "floor", "round"])
+def test_unary_gradients(name: str) -> None:
+    v = np.array([-2.5, -0.7, -0.1, 0.0, 1e-4, 0.3, 0.9, 2.0, -200.0, 300.0], np.float32)
+    if name == "log1p":
+        v = v[v > -1]
+    if name in ("sinh",):
+        v = v[np.abs(v) < 80]
+    g, w = grads(lambda x: getattr(x, name)(), v)
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=2e-6)
+
+
+BINARY = ["atan2", "fmod", "remainder", "copysign", "logaddexp", "maximum", "minimum"]
+
+
+@pytest.mark.parametrize("name", BINARY)
+def test_binary_math(name: str) -> None:
+    a = np.repeat(GRID[:16], 16)
+    b = np.tile(GRID[:16], 16)
+    same(getattr(et.tensor(a), name)(et.tensor(b)), getattr(torch.tensor(a), name)(torch.tensor(b)), 1e-6)
+
+
+def test_division_modes_and_operators() -> None:
+    a = np.array([0., -0., 3., -3., 5.5, -5.5, np.inf, 1.0, 6.0, 7.25, -7.25], np.float32)
+    b = np.array([-1., 1., 3., -3., 2., 2., 2., np.inf, -3.0, -0.5, 0.75], np.float32)
+    for mode in ("floor", "trunc", None):
+        same(et.tensor(a).div(et.tensor(b), rounding_mode=mode), torch.tensor(a).div(torch.tensor(b), rounding_mode=mode))
+    same(et.tensor(a) % 2, torch.tensor(a) % 2)
+    same(et.tensor(a) // 2, torch.tensor(a) // 2)
+    ia, ib = np.array([7, -7, 7, -7, 0]), np.array([2, 2, -2, -2, 3])
+    same(et.tensor(ia) // et.tensor(ib), torch.tensor(ia) // torch.tensor(ib))
+    same(et.tensor(ia) % et.tensor(ib), torch.tensor(ia) % torch.tensor(ib))
+    same(7 % et.tensor(ib), 7 % torch.tensor(ib))
+
+
+def test_isclose_lerp_clamp_with_tensors() -> None:
+    a = np.array([1.0, np.inf, np.nan, 1.0, 0.0], np.float32)
+    b = np.array([1.0 + 1e-6, np.inf, np.nan, np.inf, 1e-9], np.float32)
+    for equal_nan in (False, True):
+        same(et.tensor(a).isclose(et.tensor(b), equal_nan=equal_nan), torch.isclose(torch.tensor(a), torch.tensor(b), equal_nan=equal_nan))
+    s, e, w = np.float32([0, 1, -2]), np.float32([10, -1, 2]), np.float32([0.25, 0.75, 1.0])
+    same(et.tensor(s).lerp(et.tensor(e), et.tensor(w)), torch.lerp(torch.tensor(s), torch.tensor(e), torch.tensor(w)))
+    lo, hi = np.float32([-1, 0, 5]), np.float32([1, 0.5, 6])
+    same(et.tensor(SPECIAL[:3]).clamp(et.tensor(lo), et.tensor(hi)), torch.tensor(SPECIAL[:3]).clamp(torch.tensor(lo), torch.tensor(hi)))
