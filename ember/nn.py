@@ -153,13 +153,14 @@ class CausalSelfAttention(Module):
         return self.proj(y)
 
 
-def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
-    """Mean negative log-likelihood of integer targets under softmax(logits); logits [N, C]."""
+def cross_entropy(logits: Tensor, target: Tensor, **options: Any) -> Tensor:
+    """Mean negative log-likelihood of integer targets under softmax(logits); logits [N, C]
+    (ember.functional.cross_entropy, which takes PyTorch's options)."""
+    from . import functional
     if logits.ndim != 2 or target.shape != logits.shape[:1]:
         raise ShapeError(f"cross_entropy: logits {list(logits.shape)} and target {list(target.shape)} "
                          "(expected [N, C] and [N])")
-    picked = (logits.log_softmax(-1) * target.one_hot(logits.shape[1]).cast(logits.dtype)).sum(-1)
-    return -picked.mean()
+    return functional.cross_entropy(logits, target, **options)
 
 
 # --------------------------------------------------------------------------- safetensors

@@ -404,9 +404,9 @@ class Tensor:
         """exp(x) - 1 accurate near 0: (u - 1) * x / log(u) with u = exp(x) (Kahan)."""
         x = self if self.dtype.is_float else self.float()
         u = x.exp()
-        edge = u.isinf() | u.eq(0)
-        us = where(edge | u.eq(1), 2.0, u).cast(x.dtype)  # the formula's input where it is not used
-        return where(u.eq(1), x, where(edge, u - 1, (us - 1) * (x / us.log())))
+        near = x.abs() < 1  # Kahan's form only where u - 1 would cancel
+        us = where(u.eq(1) | near.logical_not(), 2.0, u).cast(x.dtype)  # its input where it is not used
+        return where(u.eq(1), x, where(near, (us - 1) * (x / us.log()), u - 1))
 
     def erfc(self) -> "Tensor": return 1 - self.erf()  # noqa: E704
 
@@ -435,12 +435,13 @@ class Tensor:
 
     def asinh(self) -> "Tensor":
         x = self if self.dtype.is_float else self.float()
-        a = x.abs()
+        sgn = x._sign_factor()
+        a = x * sgn
         big = a > 2 ** 28
         s = where(big, 1.0, a).cast(x.dtype)
         small = (s + s * s / ((s * s + 1).sqrt() + 1)).log1p()
         y = where(big, where(big, a, 1.0).cast(x.dtype).log() + math.log(2), small)  # log of a safe input:
-        return where(x.signbit(), -y, y)  # a masked branch's infinite derivative times 0 would be NaN
+        return sgn * y  # a masked branch's infinite derivative times 0 would be NaN
 
     def acosh(self) -> "Tensor":
         x = self if self.dtype.is_float else self.float()
@@ -458,7 +459,8 @@ class Tensor:
         """Reduced to |t| <= tan(pi/12) (1/|x| above 1, then a pi/6 step), then its odd series
         to t^23: error under 1e-15 relative."""
         x = self if self.dtype.is_float else self.float()
-        a = x.abs()
+        sgn = x._sign_factor()
+        a = x * sgn
         inv = a > 1
         r = where(inv, where(inv, a, 1.0).cast(x.dtype).reciprocal(), a)
         step = r > 2 - math.sqrt(3)
@@ -470,19 +472,20 @@ class Tensor:
         y = rs * series
         y = where(step, y + math.pi / 6, y)
         y = where(inv, math.pi / 2 - y, y)
-        return where(x.signbit(), -y, y)
+        return sgn * y
 
     def atan2(self, o: Any) -> "Tensor":
         """atan2(self, other) with C's rules for zeros and infinities."""
         y, x = _broadcast(*_promote(self if self.dtype.is_float else self.float(), self._wrap(o)), "atan2")
         y, x = (y, x) if y.dtype.is_float else (y.float(), x.float())
-        ay, ax = y.abs(), x.abs()
+        sy, sx = y._sign_factor(), x._sign_factor()
+        ay, ax = y * sy, x * sx
         both_inf, both_zero = ay.isinf() & ax.isinf(), ay.eq(0) & ax.eq(0)
         safe_x = where(both_inf | both_zero | ax.eq(0), 1.0, ax).cast(y.dtype)
         ratio = where(both_inf, 1.0, where(both_zero, 0.0, where(ax.eq(0), math.inf, ay / safe_x))).cast(y.dtype)
         base = ratio.atan()
         base = where(x.signbit(), math.pi - base, base)
-        return where(y.isnan() | x.isnan(), y + x, where(y.signbit(), -base, base))
+        return where(y.isnan() | x.isnan(), y + x, sy * base)
 
     arctan2 = atan2
 
@@ -502,26 +505,35 @@ class Tensor:
             if equal_nan:
                 close = close | (a.isnan() & b.isnan())
         return close
-    def relu(self) -> "Tensor": return self.maximum(0)  # noqa: E704
+    def relu(self) -> "Tensor":
+        """PyTorch's: -0.0 and NaN pass through, and the gradient at 0 is 0."""
+        if not self.dtype.is_float:
+            return self.maximum(0)
+        return where((self > 0) | self.isnan(), self, where(self.eq(0), self * 0, 0.0).cast(self.dtype))
     def sigmoid(self) -> "Tensor":
         """exp(-|x|) never overflows, so the value and its gradient stay finite for any x."""
         x = self if self.dtype.is_float else self.float()
-        z = (-x.abs()).exp()
+        z = (-where(x >= 0, x, -x)).exp()  # exp(-|x|), with the gradient of |x| right at 0 too
         return where(x >= 0, (z + 1).reciprocal(), z / (z + 1))
 
     def tanh(self) -> "Tensor":
         """(1 - e)/(1 + e) with e = exp(-2|x|), finite everywhere; a series near 0, where that
         form would cancel."""
         x = self if self.dtype.is_float else self.float()
-        a = x.abs()
+        sgn = x._sign_factor()
+        a = x * sgn
         e = (a * -2).exp()
         big = (1 - e) / (1 + e)
         x2 = x * x
         small = a * (1 + x2 * (-1 / 3 + x2 * (2 / 15 + x2 * (-17 / 315 + x2 * (62 / 2835)))))
-        return where(x < 0, -1, 1).cast(x.dtype) * where(a < 0.25, small, big)
+        return sgn * where(a < 0.25, small, big)
     def silu(self) -> "Tensor": return self * self.sigmoid()  # noqa: E704
     def square(self) -> "Tensor": return self * self  # noqa: E704
-    def abs(self) -> "Tensor": return where(self.signbit() if self.dtype.is_float else self < 0, -self, self)  # noqa: E704
+    def abs(self) -> "Tensor":
+        """|x|: +0.0 for -0.0, with PyTorch's gradient sign(x) (0 at 0)."""
+        if not self.dtype.is_float:
+            return where(self < 0, -self, self)
+        return where(self > 0, self, where(self < 0, -self, where(self.eq(0), 0.0, self).cast(self.dtype)))
 
     def gelu(self, approximate: str = "none") -> "Tensor":
         """x * Phi(x); approximate='tanh' is GPT-2's form."""
@@ -585,11 +597,14 @@ class Tensor:
         return _pow(b, self)
 
     def clamp(self, min: Any = None, max: Any = None) -> "Tensor":  # noqa: A002
+        """PyTorch's clamp: NaN stays NaN, and the gradient is 1 on [min, max], bounds included."""
         out = self
         if min is not None:
-            out = out.maximum(min)
+            lo = out._wrap(min)
+            out = where(out < lo, lo, out)
         if max is not None:
-            out = out.minimum(max)
+            hi = out._wrap(max)
+            out = where(out > hi, hi, out)
         return out
 
     clip = clamp
@@ -830,6 +845,11 @@ class Tensor:
         idx = Tensor(ir.iota(dt.i64, self.shape, dim))
         first = where(hit, idx, Tensor(ir.const(self.shape[dim], dt.i64, ())))
         return first.min(dim, keepdim)
+
+    def _sign_factor(self) -> "Tensor":
+        """-1.0 where the sign bit is set, else 1.0: for odd functions f(x) = s * g(s * x), whose
+        gradient is then g'(|x|) at 0 too (abs has gradient 0 there, as in PyTorch)."""
+        return where(self.signbit(), -1.0, 1.0).cast(self.dtype)
 
     def isnan(self) -> "Tensor":
         return self.ne(self) if self.dtype.is_float else full(self.shape, False, dt.bool_)

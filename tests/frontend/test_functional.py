@@ -1,0 +1,111 @@
+"""ember.functional against torch.nn.functional: activations (values and gradients) and losses
+with their options."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ember.tensor as et
+from ember import backends
+from ember import functional as F
+
+torch = pytest.importorskip("torch")
+TF = torch.nn.functional
+pytestmark = pytest.mark.skipif("c" not in backends.available(), reason="no C compiler")
+rng = np.random.default_rng(0)
+
+X = np.array([-100.0, -20.0, -3.0, -1.0, -0.5, -0.0, 0.0, 0.5, 1.0, 3.0, 6.5, 20.0, 100.0], np.float32)
+ACTS = ["relu", "relu6", "leaky_relu", "elu", "celu", "selu", "hardtanh", "hardsigmoid", "hardswish", "softplus",
+        "softsign", "logsigmoid", "mish", "silu", "gelu", "sigmoid", "tanh"]
+
+
+def close(a: et.Tensor, b: "torch.Tensor", tol: float = 1e-5) -> None:
+    np.testing.assert_allclose(a.numpy(), b.detach().numpy(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("name", ACTS)
+def test_activation_values_and_gradients(name: str) -> None:
+    x = et.tensor(X, requires_grad=True)
+    tx = torch.tensor(X, requires_grad=True)
+    y, ty = getattr(F, name)(x), getattr(TF, name)(tx)
+    close(y, ty)
+    y.sum().backward()
+    ty.sum().backward()
+    assert np.isfinite(x.grad.numpy()).all()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_softmin_normalize() -> None:
+    v = rng.standard_normal((3, 5)).astype(np.float32)
+    close(F.softmin(et.tensor(v), 1), TF.softmin(torch.tensor(v), 1))
+    close(F.normalize(et.tensor(v)), TF.normalize(torch.tensor(v)))
+    close(F.normalize(et.tensor(v), p=1.0, dim=0), TF.normalize(torch.tensor(v), p=1.0, dim=0))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("options", [{}, {"ignore_index": 2}, {"label_smoothing": 0.1}, {"weight": True},
+                                     {"weight": True, "ignore_index": 0, "label_smoothing": 0.2}])
+def test_cross_entropy_and_nll(reduction: str, options: dict) -> None:
+    logits = rng.standard_normal((6, 4)).astype(np.float32)
+    target = np.array([0, 2, 3, 2, 1, 0])
+    w = np.array([0.5, 1.0, 2.0, 1.5], np.float32)
+    kw = dict(options, reduction=reduction)
+    ekw, tkw = dict(kw), dict(kw)
+    if options.get("weight"):
+        ekw["weight"], tkw["weight"] = et.tensor(w), torch.tensor(w)
+    x, tx = et.tensor(logits, requires_grad=True), torch.tensor(logits, requires_grad=True)
+    y, ty = F.cross_entropy(x, et.tensor(target), **ekw), TF.cross_entropy(tx, torch.tensor(target), **tkw)
+    close(y, ty)
+    y.sum().backward()
+    ty.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-6)
+    if "label_smoothing" not in options:
+        lp = np.log(np.exp(logits) / np.exp(logits).sum(1, keepdims=True)).astype(np.float32)
+        close(F.nll_loss(et.tensor(lp), et.tensor(target), **ekw), TF.nll_loss(torch.tensor(lp), torch.tensor(target), **tkw))
+
+
+def test_cross_entropy_probabilities_and_spatial() -> None:
+    logits = rng.standard_normal((3, 4, 2, 2)).astype(np.float32)
+    probs = rng.random((3, 4, 2, 2)).astype(np.float32)
+    probs /= probs.sum(1, keepdims=True)
+    close(F.cross_entropy(et.tensor(logits), et.tensor(probs), label_smoothing=0.1),
+          TF.cross_entropy(torch.tensor(logits), torch.tensor(probs), label_smoothing=0.1))
+    idx = rng.integers(0, 4, (3, 2, 2))
+    close(F.cross_entropy(et.tensor(logits), et.tensor(idx)), TF.cross_entropy(torch.tensor(logits), torch.tensor(idx)))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_regression_and_binary_losses(reduction: str) -> None:
+    a, b = rng.standard_normal(7).astype(np.float32) * 2, rng.standard_normal(7).astype(np.float32)
+    p, t = rng.random(7).astype(np.float32), (rng.random(7) > 0.5).astype(np.float32)
+    for name, args in (("mse_loss", (a, b)), ("l1_loss", (a, b)), ("smooth_l1_loss", (a, b)), ("huber_loss", (a, b)),
+                       ("binary_cross_entropy", (p, t)), ("binary_cross_entropy_with_logits", (a * 20, t))):
+        close(getattr(F, name)(*map(et.tensor, args), reduction=reduction),
+              getattr(TF, name)(*map(torch.tensor, args), reduction=reduction))
+    pw = np.float32([2.0])
+    close(F.binary_cross_entropy_with_logits(et.tensor(a), et.tensor(t), pos_weight=et.tensor(pw)),
+          TF.binary_cross_entropy_with_logits(torch.tensor(a), torch.tensor(t), pos_weight=torch.tensor(pw)))
+
+
+@pytest.mark.parametrize("log_target", [False, True])
+def test_kl_div(log_target: bool) -> None:
+    inp = np.log(rng.random((4, 3)).astype(np.float32))
+    tgt = rng.random((4, 3)).astype(np.float32)
+    tgt[0, 0] = 0.0
+    if log_target:
+        tgt = np.log(tgt + 1e-3)
+    for reduction in ("batchmean", "sum", "none", "mean"):
+        close(F.kl_div(et.tensor(inp), et.tensor(tgt), reduction=reduction, log_target=log_target),
+              TF.kl_div(torch.tensor(inp), torch.tensor(tgt), reduction=reduction, log_target=log_target))
+
+
+def test_scaled_dot_product_attention() -> None:
+    q, k, v = (rng.standard_normal((2, 5, 4)).astype(np.float32) for _ in range(3))
+    for causal in (False, True):
+        close(F.scaled_dot_product_attention(et.tensor(q), et.tensor(k), et.tensor(v), is_causal=causal),
+              TF.scaled_dot_product_attention(torch.tensor(q), torch.tensor(k), torch.tensor(v), is_causal=causal))
+    mask = rng.random((5, 5)) > 0.3
+    np.fill_diagonal(mask, True)
+    close(F.scaled_dot_product_attention(et.tensor(q), et.tensor(k), et.tensor(v), attn_mask=et.tensor(mask), scale=0.3),
+          TF.scaled_dot_product_attention(torch.tensor(q), torch.tensor(k), torch.tensor(v), attn_mask=torch.tensor(mask),
+                                          scale=0.3))
