@@ -785,9 +785,127 @@ class Tensor:
         out = _call("sum" if op is Op.SUM else "max", lambda: ir.reduce(op, self.node, axes), self)
         return out if keepdim else out.reshape(tuple(s for d, s in enumerate(out.shape) if d not in axes))
 
-    def sum(self, dim: Any = None, keepdim: bool = False) -> "Tensor":
-        x = self if self.dtype is not dt.bool_ else self.cast(dt.i64)
+    def sum(self, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> "Tensor":
+        """PyTorch's: bool and integer tensors sum in int64 unless dtype says otherwise."""
+        x = self.cast(as_dtype(dtype)) if dtype is not None else self if self.dtype.is_float else self.cast(dt.i64)
         return x._reduce(Op.SUM, dim, keepdim)
+
+    def prod(self, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> "Tensor":
+        """Products as a tree of pairwise multiplies over the reduced elements (int64 for ints)."""
+        x = self.cast(as_dtype(dtype)) if dtype is not None else self if self.dtype.is_float else self.cast(dt.i64)
+        axes = x._axes(dim)
+        keep = [d for d in range(x.ndim) if d not in axes]
+        flat = x.permute(keep + list(axes)).reshape([x.shape[d] for d in keep] + [-1]) if x.ndim else x.reshape(1)
+        while flat.shape[-1] > 1:
+            n = flat.shape[-1]
+            if n % 2:
+                flat = flat.pad([0, 1], 1)
+            half = flat.shape[-1] // 2
+            flat = flat[..., :half] * flat[..., half:]
+        out = flat.reshape([x.shape[d] for d in keep])
+        return out.reshape([1 if d in axes else x.shape[d] for d in range(x.ndim)]) if keepdim else out
+
+    def any(self, dim: Any = None, keepdim: bool = False) -> "Tensor":
+        return self.ne(0).cast(dt.u8).max(dim, keepdim).cast(dt.bool_)
+
+    def all(self, dim: Any = None, keepdim: bool = False) -> "Tensor":
+        return self.ne(0).cast(dt.u8).min(dim, keepdim).cast(dt.bool_)
+
+    def aminmax(self, dim: Any = None, keepdim: bool = False) -> tuple["Tensor", "Tensor"]:
+        return self.min(dim, keepdim), self.max(dim, keepdim)
+
+    amax, amin = max, min
+
+    def var_mean(self, dim: Any = None, keepdim: bool = False, correction: int = 1) -> tuple["Tensor", "Tensor"]:
+        return self.var(dim, keepdim, correction), self.mean(dim, keepdim)
+
+    def std_mean(self, dim: Any = None, keepdim: bool = False, correction: int = 1) -> tuple["Tensor", "Tensor"]:
+        return self.std(dim, keepdim, correction), self.mean(dim, keepdim)
+
+    # ------------------------------------------------------------------------ scans
+    def _scan(self, combine: Any, identity: float, dim: int) -> "Tensor":
+        """Inclusive scan along dim in log2(n) steps (Hillis-Steele): each adds in the value
+        `step` places back, the first `step` places taking the identity."""
+        x = self.movedim(dim, -1) if self.ndim else self.reshape(1)
+        n, step = x.shape[-1], 1
+        while step < n:
+            back = x.pad([step, 0], identity)[..., :n]
+            x = combine(x, back)
+            step *= 2
+        return x.movedim(-1, dim) if self.ndim else x.reshape(())
+
+    def cumsum(self, dim: int, dtype: Any = None) -> "Tensor":
+        x = self.cast(as_dtype(dtype)) if dtype is not None else self if self.dtype.is_float else self.cast(dt.i64)
+        return x._scan(lambda a, b: a + b, 0, dim)
+
+    def cumprod(self, dim: int, dtype: Any = None) -> "Tensor":
+        x = self.cast(as_dtype(dtype)) if dtype is not None else self if self.dtype.is_float else self.cast(dt.i64)
+        return x._scan(lambda a, b: a * b, 1, dim)
+
+    def logcumsumexp(self, dim: int) -> "Tensor":
+        return self._scan(lambda a, b: a.logaddexp(b), -math.inf, dim)
+
+    def cummax(self, dim: int) -> tuple["Tensor", "Tensor"]:
+        """Running maximum and the index where it was (last) attained, as PyTorch."""
+        return self._cum_extreme(dim, True)
+
+    def cummin(self, dim: int) -> tuple["Tensor", "Tensor"]:
+        return self._cum_extreme(dim, False)
+
+    def _cum_extreme(self, dim: int, largest: bool) -> tuple["Tensor", "Tensor"]:
+        lowest = (-math.inf if largest else math.inf) if self.dtype.is_float else \
+            (self.dtype.min if largest else self.dtype.max)
+        pick = (lambda a, b: a.maximum(b)) if largest else (lambda a, b: a.minimum(b))  # noqa: E731
+        values = self._scan(pick, lowest, dim)
+        reached = self.eq(values) | (self.isnan() & values.isnan()) if self.dtype.is_float else self.eq(values)
+        d = _dim(dim, self.ndim)
+        pos = Tensor(ir.iota(dt.i64, self.shape, d)) if self.ndim else Tensor(ir.const(0, dt.i64, ()))
+        return values, where(reached, pos, -1)._scan(lambda a, b: a.maximum(b), -1, dim)
+
+    def movedim(self, source: int, destination: int) -> "Tensor":
+        s, d = _dim(source, self.ndim), _dim(destination, self.ndim)
+        order = [i for i in range(self.ndim) if i != s]
+        order.insert(d, s)
+        return self.permute(order)
+
+    # ---------------------------------------------------------------------- sorting
+    def sort(self, dim: int = -1, descending: bool = False, stable: bool = False) -> tuple["Tensor", "Tensor"]:
+        """Values and int64 indices, stable (ties keep their order), NaN largest: a bitonic network."""
+        return _sort(self, dim, descending)
+
+    def argsort(self, dim: int = -1, descending: bool = False, stable: bool = False) -> "Tensor":
+        return _sort(self, dim, descending)[1]
+
+    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple["Tensor", "Tensor"]:  # noqa: A002
+        d = _dim(dim, self.ndim)
+        if not 1 <= k <= (self.shape[d] if self.ndim else 1):
+            raise IndexError(f"topk: k={k} is out of range for dim {d} of size {self.shape[d] if self.ndim else 1}")
+        values, idx = _sort(self, d, largest)
+        pick = [slice(None)] * self.ndim
+        pick[d] = slice(0, k)
+        return (values[tuple(pick)], idx[tuple(pick)]) if self.ndim else (values, idx)
+
+    def kthvalue(self, k: int, dim: int = -1, keepdim: bool = False) -> tuple["Tensor", "Tensor"]:
+        """The k-th smallest (1-based) along dim, and its index."""
+        d = _dim(dim, self.ndim)
+        n = self.shape[d] if self.ndim else 1
+        if not 1 <= k <= n:
+            raise IndexError(f"kthvalue: k={k} is out of range for dim {d} of size {n}")
+        values, idx = _sort(self, d, False)
+        pick = [slice(None)] * self.ndim
+        pick[d] = k - 1
+        v, i = (values[tuple(pick)], idx[tuple(pick)]) if self.ndim else (values, idx)
+        return (v.unsqueeze(d), i.unsqueeze(d)) if keepdim and self.ndim else (v, i)
+
+    def median(self, dim: int | None = None, keepdim: bool = False) -> Any:
+        """The lower median (PyTorch's); NaN where the values have a NaN."""
+        if dim is None:
+            flat = self.reshape(-1)
+            v, _ = flat.kthvalue((flat.shape[0] + 1) // 2)
+            return where(flat.isnan().any(), math.nan, v).cast(self.dtype) if self.dtype.is_float else v
+        d = _dim(dim, self.ndim)
+        v, i = self.kthvalue(((self.shape[d] if self.ndim else 1) + 1) // 2, d, keepdim)
+        return v, i
 
     def max(self, dim: Any = None, keepdim: bool = False) -> "Tensor": return self._reduce(Op.RMAX, dim, keepdim)  # noqa: E704
 
@@ -797,6 +915,8 @@ class Tensor:
         return self._flip_order().max(dim, keepdim)._flip_order()
 
     def mean(self, dim: Any = None, keepdim: bool = False) -> "Tensor":
+        if not self.dtype.is_float:
+            raise TypeError(f"mean needs a floating point tensor, got {self.dtype} (as PyTorch; use .float())")
         n = math.prod(self.shape[d] for d in self._axes(dim))
         return self.sum(dim, keepdim) * (1.0 / n)
 
@@ -954,6 +1074,69 @@ def _promote_dtype(a: DType, b: DType) -> DType:
     """The higher of two dtypes in PyTorch's order (unsigned wider ints rank as their width)."""
     rank = lambda d: _RANK.index(d) if d in _RANK else 4  # noqa: E731
     return a if rank(a) >= rank(b) else b
+
+
+def _sort(x: Tensor, dim: int, descending: bool) -> tuple[Tensor, Tensor]:
+    """A bitonic sorting network along dim over (value, original index) pairs, padded to a power
+    of two with entries that always sort last: stable, with NaN ordered as the largest value.
+    Each stage is computed before the next is built (all fused, a stage would recompute the
+    ones before it for both of its inputs: 2^stages work); the values then come from x through
+    the permutation, so they keep their gradient."""
+    if x.ndim == 0:
+        return x, Tensor(ir.const(0, dt.i64, ()))
+    d = _dim(dim, x.ndim)
+    src = x.movedim(d, -1)
+    v = Tensor(src.numpy(), src.dtype)
+    n = v.shape[-1]
+    size = 1 << max(n - 1, 0).bit_length()
+    v = v.pad([0, size - n], 0)
+    idx = Tensor(ir.iota(dt.i64, v.shape, v.ndim - 1))
+
+    def before(av: Tensor, ai: Tensor, bv: Tensor, bi: Tensor) -> Tensor:
+        """True where a sorts before b."""
+        a_pad, b_pad = ai >= n, bi >= n
+        if av.dtype.is_float:
+            an, bn = av.isnan(), bv.isnan()
+            order = (av > bv) if descending else (av < bv)
+            first = (an & bn.logical_not()) if descending else (an.logical_not() & bn)
+            tie = av.eq(bv) | (an & bn)
+            key = first | (order & (an | bn).logical_not()) | (tie & (ai < bi))
+        else:
+            key = ((av > bv) if descending else (av < bv)) | (av.eq(bv) & (ai < bi))
+        return (key & a_pad.logical_not()) | (a_pad.logical_not() & b_pad)
+
+    lead = v.shape[:-1]
+    k = 2
+    while k <= size:
+        j = k // 2
+        while j >= 1:
+            shape = lead + (size // (2 * j), 2, j)
+            vv, ii = v.reshape(shape), idx.reshape(shape)
+            lo_v, hi_v, lo_i, hi_i = vv[..., 0, :], vv[..., 1, :], ii[..., 0, :], ii[..., 1, :]
+            group = Tensor(ir.iota(dt.i64, lo_v.shape, len(lead)))
+            up = ((group * (2 * j)) // k % 2).eq(0)  # this pair sits in an ascending run of the merge
+            swap = where(up, before(hi_v, hi_i, lo_v, lo_i), before(lo_v, lo_i, hi_v, hi_i))
+            new_lo_v, new_hi_v = where(swap, hi_v, lo_v), where(swap, lo_v, hi_v)
+            new_lo_i, new_hi_i = where(swap, hi_i, lo_i), where(swap, lo_i, hi_i)
+            v = stack([new_lo_v, new_hi_v], -2).reshape(lead + (size,))
+            idx = stack([new_lo_i, new_hi_i], -2).reshape(lead + (size,))
+            realize(v, idx)
+            v, idx = Tensor(v.value(), v.dtype), Tensor(idx.value(), dt.i64)
+            j //= 2
+        k *= 2
+    perm = idx[..., :n]
+    return _take_along_last(src, perm).movedim(-1, d), perm.movedim(-1, d)
+
+
+def _take_along_last(x: Tensor, idx: Tensor) -> Tensor:
+    """out[..., j] = x[..., idx[..., j]]: a max over where(i == idx[j], x[i], lowest), exact and
+    differentiable in x."""
+    if x.dtype is dt.bool_:
+        return _take_along_last(x.cast(dt.u8), idx).cast(dt.bool_)
+    n = x.shape[-1]
+    hit = idx.unsqueeze(-1).eq(Tensor(ir.iota(dt.i64, (n,), 0)))     # [..., j, i]
+    lowest = -math.inf if x.dtype.is_float else x.dtype.min
+    return where(hit, x.unsqueeze(-2), lowest).max(-1)
 
 
 def _pow(x: Tensor, e: Tensor) -> Tensor:

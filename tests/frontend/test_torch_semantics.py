@@ -257,3 +257,74 @@ def test_isclose_lerp_clamp_with_tensors() -> None:
     same(et.tensor(s).lerp(et.tensor(e), et.tensor(w)), torch.lerp(torch.tensor(s), torch.tensor(e), torch.tensor(w)))
     lo, hi = np.float32([-1, 0, 5]), np.float32([1, 0.5, 6])
     same(et.tensor(SPECIAL[:3]).clamp(et.tensor(lo), et.tensor(hi)), torch.tensor(SPECIAL[:3]).clamp(torch.tensor(lo), torch.tensor(hi)))
+
+
+def test_reductions_any_all_prod_aminmax_dtypes() -> None:
+    v = np.array([[1.5, -2.0, 0.0], [3.0, 0.5, -1.0]], np.float32)
+    i = np.array([[1, 2, 3], [4, 5, -6]], np.int32)
+    for dim in (None, 0, 1):
+        kw = {} if dim is None else {"dim": dim}
+        same(et.tensor(v).prod(**kw), torch.tensor(v).prod(**kw))
+        same(et.tensor(i).prod(**kw), torch.tensor(i).prod(**kw))
+        same(et.tensor(i).sum(**kw), torch.tensor(i).sum(**kw))
+        same(et.tensor(v).any(**kw), torch.tensor(v).any(**kw))
+        same(et.tensor(v).all(**kw), torch.tensor(v).all(**kw))
+    mn, mx = et.tensor(v).aminmax(dim=1)
+    tm = torch.aminmax(torch.tensor(v), dim=1)
+    same(mn, tm.min)
+    same(mx, tm.max)
+    same(et.tensor(i).sum(dtype="float64"), torch.tensor(i).sum(dtype=torch.float64))
+    s, m = et.tensor(v).std_mean((0, 1))
+    ts, tm2 = torch.std_mean(torch.tensor(v), (0, 1))
+    same(s, ts)
+    same(m, tm2)
+    g, w = grads(lambda x: x.prod(1), v)
+    np.testing.assert_allclose(g, w, rtol=1e-5)
+
+
+def test_scans() -> None:
+    v = np.array([[1.0, -2.0, 3.0, 0.5, 2.0, -1.0, 4.0], [0.5, 0.5, 2.0, -3.0, 1.0, 1.0, -0.25]], np.float32)
+    for dim in (0, 1, -1):
+        same(et.tensor(v).cumsum(dim), torch.tensor(v).cumsum(dim))
+        same(et.tensor(v).cumprod(dim), torch.tensor(v).cumprod(dim))
+        same(et.tensor(v).logcumsumexp(dim), torch.tensor(v).logcumsumexp(dim))
+        for name in ("cummax", "cummin"):
+            a, b = getattr(et.tensor(v), name)(dim)
+            ta, tb = getattr(torch.tensor(v), name)(dim)
+            same(a, ta)
+            same(b, tb)
+    same(et.tensor(np.array([1, 2, 3], np.int8)).cumsum(0), torch.tensor([1, 2, 3], dtype=torch.int8).cumsum(0))
+    g, w = grads(lambda x: x.cumsum(1) * x.cumsum(1), v)
+    np.testing.assert_allclose(g, w, rtol=1e-5)
+
+
+def test_sort_argsort_topk_kthvalue_median() -> None:
+    v = np.array([[3.0, np.nan, 1.0, 3.0, -0.5, 2.0, -0.0], [1.0, 2.0, 3.0, 4.0, 5.0, 0.0, 2.0]], np.float32)
+    for desc in (False, True):
+        a, b = et.tensor(v).sort(1, descending=desc)
+        ta, tb = torch.sort(torch.tensor(v), dim=1, descending=desc, stable=True)
+        same(a, ta)
+        same(b, tb)
+        same(et.tensor(v).argsort(0, descending=desc), torch.argsort(torch.tensor(v), dim=0, descending=desc, stable=True))
+    w = np.array([[5.0, 1.0, 4.0, 2.0, 3.0], [0.5, -1.0, 7.0, 2.5, 9.0]], np.float32)
+    for largest in (True, False):
+        a, b = et.tensor(w).topk(3, largest=largest)
+        ta, tb = torch.topk(torch.tensor(w), 3, largest=largest)
+        same(a, ta)
+        same(b, tb)
+    a, b = et.tensor(w).kthvalue(2, 1, keepdim=True)
+    ta, tb = torch.kthvalue(torch.tensor(w), 2, 1, keepdim=True)
+    same(a, ta)
+    same(b, tb)
+    same(et.tensor(w).median(), torch.tensor(w).median())
+    a, b = et.tensor(w).median(1)
+    ta, tb = torch.tensor(w).median(1)
+    same(a, ta)
+    same(b, tb)
+    g, gw = grads(lambda x: x.sort(1)[0] * torch_or_et_range(x), w)
+    np.testing.assert_allclose(g, gw, rtol=1e-6)
+
+
+def torch_or_et_range(x):  # type: ignore[no-untyped-def]
+    r = np.arange(5, dtype=np.float32)
+    return torch.tensor(r) if isinstance(x, torch.Tensor) else et.tensor(r)
