@@ -27,7 +27,7 @@ class Optimizer:
     def step(self) -> None:
         self.steps += 1
         pairs = self.updates()
-        loss = T._last_backward.pop("loss", None)
+        loss, T.context.pending_loss = T.context.pending_loss, None
         extra = [loss] if loss is not None and loss.value() is None else []
         T.realize(*extra, *[new for _, new in pairs])
         for target, new in pairs:

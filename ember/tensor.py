@@ -12,6 +12,7 @@ import itertools
 import math
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -36,13 +37,27 @@ class ShapeError(ValueError):
 
 
 _ids = itertools.count()
-_device = {"name": None}
+
+
+@dataclass
+class Context:
+    """The frontend's state, in one place: where programs run, the random stream, statistics,
+    and the loss whose backward() the next optimizer step uses."""
+    device: str | None = None          # backend name: 'c', 'cuda' or 'ref' (None: the default)
+    seed: int = 0
+    draws: int = 0                     # random tensors drawn since manual_seed
+    runs: int = 0                      # realize calls that ran a program
+    python_s: float = 0.0              # Python time those calls spent before running
+    pending_loss: "Tensor | None" = None
+
+
+context = Context()
 
 
 def default_device() -> str:
-    if _device["name"] is None:
-        _device["name"] = backends.default()
-    return _device["name"]
+    if context.device is None:
+        context.device = backends.default()
+    return context.device
 
 
 def _np_dtype(d: DType) -> np.dtype:
@@ -160,7 +175,7 @@ class Tensor:
         name = {"cpu": "c", "cuda": "cuda", "c": "c", "ref": "ref"}.get(str(target).split(":")[0])
         if name is None:
             raise ShapeError(f"to({target!r}): devices are 'cpu' and 'cuda'")
-        _device["name"] = name if name in backends.available() else default_device()
+        context.device = name if name in backends.available() else default_device()
         return self
 
     def detach(self) -> "Tensor":
@@ -1014,10 +1029,7 @@ class Tensor:
         for t in leaves:
             g = Tensor(ir.grad(self.node, t.node))
             t.grad = g if t.grad is None else t.grad + g
-        _last_backward["loss"] = self
-
-
-_last_backward: dict[str, Tensor] = {}
+        context.pending_loss = self
 
 
 def _leaves(t: Tensor) -> list[Tensor]:
@@ -1197,7 +1209,6 @@ def where(cond: Tensor, x: Any, y: Any) -> Tensor:
 
 # ------------------------------------------------------------------------------ realize
 
-_stats = {"runs": 0, "python_s": 0.0}  # realize calls, and the Python time they spent before running
 
 
 def realize(*tensors: Tensor) -> None:
@@ -1212,26 +1223,23 @@ def realize(*tensors: Tensor) -> None:
     from .compiler.rewrite import substitute
     canonical = substitute(outputs, slots)  # same structure, same program: compiled once
     values = {slots[p]: _DATA[p] for p in params}
-    _stats["python_s"] += time.perf_counter() - t0
+    context.python_s += time.perf_counter() - t0
     results = backends.RUNNERS[default_device()](canonical, values)
-    _stats["runs"] += 1
+    context.runs += 1
     for t, v in zip(todo, results):
         t._value = np.asarray(v)  # the node stays: gradients can still flow through t
 
 
 # ----------------------------------------------------------------------------- creation
 
-_seed = {"seed": 0, "counter": 0}
-
-
 def manual_seed(seed: int) -> None:
-    _seed["seed"], _seed["counter"] = seed, 0
+    context.seed, context.draws = seed, 0
 
 
 def _random_bits(shape: tuple[int, ...]) -> Node:
     """splitmix64 of the element index (spec 7), computed in the graph (runs as compiled code)."""
-    _seed["counter"] += 1
-    seed = (_seed["seed"] * 0x9E3779B97F4A7C15 + _seed["counter"] * 0xD1B54A32D192ED03) & ((1 << 64) - 1)
+    context.draws += 1
+    seed = (context.seed * 0x9E3779B97F4A7C15 + context.draws * 0xD1B54A32D192ED03) & ((1 << 64) - 1)
     n = math.prod(shape)
     u = lambda v: ir.const(v, dt.u64, (n,))  # noqa: E731
     i = ir.binary(Op.ADD, ir.iota(dt.u64, (n,), 0), u(1))

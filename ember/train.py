@@ -198,7 +198,7 @@ def train(argv: list[str] | None = None) -> int:
                "final_val_loss": history["val"][-1][1] if history["val"] else None,
                "first_step_s": round(t_first, 2),
                "tokens_per_s": round(tokens_per_step * (steps_run - 1) / t_rest, 1) if t_rest else None,
-               "python_overhead_ms_per_step": round(1e3 * T._stats["python_s"] / max(T._stats["runs"], 1), 2),
+               "python_overhead_ms_per_step": round(1e3 * T.context.python_s / max(T.context.runs, 1), 2),
                "device": T.default_device(), "checkpoint": str(ckpt), "plot": str(out / "loss.png")}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
