@@ -234,9 +234,7 @@ def one_hot(x: Tensor, num_classes: int = -1) -> Tensor:
 
 
 def pad(x: Tensor, pad: Any, mode: str = "constant", value: float = 0.0) -> Tensor:
-    if mode != "constant":
-        raise NotImplementedError(f"pad: mode {mode!r} is not implemented yet (constant is)")
-    return x.pad(pad, value)
+    return x.pad(pad, mode, value)
 
 
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:

@@ -696,13 +696,51 @@ class Tensor:
         dim = _dim(dim, self.ndim + 1)
         return self.reshape(self.shape[:dim] + (1,) + self.shape[dim:])
 
-    def pad(self, pads: Sequence[int], value: float = 0.0) -> "Tensor":
-        """PyTorch's F.pad order: (last_before, last_after, second_last_before, ...)."""
-        before, after = [0] * self.ndim, [0] * self.ndim
+    def pad(self, pads: Sequence[int], mode: str = "constant", value: float = 0.0) -> "Tensor":
+        """F.pad's order, (last_before, last_after, second_last_before, ...), and its modes:
+        constant (negative pads crop), reflect, replicate and circular."""
+        if len(pads) % 2 or len(pads) // 2 > self.ndim:
+            raise ShapeError(f"pad: {list(pads)} needs pairs for at most {self.ndim} dims")
+        if mode not in ("constant", "reflect", "replicate", "circular"):
+            raise ValueError(f"pad: mode must be constant, reflect, replicate or circular, got {mode!r}")
+        out = self
         for i in range(len(pads) // 2):
-            before[self.ndim - 1 - i], after[self.ndim - 1 - i] = pads[2 * i], pads[2 * i + 1]
-        v = data.literal_value(value, self.dtype, truncate=True)
-        return _call("pad", lambda: ir.pad(self.node, tuple(before), tuple(after), v), self)
+            d, lo, hi = self.ndim - 1 - i, pads[2 * i], pads[2 * i + 1]
+            n = out.shape[d]
+            if mode == "constant":
+                if lo < 0 or hi < 0:  # crop first
+                    idx = [slice(None)] * self.ndim
+                    idx[d] = slice(max(-lo, 0), n - max(-hi, 0))
+                    out = out[tuple(idx)]
+                    lo, hi = max(lo, 0), max(hi, 0)
+                if lo or hi:
+                    before, after = [0] * self.ndim, [0] * self.ndim
+                    before[d], after[d] = lo, hi
+                    v = data.literal_value(value, out.dtype, truncate=True)
+                    node = out.node
+                    out = _call("pad", lambda: ir.pad(node, tuple(before), tuple(after), v), out)
+                continue
+            if lo < 0 or hi < 0:
+                raise ShapeError(f"pad: {mode} padding takes no negative pads, got {list(pads)}")
+            limit = n - 1 if mode == "reflect" else n
+            if mode != "replicate" and (lo > limit or hi > limit):
+                raise ShapeError(f"pad: {mode} padding of {lo} and {hi} needs a dim larger than them (size {n})")
+
+            def part(a: int, b: int, flip: bool = False) -> "Tensor":
+                idx = [slice(None)] * self.ndim
+                idx[d] = slice(a, b)
+                p = out[tuple(idx)]
+                return p.flip(d) if flip else p
+            pieces = []
+            if lo:
+                pieces.append(part(1, lo + 1, True) if mode == "reflect" else part(n - lo, n) if mode == "circular"
+                              else part(0, 1).repeat_interleave(lo, d))
+            pieces.append(out)
+            if hi:
+                pieces.append(part(n - 1 - hi, n - 1, True) if mode == "reflect" else part(0, hi) if mode == "circular"
+                              else part(n - 1, n).repeat_interleave(hi, d))
+            out = cat(pieces, d) if len(pieces) > 1 else out
+        return out
 
     def flip(self, dims: Iterable[int]) -> "Tensor":
         axes = tuple(_dim(d, self.ndim) for d in ([dims] if isinstance(dims, int) else dims))
@@ -716,40 +754,70 @@ class Tensor:
         return x.reshape(inter)._broadcast_to(big).reshape(tuple(t * s for t, s in zip(times, x.shape)))
 
     def __getitem__(self, idx: Any) -> "Tensor":
+        """ints, slices (any positive step, or -1), `...`, None, and one integer list or tensor
+        (or a bool mask over the leading dims)."""
         if isinstance(idx, Tensor) and idx.dtype is dt.bool_:
             return self._masked(idx)
-        if isinstance(idx, Tensor):  # gather rows: x[indices]
-            return self.gather_rows(idx)
         idx = idx if isinstance(idx, tuple) else (idx,)
+        idx = tuple(Tensor(np.asarray(i)) if isinstance(i, list) else i for i in idx)
+        used = sum(1 for i in idx if i is not None and i is not Ellipsis)
         if any(i is Ellipsis for i in idx):
             k = idx.index(Ellipsis)
-            idx = idx[:k] + (slice(None),) * (self.ndim - len(idx) + 1) + idx[k + 1:]
-        if len(idx) > self.ndim:
-            raise ShapeError(f"index {idx!r} has more entries than the {self.ndim} dims of {list(self.shape)}")
-        start, end, flips, keep = [], [], [], []
-        for d, n in enumerate(self.shape):
-            i = idx[d] if d < len(idx) else slice(None)
-            if isinstance(i, int):
+            idx = idx[:k] + (slice(None),) * (self.ndim - used) + idx[k + 1:]
+            used = self.ndim
+        if used > self.ndim:
+            raise IndexError(f"too many indices for a tensor of {self.ndim} dims: {idx!r}")
+        tensors = [k for k, i in enumerate(idx) if isinstance(i, Tensor)]
+        if len(tensors) > 1:
+            raise ShapeError("indexing with more than one list or tensor is not supported (index one dim at a time)")
+        if tensors:
+            k = tensors[0]
+            index = idx[k]
+            if index.dtype is dt.bool_ or index.dtype.is_float:
+                raise ShapeError(f"an index tensor inside a tuple must hold integers, got {index.dtype}")
+            out = self[idx[:k] + (slice(None),) + idx[k + 1:]]
+            pos = sum(1 for i in idx[:k] if not isinstance(i, int))  # output dims before it
+            picked = out.movedim(pos, 0).gather_rows(index)             # index dims first
+            return picked.permute(list(range(index.ndim, index.ndim + pos)) + list(range(index.ndim))
+                                  + list(range(index.ndim + pos, picked.ndim)))
+        start, end, flips, steps, shape = [], [], [], [], []
+        d = 0
+        for i in idx + (slice(None),) * (self.ndim - used):
+            if i is None:
+                shape.append(1)
+                continue
+            n = self.shape[d]
+            if isinstance(i, (int, np.integer)):
                 if not -n <= i < n:
-                    raise ShapeError(f"index {i} is out of range for dim {d} of size {n}")
-                i %= n
-                start.append(i), end.append(i + 1)
+                    raise IndexError(f"index {i} is out of range for dim {d} of size {n}")
+                start.append(int(i) % n), end.append(int(i) % n + 1)
+                d += 1
                 continue
             if not isinstance(i, slice):
-                raise ShapeError(f"unsupported index {i!r} (ints, slices, ... and integer tensors)")
+                raise ShapeError(f"unsupported index {i!r} (ints, slices, ..., None, lists and integer tensors)")
             s, e, step = i.indices(n)
-            if step not in (1, -1):
-                raise ShapeError(f"slice steps other than 1 and -1 are not supported, got {step}")
             if step == -1:
                 s, e = e + 1, s + 1
                 flips.append(d)
+            elif step < 1:
+                raise ValueError(f"slice step must be positive (or -1), got {step}")
             if e <= s:
                 raise ShapeError(f"empty slice {i} of dim {d} (size {n}): tensors have no empty dims")
-            start.append(s), end.append(e), keep.append(d)
+            start.append(s), end.append(e)
+            steps.append((len(shape), abs(step), d))
+            shape.append(-(-(e - s) // abs(step)))
+            d += 1
         out = _call("index", lambda: ir.shrink(self.node, tuple(start), tuple(end)), self)
         if flips:
             out = out.flip(flips)
-        return out.reshape(tuple(out.shape[d] for d in keep))
+        for _, step, dim in steps:  # every step-th element: pad to whole groups, keep each group's first
+            if step > 1:
+                n = out.shape[dim]
+                groups = -(-n // step)
+                pads = [0, 0] * (out.ndim - dim - 1) + [0, groups * step - n]
+                g = out.pad(pads).unflatten(dim, (groups, step))
+                out = g[tuple([slice(None)] * (dim + 1) + [slice(0, 1)])].squeeze(dim + 1)
+        return out.reshape(tuple(shape))
 
     def gather_rows(self, index: "Tensor") -> "Tensor":
         """self[index] for an integer tensor: rows of self picked by index. Each output row is the
@@ -769,11 +837,8 @@ class Tensor:
         if mask.shape != self.shape[:mask.ndim]:
             raise IndexError(f"the shape of the mask {list(mask.shape)} does not match the shape of the "
                              f"indexed tensor {list(self.shape)}")
-        picked = np.flatnonzero(mask.numpy().reshape(-1))
-        if picked.size == 0:
-            raise ShapeError("boolean mask selects no element: Ember tensors have no empty dims")
         rows = self.reshape((math.prod(mask.shape),) + self.shape[mask.ndim:])
-        return rows.gather_rows(Tensor(picked.astype(np.int64)))
+        return rows.gather_rows(_true_positions(mask.reshape(-1)))
 
     def split(self, size: int, dim: int = 0) -> list["Tensor"]:
         return split(self, size, dim)
@@ -814,7 +879,7 @@ class Tensor:
         while flat.shape[-1] > 1:
             n = flat.shape[-1]
             if n % 2:
-                flat = flat.pad([0, 1], 1)
+                flat = flat.pad([0, 1], value=1)
             half = flat.shape[-1] // 2
             flat = flat[..., :half] * flat[..., half:]
         out = flat.reshape([x.shape[d] for d in keep])
@@ -837,6 +902,138 @@ class Tensor:
     def std_mean(self, dim: Any = None, keepdim: bool = False, correction: int = 1) -> tuple["Tensor", "Tensor"]:
         return self.std(dim, keepdim, correction), self.mean(dim, keepdim)
 
+    def masked_fill(self, mask: "Tensor", value: Any) -> "Tensor":
+        return where(mask, self._wrap(value).cast(self.dtype), self)
+
+    def masked_select(self, mask: "Tensor") -> "Tensor":
+        """The elements where mask (broadcast) is true, as 1-D; the count is computed first."""
+        shape = _broadcast_shape(self.shape, mask.shape, "masked_select")
+        return self._broadcast_to(shape).reshape(-1)[mask._broadcast_to(shape).reshape(-1)]
+
+    def nonzero(self, as_tuple: bool = False) -> Any:
+        """[count, ndim] int64 indices of the nonzero elements (computed first: the count is the shape)."""
+        flat = _true_positions(self.ne(0).reshape(-1))
+        cols, rest = [], flat
+        for n in reversed(self.shape):
+            cols.append(rest % n)
+            rest = rest // n
+        cols = cols[::-1]
+        return tuple(cols) if as_tuple else stack(cols, 1) if cols else flat.reshape(-1, 0)
+
+    def index_select(self, dim: int, index: "Tensor") -> "Tensor":
+        d = _dim(dim, self.ndim)
+        return self.movedim(d, 0).gather_rows(index.reshape(-1)).movedim(0, d)
+
+    def gather(self, dim: int, index: "Tensor") -> "Tensor":
+        """out[..., j, ...] = self[..., index[..., j, ...], ...] along dim (torch.gather)."""
+        d = _dim(dim, self.ndim)
+        if index.ndim != self.ndim:
+            raise ShapeError(f"gather: index has {index.ndim} dims, input {self.ndim}")
+        src = self[tuple(slice(0, index.shape[k]) if k != d else slice(None) for k in range(self.ndim))]
+        return _take_along_last(src.movedim(d, -1), index.movedim(d, -1)).movedim(-1, d)
+
+    def scatter_add(self, dim: int, index: "Tensor", src: "Tensor") -> "Tensor":
+        """self with src added at index along dim (torch.scatter_add): sums of one-hot selections."""
+        d = _dim(dim, self.ndim)
+        x = self.movedim(d, -1)
+        idx = index.movedim(d, -1)
+        val = src[tuple(slice(0, index.shape[k]) for k in range(src.ndim))].movedim(d, -1)
+        hit = idx.unsqueeze(-1).eq(Tensor(ir.iota(dt.i64, (x.shape[-1],), 0)))   # [..., j, i]
+        added = where(hit, val.unsqueeze(-1), 0).cast(x.dtype).sum(-2).cast(x.dtype)
+        lead = added.shape[:-1]
+        pads = [0, 0] + [p for k in reversed(range(len(lead))) for p in (0, x.shape[k] - lead[k])]
+        return (x + added.pad(pads)).movedim(-1, d)
+
+    def tril(self, diagonal: int = 0) -> "Tensor":
+        return where(self._band() <= diagonal, self, self._const(0))
+
+    def triu(self, diagonal: int = 0) -> "Tensor":
+        return where(self._band() >= diagonal, self, self._const(0))
+
+    def _band(self) -> "Tensor":
+        """column - row over the last two dims."""
+        shape = self.shape[-2:]
+        return Tensor(ir.iota(dt.i64, shape, 1)) - Tensor(ir.iota(dt.i64, shape, 0))
+
+    def clone(self) -> "Tensor":
+        return Tensor(ir.reshape(self.node, self.shape))
+
+    def contiguous(self) -> "Tensor":
+        return self
+
+    def unflatten(self, dim: int, sizes: Sequence[int]) -> "Tensor":
+        d = _dim(dim, self.ndim)
+        return self.reshape(self.shape[:d] + tuple(sizes) + self.shape[d + 1:])
+
+    def roll(self, shifts: Any, dims: Any = None) -> "Tensor":
+        if dims is None:
+            return self.reshape(-1).roll(shifts, 0).reshape(self.shape)
+        shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+        dims = (dims,) if isinstance(dims, int) else tuple(dims)
+        out = self
+        for sh, dm in zip(shifts, dims):
+            d = _dim(dm, self.ndim)
+            n = self.shape[d]
+            k = sh % n
+            if k:
+                front = [slice(None)] * self.ndim
+                back = [slice(None)] * self.ndim
+                front[d], back[d] = slice(n - k, n), slice(0, n - k)
+                out = cat([out[tuple(front)], out[tuple(back)]], d)
+        return out
+
+    def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> "Tensor":
+        a, b = _dim(dim1, self.ndim), _dim(dim2, self.ndim)
+        x = self.movedim(a, -1).movedim(b if b < a else b - 1, -1) if a != b else self
+        rows, cols = x.shape[-2], x.shape[-1]
+        n = max(0, min(rows, cols - offset) if offset >= 0 else min(rows + offset, cols))
+        if n == 0:
+            raise ShapeError("diagonal: the diagonal is empty: Ember tensors have no empty dims")
+        r0, c0 = (0, offset) if offset >= 0 else (-offset, 0)
+        sq = x[..., r0:r0 + n, c0:c0 + n]
+        hit = Tensor(ir.iota(dt.i64, (n, n), 0)).eq(Tensor(ir.iota(dt.i64, (n, n), 1)))
+        lowest = -math.inf if self.dtype.is_float else self.dtype.min
+        if self.dtype is dt.bool_:
+            return sq.cast(dt.u8).diagonal(0, -2, -1).cast(dt.bool_)
+        return where(hit, sq, lowest).max(-1)
+
+    def diag(self, diagonal: int = 0) -> "Tensor":
+        if self.ndim == 2:
+            return self.diagonal(diagonal)
+        if self.ndim != 1:
+            raise ShapeError(f"diag: expected 1 or 2 dims, got {self.ndim}")
+        n = self.shape[0] + abs(diagonal)
+        band = Tensor(ir.iota(dt.i64, (n, n), 1)) - Tensor(ir.iota(dt.i64, (n, n), 0))
+        col = Tensor(ir.iota(dt.i64, (n, n), 1)) if diagonal >= 0 else Tensor(ir.iota(dt.i64, (n, n), 0))
+        pos = (col - abs(diagonal)).clamp(0, self.shape[0] - 1)
+        vals = _take_along_last(self.unsqueeze(0).expand(n, self.shape[0]), pos)
+        return where(band.eq(diagonal), vals, self._const(0))
+
+    def repeat_interleave(self, repeats: int, dim: int | None = None) -> "Tensor":
+        if dim is None:
+            return self.reshape(-1).repeat_interleave(repeats, 0)
+        d = _dim(dim, self.ndim)
+        x = self.unsqueeze(d + 1)
+        shape = list(x.shape)
+        shape[d + 1] = repeats
+        return x.expand(*shape).flatten(d, d + 1)
+
+    def tensor_split(self, sections: Any, dim: int = 0) -> list["Tensor"]:
+        d = _dim(dim, self.ndim)
+        n = self.shape[d]
+        if isinstance(sections, int):
+            q, r = divmod(n, sections)
+            cuts = list(itertools.accumulate([q + 1] * r + [q] * (sections - r)))[:-1]
+        else:
+            cuts = list(sections)
+        bounds = [0] + cuts + [n]
+        out = []
+        for a, b in zip(bounds, bounds[1:]):
+            idx = [slice(None)] * self.ndim
+            idx[d] = slice(a, b)
+            out.append(self[tuple(idx)])
+        return out
+
     # ------------------------------------------------------------------------ scans
     def _scan(self, combine: Any, identity: float, dim: int) -> "Tensor":
         """Inclusive scan along dim in log2(n) steps (Hillis-Steele): each adds in the value
@@ -844,7 +1041,7 @@ class Tensor:
         x = self.movedim(dim, -1) if self.ndim else self.reshape(1)
         n, step = x.shape[-1], 1
         while step < n:
-            back = x.pad([step, 0], identity)[..., :n]
+            back = x.pad([step, 0], value=identity)[..., :n]
             x = combine(x, back)
             step *= 2
         return x.movedim(-1, dim) if self.ndim else x.reshape(())
@@ -1101,7 +1298,7 @@ def _sort(x: Tensor, dim: int, descending: bool) -> tuple[Tensor, Tensor]:
     v = Tensor(src.numpy(), src.dtype)
     n = v.shape[-1]
     size = 1 << max(n - 1, 0).bit_length()
-    v = v.pad([0, size - n], 0)
+    v = v.pad([0, size - n])
     idx = Tensor(ir.iota(dt.i64, v.shape, v.ndim - 1))
 
     def before(av: Tensor, ai: Tensor, bv: Tensor, bi: Tensor) -> Tensor:
@@ -1138,6 +1335,19 @@ def _sort(x: Tensor, dim: int, descending: bool) -> tuple[Tensor, Tensor]:
         k *= 2
     perm = idx[..., :n]
     return _take_along_last(src, perm).movedim(-1, d), perm.movedim(-1, d)
+
+
+def _true_positions(flat: Tensor) -> Tensor:
+    """The positions (int64) of the true elements of a 1-D bool tensor, in order. A compiled
+    program computes them (a running count, then for each slot the position that fills it);
+    only their number is read first, as it is the result's shape."""
+    count = int(flat.cast(dt.i64).sum().item())
+    if count == 0:
+        raise ShapeError("the mask selects no element: Ember tensors have no empty dims")
+    slot = flat.cast(dt.i64).cumsum(0) - 1                                  # [n]
+    want = Tensor(ir.iota(dt.i64, (count, 1), 0))                           # [count, 1]
+    pos = Tensor(ir.iota(dt.i64, (1, flat.shape[0]), 1))                    # [1, n]
+    return where(flat.unsqueeze(0) & slot.unsqueeze(0).eq(want), pos, -1).max(1)
 
 
 def _take_along_last(x: Tensor, idx: Tensor) -> Tensor:
@@ -1306,6 +1516,111 @@ def _leaf(t: Tensor, requires_grad: bool) -> Tensor:
     if not t.dtype.is_float:
         raise ShapeError(f"requires_grad needs a float dtype, got {t.dtype}")
     return Tensor(t.numpy(), t.dtype, requires_grad=True)
+
+
+def eye(n: int, m: int | None = None, dtype: Any = dt.f32, requires_grad: bool = False) -> Tensor:
+    shape = (n, m if m is not None else n)
+    out = Tensor(ir.iota(dt.i64, shape, 0)).eq(Tensor(ir.iota(dt.i64, shape, 1))).cast(as_dtype(dtype))
+    return _leaf(out, requires_grad)
+
+
+def linspace(start: float, end: float, steps: int, dtype: Any = dt.f32, requires_grad: bool = False) -> Tensor:
+    """PyTorch's: the first half counted from start, the second back from end (symmetric)."""
+    if steps < 1:
+        raise ShapeError(f"linspace: steps must be at least 1, got {steps}")
+    if steps == 1:
+        return _leaf(full((1,), start, dtype), requires_grad)
+    step = (end - start) / (steps - 1)
+    i = Tensor(ir.iota(dt.f64, (steps,), 0))
+    out = where(i < steps // 2, i * step + start, -((steps - 1) - i) * step + end)
+    return _leaf(out.cast(as_dtype(dtype)), requires_grad)
+
+
+def logspace(start: float, end: float, steps: int, base: float = 10.0, dtype: Any = dt.f32) -> Tensor:
+    return (base ** linspace(start, end, steps, dt.f64)).cast(as_dtype(dtype))
+
+
+def empty(*shape: Any, dtype: Any = dt.f32, requires_grad: bool = False) -> Tensor:
+    """Zeros: a lazy tensor has no uninitialized memory to show."""
+    return zeros(*shape, dtype=dtype, requires_grad=requires_grad)
+
+
+def zeros_like(t: Tensor, dtype: Any = None) -> Tensor:
+    return full(t.shape, 0, dtype or t.dtype)
+
+
+def ones_like(t: Tensor, dtype: Any = None) -> Tensor:
+    return full(t.shape, 1, dtype or t.dtype)
+
+
+def full_like(t: Tensor, value: float, dtype: Any = None) -> Tensor:
+    return full(t.shape, value, dtype or t.dtype)
+
+
+empty_like = zeros_like
+
+
+def rand_like(t: Tensor, dtype: Any = None) -> Tensor:
+    return rand(t.shape, dtype=dtype or t.dtype)
+
+
+def randn_like(t: Tensor, dtype: Any = None) -> Tensor:
+    return randn(t.shape, dtype=dtype or t.dtype)
+
+
+def meshgrid(*tensors: Tensor, indexing: str = "ij") -> list[Tensor]:
+    ts = list(tensors[0]) if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)) else list(tensors)
+    if indexing not in ("ij", "xy"):
+        raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
+    if indexing == "xy" and len(ts) >= 2:
+        ts[0], ts[1] = ts[1], ts[0]
+    shape = tuple(t.numel() for t in ts)
+    out = []
+    for k, t in enumerate(ts):
+        view = [1] * len(ts)
+        view[k] = t.numel()
+        out.append(t.reshape(view)._broadcast_to(shape))
+    if indexing == "xy" and len(out) >= 2:  # the first two inputs were swapped; swap their grids back
+        out[0], out[1] = out[1], out[0]
+    return out
+
+
+def einsum(equation: str, *operands: Tensor) -> Tensor:
+    """Einstein summation as broadcast, multiply and sum (every label is a dim; no '...')."""
+    ops = list(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else list(operands)
+    eq = equation.replace(" ", "")
+    lhs, _, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if "." in eq or len(terms) != len(ops):
+        raise ShapeError(f"einsum: {equation!r} with {len(ops)} operands (labels only; '...' is not supported)")
+    if not _:
+        counts = {c: lhs.count(c) for c in lhs if c != ","}
+        rhs = "".join(sorted(c for c, n in counts.items() if n == 1))
+    labels = list(dict.fromkeys(rhs + "".join(terms)))
+    sizes: dict[str, int] = {}
+    out = None
+    for term, t in zip(terms, ops):
+        if len(term) != t.ndim:
+            raise ShapeError(f"einsum: {term!r} has {len(term)} labels for a tensor of {t.ndim} dims")
+        for c, n in zip(term, t.shape):
+            if sizes.setdefault(c, n) != n and 1 not in (n, sizes[c]):
+                raise ShapeError(f"einsum: label {c!r} is {sizes[c]} and {n}")
+            sizes[c] = max(sizes[c], n)
+        x = t
+        for c in dict.fromkeys(term):  # a repeated label within a term: its diagonal
+            while term.count(c) > 1:
+                a, b = term.index(c), term.index(c, term.index(c) + 1)
+                x = x.diagonal(0, a, b)
+                term = term[:a] + term[a + 1:b] + term[b + 1:] + c
+        order = [term.index(c) for c in labels if c in term]
+        x = x.permute(order) if order else x
+        present = [c for c in labels if c in term]
+        x = x.reshape([x.shape[present.index(c)] if c in present else 1 for c in labels])
+        out = x if out is None else out * x
+    assert out is not None
+    out = out._broadcast_to(tuple(sizes[c] for c in labels))
+    summed = [i for i, c in enumerate(labels) if c not in rhs]
+    return out.sum(summed) if summed else out
 
 
 def tensor(value: Any, dtype: DType | None = None, requires_grad: bool = False) -> Tensor:

@@ -116,7 +116,7 @@ def test_grade_contains_misbehaving_compilers(course: Path, capsys: pytest.Captu
     before = _tree_hash(course / "tests")
     out = course / "out"
     code = main(["grade", "--tests", str(course / "tests"), "--submissions", str(course / "subs"),
-                 "--out", str(out), "--timeout", "15", "--jobs", "2"])
+                 "--out", str(out), "--timeout", "30", "--jobs", "2"])
     assert code == 0
     report = json.loads((out / "grade.json").read_text())
     assert report["tests"]["bob/bad.eir"]["valid"] is False and "reference" in report["tests"]["bob/bad.eir"]["reason"]

@@ -328,3 +328,86 @@ def test_sort_argsort_topk_kthvalue_median() -> None:
 def torch_or_et_range(x):  # type: ignore[no-untyped-def]
     r = np.arange(5, dtype=np.float32)
     return torch.tensor(r) if isinstance(x, torch.Tensor) else et.tensor(r)
+
+
+def test_creation() -> None:
+    np.testing.assert_allclose(et.linspace(-1, 2, 7).numpy(), torch.linspace(-1, 2, 7).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(et.logspace(0, 2, 5).numpy(), torch.logspace(0, 2, 5).numpy(), rtol=1e-6)
+    same(et.eye(3, 4), torch.eye(3, 4))
+    x = et.tensor(np.ones((2, 3), np.float32))
+    for name in ("zeros_like", "ones_like", "empty_like"):
+        same(getattr(et, name)(x), getattr(torch, name)(torch.ones(2, 3)) * (0 if name == "empty_like" else 1))
+    same(et.full_like(x, 7), torch.full_like(torch.ones(2, 3), 7))
+    for indexing in ("ij", "xy"):
+        for a, b in zip(et.meshgrid(et.arange(3), et.arange(2), indexing=indexing),
+                        torch.meshgrid(torch.arange(3), torch.arange(2), indexing=indexing)):
+            same(a, b)
+    v = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for k in (-1, 0, 2):
+        same(et.tensor(v).tril(k), torch.tensor(v).tril(k))
+        same(et.tensor(v).triu(k), torch.tensor(v).triu(k))
+
+
+def test_shape_ops() -> None:
+    v = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    ev, tv = et.tensor(v), torch.tensor(v)
+    same(ev.unflatten(2, (2, 2)), tv.unflatten(2, (2, 2)))
+    same(ev.roll(1, 2), tv.roll(1, 2))
+    same(ev.roll((1, -1), (0, 1)), tv.roll((1, -1), (0, 1)))
+    same(ev.roll(5), tv.roll(5))
+    for k in (-1, 0, 1):
+        same(ev.diagonal(k, 1, 2), tv.diagonal(k, 1, 2))
+    d = np.array([1.0, 2.0, 3.0], np.float32)
+    for k in (-1, 0, 2):
+        same(et.tensor(d).diag(k), torch.tensor(d).diag(k))
+    same(ev.repeat_interleave(2, 1), tv.repeat_interleave(2, 1))
+    same(ev.repeat_interleave(2), tv.repeat_interleave(2))
+    for sections in (3, [1, 3]):
+        for a, b in zip(ev.tensor_split(sections, 2), tv.tensor_split(sections, 2)):
+            same(a, b)
+    same(ev.clone(), tv.clone())
+    same(ev.movedim(0, 2), tv.movedim(0, 2))
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
+def test_pad_modes(mode: str) -> None:
+    from ember import functional as F
+    v = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    for pads in ([1, 2], [2, 1, 1, 2], [0, 2, 2, 0]):
+        same(F.pad(et.tensor(v), pads, mode=mode), torch.nn.functional.pad(torch.tensor(v), pads, mode=mode))
+    if mode == "constant":
+        same(F.pad(et.tensor(v), [-1, 2, 1, -1], value=7.0), torch.nn.functional.pad(torch.tensor(v), [-1, 2, 1, -1], value=7.0))
+
+
+def test_indexing_forms() -> None:
+    v = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
+    ev, tv = et.tensor(v), torch.tensor(v)
+    cases = [(None, 1), (slice(None), None, 2), (..., None), (0, slice(None, None, 2)), (slice(None, None, 2), slice(1, None, 3)),
+             ([2, 0],), (slice(None), [3, 1, 1]), (1, [0, 2], slice(None)), (slice(None), slice(None), [[0, 1], [4, 4]]),
+             (None, ..., None, 0)]
+    for c in cases:
+        same(ev[c], tv[tuple(torch.tensor(x) if isinstance(x, list) else x for x in c)])
+    with pytest.raises(IndexError):
+        ev[0, 0, 0, 0]
+
+
+def test_gather_scatter_select_fill_einsum() -> None:
+    v = np.arange(12, dtype=np.float32).reshape(3, 4) - 5
+    ev, tv = et.tensor(v), torch.tensor(v)
+    i = np.array([[0, 3], [2, 1], [1, 1]])
+    same(ev.gather(1, et.tensor(i)), tv.gather(1, torch.tensor(i)))
+    same(ev.index_select(1, et.tensor(np.array([3, 0]))), tv.index_select(1, torch.tensor([3, 0])))
+    src = np.full((3, 2), 1.5, np.float32)
+    same(ev.scatter_add(1, et.tensor(i), et.tensor(src)), tv.scatter_add(1, torch.tensor(i), torch.tensor(src)))
+    m = v % 3 == 1
+    same(ev.masked_fill(et.tensor(m), -1.0), tv.masked_fill(torch.tensor(m), -1.0))
+    same(ev.masked_select(et.tensor(m)), tv.masked_select(torch.tensor(m)))
+    same(ev.nonzero(), tv.nonzero())
+    a, b = rng_arr((3, 4)), rng_arr((4, 5))
+    for eq, ops in (("ij,jk->ik", (a, b)), ("ij->ji", (a,)), ("ij->", (a,)), ("ii->i", (a[:, :3],)), ("ij,ij->i", (a, a)),
+                    ("bij,bjk->bik", (np.stack([a, a]), np.stack([b, b]))), ("i,j->ij", (a[0], b[0]))):
+        same(et.einsum(eq, *map(et.tensor, ops)), torch.einsum(eq, *map(torch.tensor, ops)), 1e-5)
+
+
+def rng_arr(shape: tuple[int, ...]) -> np.ndarray:
+    return np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
