@@ -89,6 +89,82 @@ class Linear(Module):
         return y + self.bias if self.bias is not None else y
 
 
+class Sequential(Module):
+    def __init__(self, *modules: Module):
+        self.layers = list(modules)
+
+    def forward(self, x: Any) -> Any:
+        for m in self.layers:
+            x = m(x)
+        return x
+
+    def __getitem__(self, i: int) -> Module:
+        return self.layers[i]
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+
+class ModuleList(Module):
+    def __init__(self, modules: Any = ()):
+        self.items = list(modules)
+
+    def __getitem__(self, i: int) -> Module:
+        return self.items[i]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self.items)
+
+    def append(self, m: Module) -> "ModuleList":
+        self.items.append(m)
+        return self
+
+
+class Flatten(Module):
+    def __init__(self, start_dim: int = 1, end_dim: int = -1):
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.flatten(self.start_dim, self.end_dim)
+
+
+class Identity(Module):
+    def forward(self, x: Any) -> Any:
+        return x
+
+
+def _activation(cls: str, name: str, **defaults: Any) -> type:
+    """The module class `cls` around ember.functional.<name>, taking that function's options."""
+    def __init__(self: Module, *args: Any, **kwargs: Any) -> None:
+        unknown = set(kwargs) - set(defaults)
+        if len(args) > len(defaults) or unknown:
+            raise TypeError(f"{cls} takes {list(defaults) or 'no options'}, got {args} {kwargs}")
+        self.options = {**defaults, **dict(zip(defaults, args)), **kwargs}
+
+    def forward(self: Module, x: Tensor) -> Tensor:
+        from . import functional
+        return getattr(functional, name)(x, **self.options)  # type: ignore[attr-defined]
+    return type(cls, (Module,), {"__init__": __init__, "forward": forward, "__doc__": f"F.{name} as a module."})
+
+
+ReLU, ReLU6, SELU, SiLU = _activation("ReLU", "relu"), _activation("ReLU6", "relu6"), \
+    _activation("SELU", "selu"), _activation("SiLU", "silu")
+Sigmoid, Tanh, Softsign = _activation("Sigmoid", "sigmoid"), _activation("Tanh", "tanh"), \
+    _activation("Softsign", "softsign")
+Hardsigmoid, Hardswish = _activation("Hardsigmoid", "hardsigmoid"), _activation("Hardswish", "hardswish")
+Mish, LogSigmoid = _activation("Mish", "mish"), _activation("LogSigmoid", "logsigmoid")
+LeakyReLU = _activation("LeakyReLU", "leaky_relu", negative_slope=0.01)
+ELU, CELU = _activation("ELU", "elu", alpha=1.0), _activation("CELU", "celu", alpha=1.0)
+GELU = _activation("GELU", "gelu", approximate="none")
+Softplus = _activation("Softplus", "softplus", beta=1.0, threshold=20.0)
+Hardtanh = _activation("Hardtanh", "hardtanh", min_val=-1.0, max_val=1.0)
+Softmax, LogSoftmax = _activation("Softmax", "softmax", dim=-1), _activation("LogSoftmax", "log_softmax", dim=-1)
+Softmin = _activation("Softmin", "softmin", dim=-1)
+
+
 class Embedding(Module):
     def __init__(self, num_embeddings: int, embedding_dim: int):
         self.weight = parameter(T.randn(num_embeddings, embedding_dim))

@@ -109,3 +109,18 @@ def test_scaled_dot_product_attention() -> None:
     close(F.scaled_dot_product_attention(et.tensor(q), et.tensor(k), et.tensor(v), attn_mask=et.tensor(mask), scale=0.3),
           TF.scaled_dot_product_attention(torch.tensor(q), torch.tensor(k), torch.tensor(v), attn_mask=torch.tensor(mask),
                                           scale=0.3))
+
+
+def test_modules_sequential_and_activations() -> None:
+    from ember import nn
+    m = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 3), nn.LeakyReLU(0.2), nn.Softmax(dim=-1), nn.Flatten(0))
+    tm = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 3), torch.nn.LeakyReLU(0.2),
+                             torch.nn.Softmax(dim=-1), torch.nn.Flatten(0))
+    with torch.no_grad():
+        for p, tp in zip(m.parameters(), tm.parameters()):
+            tp.copy_(torch.tensor(p.numpy()))
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    close(m(et.tensor(x)), tm(torch.tensor(x)))
+    assert type(nn.ReLU()).__name__ == "ReLU" and len(m) == 6 and len(nn.ModuleList([nn.Tanh()])) == 1
+    with pytest.raises(TypeError):
+        nn.LeakyReLU(slope=1)
