@@ -6,9 +6,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from . import dtype as dt
 from . import ir
-from .tensor import ShapeError, Tensor, where
+from .tensor import ShapeError, Tensor, einsum, stack, where
 
 # ---------------------------------------------------------------------------- activations
 
@@ -256,3 +258,154 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
     if attn_mask is not None:
         s = where(attn_mask, s, -math.inf) if attn_mask.dtype.name == "bool" else s + attn_mask
     return s.softmax(-1) @ v
+
+
+# ----------------------------------------------------------------- convolution and pooling
+# Every spatial op is built from windows: strided slices of the padded input, one per kernel
+# offset, stacked at the end. They are movement ops, so the compiler fuses them into the
+# reduction that follows (no im2col buffer unless the scheduler decides to keep one).
+
+
+def _tuple(v: Any, n: int, name: str) -> tuple[int, ...]:
+    t = (v,) * n if isinstance(v, int) else tuple(v)
+    if len(t) != n:
+        raise ShapeError(f"{name}: expected {n} values, got {v!r}")
+    return t
+
+
+def _windows(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...],
+             pads: list[tuple[int, int]], value: float, ceil_mode: bool = False) -> Tensor:
+    """[N, C, *spatial] -> [N, C, *out, *kernel]: the input under each kernel offset."""
+    nsp = len(kernel)
+    sizes = []
+    for d in range(nsp):
+        length = x.shape[2 + d] + pads[d][0] + pads[d][1]
+        span = dilation[d] * (kernel[d] - 1) + 1
+        if length < span:
+            raise ShapeError(f"window of {span} does not fit an input of {length} (padding included)")
+        out = (length - span) // stride[d] + 1
+        if ceil_mode and (length - span) % stride[d]:
+            if (out * stride[d]) < x.shape[2 + d] + pads[d][0]:  # a last window must start inside
+                out += 1
+        sizes.append(out)
+    flat = []
+    for d in reversed(range(nsp)):  # F.pad order: last dim first
+        extra = max(0, (sizes[d] - 1) * stride[d] + dilation[d] * (kernel[d] - 1) + 1
+                    - (x.shape[2 + d] + pads[d][0] + pads[d][1]))
+        flat += [pads[d][0], pads[d][1] + extra]
+    w = x.pad(flat, value=value) if any(flat) else x
+    for d in range(nsp):
+        axis = 2 + d
+        pieces = []
+        for j in range(kernel[d]):
+            idx = [slice(None)] * w.ndim
+            start = j * dilation[d]
+            idx[axis] = slice(start, start + (sizes[d] - 1) * stride[d] + 1, stride[d])
+            pieces.append(w[tuple(idx)])
+        w = stack(pieces, -1)
+    return w
+
+
+def _pads(padding: Any, kernel: tuple[int, ...], dilation: tuple[int, ...], stride: tuple[int, ...],
+          name: str) -> list[tuple[int, int]]:
+    if padding == "valid":
+        return [(0, 0)] * len(kernel)
+    if padding == "same":
+        if any(s != 1 for s in stride):
+            raise ShapeError(f"{name}: padding='same' needs stride 1, as in PyTorch")
+        total = [d * (k - 1) for k, d in zip(kernel, dilation)]
+        return [(t // 2, t - t // 2) for t in total]
+    return [(p, p) for p in _tuple(padding, len(kernel), name)]
+
+
+def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, padding: Any, dilation: Any,
+          groups: int, nsp: int, name: str) -> Tensor:
+    if x.ndim != nsp + 2 or weight.ndim != nsp + 2:
+        raise ShapeError(f"{name}: input {list(x.shape)} and weight {list(weight.shape)} need {nsp + 2} dims")
+    n, c = x.shape[:2]
+    o, cg = weight.shape[:2]
+    kernel = weight.shape[2:]
+    if c != cg * groups or o % groups:
+        raise ShapeError(f"{name}: {c} input channels, weight {list(weight.shape)} and groups={groups} do not fit")
+    st, dl = _tuple(stride, nsp, name), _tuple(dilation, nsp, name)
+    win = _windows(x, kernel, st, dl, _pads(padding, kernel, dl, st, name), 0.0)   # [N, C, *out, *k]
+    out_sp = win.shape[2:2 + nsp]
+    win = win.reshape((n, groups, cg) + out_sp + kernel)
+    w = weight.reshape((groups, o // groups, cg) + kernel)
+    sp, ks = "hijklm"[:nsp], "pqrstu"[:nsp]
+    y = einsum(f"ngc{sp}{ks},goc{ks}->ngo{sp}", win, w).reshape((n, o) + out_sp)
+    return y + bias.reshape((1, o) + (1,) * nsp) if bias is not None else y
+
+
+def conv1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,  # noqa: A002
+           dilation: Any = 1, groups: int = 1) -> Tensor:
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 1, "conv1d")
+
+
+def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,  # noqa: A002
+           dilation: Any = 1, groups: int = 1) -> Tensor:
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 2, "conv2d")
+
+
+def conv3d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,  # noqa: A002
+           dilation: Any = 1, groups: int = 1) -> Tensor:
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 3, "conv3d")
+
+
+def _pool(x: Tensor, kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: bool, nsp: int,
+          name: str, kind: str, count_include_pad: bool = True) -> Tensor:
+    if x.ndim == nsp + 1:  # unbatched, as PyTorch allows
+        return _pool(x.unsqueeze(0), kernel_size, stride, padding, dilation, ceil_mode, nsp, name, kind,
+                     count_include_pad).squeeze(0)
+    k = _tuple(kernel_size, nsp, name)
+    st = _tuple(stride if stride is not None else kernel_size, nsp, name)
+    dl = _tuple(dilation, nsp, name)
+    pads = [(p, p) for p in _tuple(padding, nsp, name)]
+    if any(p > kk // 2 for (p, _), kk in zip(pads, k)):
+        raise ShapeError(f"{name}: padding should be at most half of the kernel size, got {padding}")
+    kdims = tuple(range(-nsp, 0))
+    if kind == "max":
+        lowest = -math.inf if x.dtype.is_float else x.dtype.min
+        return _windows(x, k, st, dl, pads, lowest, ceil_mode).max(kdims)
+    total = _windows(x, k, st, dl, pads, 0.0, ceil_mode).sum(kdims)
+    # the divisor: the window's cells inside the input (and its padding, with count_include_pad)
+    ones = Tensor(np.ones((1, 1) + x.shape[2:], np.float32))
+    if count_include_pad:
+        ones = ones.pad([p for (a, b) in reversed(pads) for p in (a, b)], value=1.0)
+        count = _windows(ones, k, st, dl, [(0, 0)] * nsp, 0.0, ceil_mode)
+        count = count.sum(kdims)
+        sizes = total.shape[2:]
+        count = count[(slice(None), slice(None)) + tuple(slice(0, s) for s in sizes)]
+    else:
+        count = _windows(ones, k, st, dl, pads, 0.0, ceil_mode).sum(kdims)
+    return total / count.cast(total.dtype)
+
+
+def max_pool1d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,  # noqa: A002
+               ceil_mode: bool = False) -> Tensor:
+    return _pool(input, kernel_size, stride, padding, dilation, ceil_mode, 1, "max_pool1d", "max")
+
+
+def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,  # noqa: A002
+               ceil_mode: bool = False) -> Tensor:
+    return _pool(input, kernel_size, stride, padding, dilation, ceil_mode, 2, "max_pool2d", "max")
+
+
+def max_pool3d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,  # noqa: A002
+               ceil_mode: bool = False) -> Tensor:
+    return _pool(input, kernel_size, stride, padding, dilation, ceil_mode, 3, "max_pool3d", "max")
+
+
+def avg_pool1d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,  # noqa: A002
+               count_include_pad: bool = True) -> Tensor:
+    return _pool(input, kernel_size, stride, padding, 1, ceil_mode, 1, "avg_pool1d", "avg", count_include_pad)
+
+
+def avg_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,  # noqa: A002
+               count_include_pad: bool = True) -> Tensor:
+    return _pool(input, kernel_size, stride, padding, 1, ceil_mode, 2, "avg_pool2d", "avg", count_include_pad)
+
+
+def avg_pool3d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,  # noqa: A002
+               count_include_pad: bool = True) -> Tensor:
+    return _pool(input, kernel_size, stride, padding, 1, ceil_mode, 3, "avg_pool3d", "avg", count_include_pad)

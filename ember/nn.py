@@ -165,6 +165,120 @@ Softmax, LogSoftmax = _activation("Softmax", "softmax", dim=-1), _activation("Lo
 Softmin = _activation("Softmin", "softmin", dim=-1)
 
 
+class _ConvNd(Module):
+    nsp = 2
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1, padding: Any = 0,
+                 dilation: Any = 1, groups: int = 1, bias: bool = True):
+        from .functional import _tuple
+        k = _tuple(kernel_size, self.nsp, type(self).__name__)
+        if in_channels % groups or out_channels % groups:
+            raise ShapeError(f"{type(self).__name__}: channels {in_channels} and {out_channels} are not divisible "
+                             f"by groups={groups}")
+        bound = 1 / math.sqrt(in_channels // groups * math.prod(k))  # PyTorch's default init range
+        self.weight = parameter(T.rand(out_channels, in_channels // groups, *k) * (2 * bound) - bound)
+        self.bias = parameter(T.rand(out_channels) * (2 * bound) - bound) if bias else None
+        self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+
+    def forward(self, x: Tensor) -> Tensor:
+        from . import functional
+        conv = getattr(functional, f"conv{self.nsp}d")
+        return conv(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class Conv1d(_ConvNd):
+    nsp = 1
+
+
+class Conv2d(_ConvNd):
+    nsp = 2
+
+
+class Conv3d(_ConvNd):
+    nsp = 3
+
+
+class _Pool2d(Module):
+    kind = "max"
+
+    def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False, **options: Any):
+        self.kernel_size, self.stride, self.padding, self.ceil_mode, self.options = \
+            kernel_size, stride, padding, ceil_mode, options
+
+    def forward(self, x: Tensor) -> Tensor:
+        from . import functional
+        pool = functional.max_pool2d if self.kind == "max" else functional.avg_pool2d
+        return pool(x, self.kernel_size, self.stride, self.padding, ceil_mode=self.ceil_mode, **self.options)
+
+
+class MaxPool2d(_Pool2d):
+    kind = "max"
+
+
+class AvgPool2d(_Pool2d):
+    kind = "avg"
+
+
+class _BatchNorm(Module):
+    """Batch statistics in training (running statistics updated, with the unbiased variance),
+    running statistics in eval, as PyTorch."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True):
+        self.eps, self.momentum = eps, momentum
+        self.weight = parameter(np.ones(num_features, np.float32)) if affine else None
+        self.bias = parameter(np.zeros(num_features, np.float32)) if affine else None
+        self.running_mean = Tensor(np.zeros(num_features, np.float32))
+        self.running_var = Tensor(np.ones(num_features, np.float32))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim < 2 or x.shape[1] != self.running_mean.shape[0]:
+            raise ShapeError(f"{type(self).__name__}({self.running_mean.shape[0]}) got input {list(x.shape)}")
+        axes = [0] + list(range(2, x.ndim))
+        view = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+        if self.training:
+            mean = x.mean(axes)
+            var = x.var(axes, correction=0)
+            n = x.numel() // x.shape[1]
+            m = self.momentum
+            new_mean = (self.running_mean * (1 - m) + mean.detach() * m)
+            new_var = (self.running_var * (1 - m) + var.detach() * (m * n / max(n - 1, 1)))
+            self.running_mean.assign(new_mean)
+            self.running_var.assign(new_var)
+        else:
+            mean, var = self.running_mean, self.running_var
+        y = (x - mean.reshape(view)) * (var.reshape(view) + self.eps).rsqrt()
+        if self.weight is not None and self.bias is not None:
+            y = y * self.weight.reshape(view) + self.bias.reshape(view)
+        return y
+
+
+class BatchNorm1d(_BatchNorm):
+    pass
+
+
+class BatchNorm2d(_BatchNorm):
+    pass
+
+
+class GroupNorm(Module):
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True):
+        if num_channels % num_groups:
+            raise ShapeError(f"GroupNorm: {num_channels} channels are not divisible into {num_groups} groups")
+        self.num_groups, self.eps = num_groups, eps
+        self.weight = parameter(np.ones(num_channels, np.float32)) if affine else None
+        self.bias = parameter(np.zeros(num_channels, np.float32)) if affine else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        n, c = x.shape[:2]
+        g = x.reshape((n, self.num_groups, -1))
+        mu = g.mean(-1, keepdim=True)
+        y = ((g - mu) * (g.var(-1, keepdim=True, correction=0) + self.eps).rsqrt()).reshape(x.shape)
+        view = (1, c) + (1,) * (x.ndim - 2)
+        if self.weight is not None and self.bias is not None:
+            y = y * self.weight.reshape(view) + self.bias.reshape(view)
+        return y
+
+
 class Embedding(Module):
     def __init__(self, num_embeddings: int, embedding_dim: int):
         self.weight = parameter(T.randn(num_embeddings, embedding_dim))

@@ -124,3 +124,60 @@ def test_modules_sequential_and_activations() -> None:
     assert type(nn.ReLU()).__name__ == "ReLU" and len(m) == 6 and len(nn.ModuleList([nn.Tanh()])) == 1
     with pytest.raises(TypeError):
         nn.LeakyReLU(slope=1)
+
+
+@pytest.mark.parametrize("options", [{}, {"stride": 2}, {"padding": 1}, {"dilation": 2, "padding": 2}, {"padding": "same"},
+                                     {"stride": (2, 1), "padding": (1, 0)}])
+def test_conv2d_with_groups_and_gradients(options: dict) -> None:
+    x = rng.standard_normal((2, 4, 7, 6)).astype(np.float32)
+    w = rng.standard_normal((6, 2, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    ex, ew = et.tensor(x, requires_grad=True), et.tensor(w, requires_grad=True)
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    y = F.conv2d(ex, ew, et.tensor(b), groups=2, **options)
+    ty = TF.conv2d(tx, tw, torch.tensor(b), groups=2, **options)
+    close(y, ty, 1e-4)
+    (y * y).sum().backward()
+    (ty * ty).sum().backward()
+    np.testing.assert_allclose(ew.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(ex.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_conv1d_conv3d() -> None:
+    x1, w1 = rng.standard_normal((2, 3, 10)).astype(np.float32), rng.standard_normal((4, 3, 3)).astype(np.float32)
+    close(F.conv1d(et.tensor(x1), et.tensor(w1), stride=2, padding=1), TF.conv1d(torch.tensor(x1), torch.tensor(w1), stride=2, padding=1), 1e-4)
+    x3, w3 = rng.standard_normal((1, 2, 4, 5, 4)).astype(np.float32), rng.standard_normal((3, 2, 2, 3, 2)).astype(np.float32)
+    close(F.conv3d(et.tensor(x3), et.tensor(w3), padding=1), TF.conv3d(torch.tensor(x3), torch.tensor(w3), padding=1), 1e-4)
+
+
+@pytest.mark.parametrize("options", [{"kernel_size": 2}, {"kernel_size": 3, "stride": 2, "padding": 1},
+                                     {"kernel_size": 3, "stride": 2, "ceil_mode": True},
+                                     {"kernel_size": 3, "stride": 2, "ceil_mode": True, "padding": 1}])
+def test_pools(options: dict) -> None:
+    x = rng.standard_normal((2, 3, 9, 8)).astype(np.float32)
+    close(F.max_pool2d(et.tensor(x), **options), TF.max_pool2d(torch.tensor(x), **options))
+    close(F.avg_pool2d(et.tensor(x), **options), TF.avg_pool2d(torch.tensor(x), **options), 1e-6)
+    close(F.avg_pool2d(et.tensor(x), count_include_pad=False, **options),
+          TF.avg_pool2d(torch.tensor(x), count_include_pad=False, **options), 1e-6)
+    x1 = x[:, :, 0]
+    k = options["kernel_size"]
+    close(F.max_pool1d(et.tensor(x1), k), TF.max_pool1d(torch.tensor(x1), k))
+    close(F.avg_pool1d(et.tensor(x1), k), TF.avg_pool1d(torch.tensor(x1), k), 1e-6)
+
+
+def test_conv_modules_batchnorm_groupnorm() -> None:
+    from ember import nn
+    x = rng.standard_normal((4, 3, 6, 6)).astype(np.float32)
+    bn, tbn = nn.BatchNorm2d(3), torch.nn.BatchNorm2d(3)
+    for _ in range(2):
+        close(bn(et.tensor(x)), tbn(torch.tensor(x)), 1e-5)
+    close(bn.running_mean, tbn.running_mean, 1e-6)
+    close(bn.running_var, tbn.running_var, 1e-5)
+    bn.eval()
+    tbn.eval()
+    close(bn(et.tensor(x)), tbn(torch.tensor(x)), 1e-5)
+    gn, tgn = nn.GroupNorm(3, 3), torch.nn.GroupNorm(3, 3)
+    close(gn(et.tensor(x)), tgn(torch.tensor(x)), 1e-5)
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    assert conv(et.tensor(x)).shape == (4, 4, 6, 6) and len(conv.parameters()) == 2
+    assert nn.MaxPool2d(2)(et.tensor(x)).shape == (4, 3, 3, 3) and nn.AvgPool2d(3, 1, 1)(et.tensor(x)).shape == (4, 3, 6, 6)
