@@ -30,7 +30,7 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.drop(self.attn(self.ln1(x)))
-        return x + self.drop(self.proj(self.fc(self.ln2(x)).gelu()))
+        return x + self.drop(self.proj(self.fc(self.ln2(x)).gelu(approximate="tanh")))  # GPT-2's
 
 
 class GPT(nn.Module):
