@@ -238,7 +238,7 @@ def linear_scores(times: dict[str, float | None]) -> dict[str, float]:
 
 
 HONESTY_FACTOR = 10  # the honesty check's second run count is this many times --runs
-NOISE_S = 2.0  # wall time of one process run differs by up to about this much between runs (measured on the H200 host)
+NOISE_S = 2.0  # process runs of one program differed by up to 0.5 s on the H200 host: 4x margin
 
 
 def honest(r1: Result, r2: Result, m1: float, m2: float, n1: int, n2: int) -> str | None:
