@@ -10,7 +10,7 @@ import numpy as np
 
 from . import dtype as dt
 from . import ir
-from .tensor import ShapeError, Tensor, einsum, stack, where
+from .tensor import ShapeError, Tensor, cat, einsum, stack, where
 
 # ---------------------------------------------------------------------------- activations
 
@@ -409,3 +409,118 @@ def avg_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any
 def avg_pool3d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,  # noqa: A002
                count_include_pad: bool = True) -> Tensor:
     return _pool(input, kernel_size, stride, padding, 1, ceil_mode, 3, "avg_pool3d", "avg", count_include_pad)
+
+
+def _conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, padding: Any, output_padding: Any,
+                    groups: int, dilation: Any, nsp: int, name: str) -> Tensor:
+    """The transposed convolution as a convolution: stride-1 zeros between the input's elements,
+    padding dilation*(k-1) - padding around them, and the kernel flipped with in and out swapped."""
+    cin, cog = weight.shape[:2]
+    kernel = weight.shape[2:]
+    st, pd, op = (_tuple(v, nsp, name) for v in (stride, padding, output_padding))
+    dl = _tuple(dilation, nsp, name)
+    y = x
+    for d in range(nsp):
+        axis = 2 + d
+        if st[d] > 1:  # zeros between elements: each element followed by stride-1 zeros, the last trimmed
+            z = y.unsqueeze(axis + 1)
+            pads = [0, 0] * (z.ndim - axis - 2) + [0, st[d] - 1]
+            z = z.pad(pads).flatten(axis, axis + 1)
+            idx = [slice(None)] * z.ndim
+            idx[axis] = slice(0, (y.shape[axis] - 1) * st[d] + 1)
+            y = z[tuple(idx)]
+    pads = []
+    for d in reversed(range(nsp)):
+        edge = dl[d] * (kernel[d] - 1) - pd[d]
+        pads += [edge, edge + op[d]]
+    y = y.pad(pads)
+    w = weight.reshape((groups, cin // groups, cog) + kernel).transpose(1, 2)
+    w = w.reshape((groups * cog, cin // groups) + kernel)
+    w = w.flip(list(range(2, 2 + nsp)))
+    return _conv(y, w, bias, 1, 0, dl, groups, nsp, name)
+
+
+def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1,  # noqa: A002
+                     padding: Any = 0, output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
+    return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, 1,
+                           "conv_transpose1d")
+
+
+def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1,  # noqa: A002
+                     padding: Any = 0, output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
+    return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, 2,
+                           "conv_transpose2d")
+
+
+def _adaptive(x: Tensor, output_size: Any, nsp: int, kind: str) -> Tensor:
+    """PyTorch's windows [floor(i L / O), ceil((i + 1) L / O)), one spatial dim after another
+    (a rectangle's max or mean is that of its rows' maxima or means)."""
+    sizes = _tuple(output_size, nsp, f"adaptive_{kind}_pool")
+    y = x
+    for d, o in enumerate(sizes):
+        axis = x.ndim - nsp + d
+        n = y.shape[axis]
+        o = n if o is None else o
+        parts = []
+        for i in range(o):
+            a, b = (i * n) // o, -(-((i + 1) * n) // o)
+            idx = [slice(None)] * y.ndim
+            idx[axis] = slice(a, b)
+            w = y[tuple(idx)]
+            parts.append(w.max(axis, keepdim=True) if kind == "max" else w.mean(axis, keepdim=True))
+        y = cat(parts, axis) if len(parts) > 1 else parts[0]
+    return y
+
+
+def adaptive_avg_pool1d(input: Tensor, output_size: Any) -> Tensor:  # noqa: A002
+    return _adaptive(input, output_size, 1, "avg")
+
+
+def adaptive_avg_pool2d(input: Tensor, output_size: Any) -> Tensor:  # noqa: A002
+    return _adaptive(input, output_size, 2, "avg")
+
+
+def adaptive_max_pool1d(input: Tensor, output_size: Any) -> Tensor:  # noqa: A002
+    return _adaptive(input, output_size, 1, "max")
+
+
+def adaptive_max_pool2d(input: Tensor, output_size: Any) -> Tensor:  # noqa: A002
+    return _adaptive(input, output_size, 2, "max")
+
+
+def interpolate(input: Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",  # noqa: A002
+                align_corners: bool | None = None) -> Tensor:
+    """nearest, linear (1 spatial dim) and bilinear (2), one dim at a time. The source positions
+    and weights depend only on the sizes, so they are constants of the graph."""
+    nsp = input.ndim - 2
+    if mode not in ("nearest", "linear", "bilinear") or (mode == "linear" and nsp != 1) or \
+            (mode == "bilinear" and nsp != 2):
+        raise ValueError(f"interpolate: mode {mode!r} for {nsp} spatial dims (nearest, linear for 1, bilinear for 2)")
+    if (size is None) == (scale_factor is None):
+        raise ValueError("interpolate: give exactly one of size and scale_factor")
+    ins = input.shape[2:]
+    if size is not None:
+        outs, scales = _tuple(size, nsp, "interpolate"), [i / o for i, o in zip(ins, _tuple(size, nsp, "interpolate"))]
+    else:
+        sf = (scale_factor,) * nsp if isinstance(scale_factor, (int, float)) else tuple(scale_factor)
+        outs, scales = tuple(int(math.floor(i * f)) for i, f in zip(ins, sf)), [1 / f for f in sf]
+    y = input
+    for d in range(nsp):
+        axis, n, o = 2 + d, ins[d], outs[d]
+        dst = np.arange(o, dtype=np.float64)
+        if mode == "nearest":
+            src = np.minimum(np.floor(dst * scales[d]).astype(np.int64), n - 1)
+            y = y.index_select(axis, Tensor(src))
+            continue
+        if align_corners:
+            pos = dst * ((n - 1) / (o - 1)) if o > 1 else np.zeros(o)
+        else:
+            pos = np.maximum((dst + 0.5) * scales[d] - 0.5, 0.0)
+        i0 = np.minimum(np.floor(pos).astype(np.int64), n - 1)
+        i1 = np.minimum(i0 + 1, n - 1)
+        frac = (pos - i0).astype(np.float32)
+        view = [1] * y.ndim
+        view[axis] = o
+        w1 = Tensor(frac.reshape(view)).cast(y.dtype)
+        y = y.index_select(axis, Tensor(i0)) * (1 - w1) + y.index_select(axis, Tensor(i1)) * w1
+    return y

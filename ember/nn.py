@@ -198,6 +198,22 @@ class Conv3d(_ConvNd):
     nsp = 3
 
 
+class ConvTranspose2d(Module):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1, padding: Any = 0,
+                 output_padding: Any = 0, groups: int = 1, bias: bool = True, dilation: Any = 1):
+        from .functional import _tuple
+        k = _tuple(kernel_size, 2, "ConvTranspose2d")
+        bound = 1 / math.sqrt(out_channels // groups * math.prod(k))  # PyTorch's default init range
+        self.weight = parameter(T.rand(in_channels, out_channels // groups, *k) * (2 * bound) - bound)
+        self.bias = parameter(T.rand(out_channels) * (2 * bound) - bound) if bias else None
+        self.options = dict(stride=stride, padding=padding, output_padding=output_padding, groups=groups,
+                            dilation=dilation)
+
+    def forward(self, x: Tensor) -> Tensor:
+        from .functional import conv_transpose2d
+        return conv_transpose2d(x, self.weight, self.bias, **self.options)
+
+
 class _Pool2d(Module):
     kind = "max"
 

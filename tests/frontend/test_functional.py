@@ -181,3 +181,26 @@ def test_conv_modules_batchnorm_groupnorm() -> None:
     conv = nn.Conv2d(3, 4, 3, padding=1)
     assert conv(et.tensor(x)).shape == (4, 4, 6, 6) and len(conv.parameters()) == 2
     assert nn.MaxPool2d(2)(et.tensor(x)).shape == (4, 3, 3, 3) and nn.AvgPool2d(3, 1, 1)(et.tensor(x)).shape == (4, 3, 6, 6)
+
+
+@pytest.mark.parametrize("options", [{}, {"stride": 2}, {"stride": 2, "padding": 1, "output_padding": 1}, {"groups": 2},
+                                     {"dilation": 2, "padding": 1}])
+def test_conv_transpose(options: dict) -> None:
+    x = rng.standard_normal((2, 4, 5, 6)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 2)).astype(np.float32)
+    close(F.conv_transpose2d(et.tensor(x), et.tensor(w), **options), TF.conv_transpose2d(torch.tensor(x), torch.tensor(w), **options), 1e-4)
+    x1, w1 = x[:, :, 0], w[:, :, 0]
+    close(F.conv_transpose1d(et.tensor(x1), et.tensor(w1), **options), TF.conv_transpose1d(torch.tensor(x1), torch.tensor(w1), **options), 1e-4)
+
+
+def test_adaptive_pools_and_interpolate() -> None:
+    x = rng.standard_normal((2, 3, 5, 7)).astype(np.float32)
+    for size in ((2, 3), (3, 4), 1, (5, 7)):
+        for kind in ("avg", "max"):
+            close(getattr(F, f"adaptive_{kind}_pool2d")(et.tensor(x), size), getattr(TF, f"adaptive_{kind}_pool2d")(torch.tensor(x), size), 1e-6)
+    close(F.adaptive_avg_pool1d(et.tensor(x[:, :, 0]), 3), TF.adaptive_avg_pool1d(torch.tensor(x[:, :, 0]), 3), 1e-6)
+    for kw in ({"size": (7, 9), "mode": "nearest"}, {"scale_factor": 2, "mode": "nearest"},
+               {"size": (7, 9), "mode": "bilinear", "align_corners": False}, {"size": (4, 9), "mode": "bilinear", "align_corners": True},
+               {"scale_factor": 0.5, "mode": "bilinear", "align_corners": False}):
+        close(F.interpolate(et.tensor(x), **kw), TF.interpolate(torch.tensor(x), **kw), 1e-5)
+    close(F.interpolate(et.tensor(x[:, :, 0]), size=11, mode="linear"), TF.interpolate(torch.tensor(x[:, :, 0]), size=11, mode="linear"), 1e-5)
