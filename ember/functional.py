@@ -524,3 +524,34 @@ def interpolate(input: Tensor, size: Any = None, scale_factor: Any = None, mode:
         w1 = Tensor(frac.reshape(view)).cast(y.dtype)
         y = y.index_select(axis, Tensor(i0)) * (1 - w1) + y.index_select(axis, Tensor(i1)) * w1
     return y
+
+
+def max_pool2d_with_indices(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,  # noqa: A002
+                            dilation: Any = 1, ceil_mode: bool = False) -> tuple[Tensor, Tensor]:
+    """max_pool2d and, for each output, the flat index (h * W + w) of its maximum in the input,
+    as return_indices=True gives (the first of equal maxima)."""
+    values = max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode)
+    h, w = input.shape[-2:]
+    pos = Tensor(np.arange(h * w, dtype=np.float64).reshape(h, w)).expand(*input.shape)
+    k, st, dl = _tuple(kernel_size, 2, "max_pool2d"), _tuple(stride if stride is not None else kernel_size, 2,
+                                                             "max_pool2d"), _tuple(dilation, 2, "max_pool2d")
+    pads = [(p, p) for p in _tuple(padding, 2, "max_pool2d")]
+    win_v = _windows(input, k, st, dl, pads, -math.inf, ceil_mode)
+    win_p = _windows(pos, k, st, dl, pads, math.inf, ceil_mode)
+    first = where(win_v.eq(values.unsqueeze(-1).unsqueeze(-1)), win_p, math.inf).min((-2, -1))
+    return values, first.cast(dt.i64)
+
+
+def max_unpool2d(input: Tensor, indices: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,  # noqa: A002
+                 output_size: Any = None) -> Tensor:
+    """Each value written at its index of the unpooled plane, zeros elsewhere."""
+    k = _tuple(kernel_size, 2, "max_unpool2d")
+    st = _tuple(stride if stride is not None else kernel_size, 2, "max_unpool2d")
+    pd = _tuple(padding, 2, "max_unpool2d")
+    h, w = input.shape[-2:]
+    out = tuple(output_size[-2:]) if output_size is not None else \
+        ((h - 1) * st[0] - 2 * pd[0] + k[0], (w - 1) * st[1] - 2 * pd[1] + k[1])
+    lead = input.shape[:-2]
+    flat = input.reshape(lead + (h * w,))
+    zeros = Tensor(ir.const(0, input.dtype, lead + (out[0] * out[1],)))
+    return zeros.scatter(-1, indices.reshape(lead + (h * w,)), flat).reshape(lead + out)

@@ -944,6 +944,72 @@ class Tensor:
         pads = [0, 0] + [p for k in reversed(range(len(lead))) for p in (0, x.shape[k] - lead[k])]
         return (x + added.pad(pads)).movedim(-1, d)
 
+    def scatter(self, dim: int, index: "Tensor", src: Any = None, value: Any = None,
+                reduce: str | None = None) -> "Tensor":
+        """torch.scatter: src (or value) written at index along dim; reduce='add' or 'multiply'
+        combines instead. Repeated indices: PyTorch leaves the winner unspecified, Ember writes
+        the largest of them."""
+        values = src if src is not None else self._wrap(value)._broadcast_to(index.shape)
+        if reduce is not None:
+            return self.scatter_reduce(dim, index, values, {"add": "sum", "multiply": "prod"}[reduce])
+        return self._scatter(dim, index, values, "amax", include_self=False)
+
+    def scatter_reduce(self, dim: int, index: "Tensor", src: "Tensor", reduce: str,
+                       include_self: bool = True) -> "Tensor":
+        """torch.scatter_reduce with reduce in sum, prod, mean, amax, amin."""
+        if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+            raise ValueError(f"scatter_reduce: reduce must be sum, prod, mean, amax or amin, got {reduce!r}")
+        return self._scatter(dim, index, src, reduce, include_self)
+
+    def _scatter(self, dim: int, index: "Tensor", src: "Tensor", reduce: str, include_self: bool) -> "Tensor":
+        d = _dim(dim, self.ndim)
+        x = self.movedim(d, -1)
+        idx = index.movedim(d, -1)
+        val = src[tuple(slice(0, index.shape[k]) for k in range(src.ndim))].movedim(d, -1).cast(self.dtype)
+        lead = idx.shape[:-1]
+        n = x.shape[-1]
+        hit = idx.unsqueeze(-1).eq(Tensor(ir.iota(dt.i64, (n,), 0)))            # [..., j, i]
+        v = val.unsqueeze(-1)
+        count = hit.cast(dt.i64).sum(-2)
+        if reduce in ("sum", "mean"):
+            got = where(hit, v, 0).cast(self.dtype).sum(-2).cast(self.dtype)
+        elif reduce == "prod":
+            got = where(hit, v, 1).cast(self.dtype).prod(-2).cast(self.dtype)
+        else:
+            big = math.inf if self.dtype.is_float else self.dtype.max
+            got = where(hit, v, -big if reduce == "amax" else big).cast(self.dtype)
+            got = got.max(-2) if reduce == "amax" else got.min(-2)
+        x_part = x[tuple(slice(0, m) for m in lead)]
+        if include_self:
+            got = {"sum": lambda: got + x_part, "mean": lambda: got + x_part, "prod": lambda: got * x_part,
+                   "amax": lambda: got.maximum(x_part), "amin": lambda: got.minimum(x_part)}[reduce]()
+        if reduce == "mean":
+            denom = count + (1 if include_self else 0)
+            got = got / where(denom.eq(0), 1, denom).cast(got.dtype) if self.dtype.is_float else \
+                got.div(where(denom.eq(0), 1, denom), rounding_mode="floor").cast(self.dtype)
+        new = where(count > 0, got, x_part)
+        if new.shape != x.shape:  # index covers only the leading part: the rest stays
+            pads = [0, 0] + [p for k in reversed(range(len(lead))) for p in (0, x.shape[k] - lead[k])]
+            inside = Tensor(ir.const(1, dt.bool_, new.shape)).pad(pads, value=False)
+            new = where(inside, new.pad(pads), x)
+        return new.movedim(-1, d)
+
+    def __setitem__(self, idx: Any, value: Any) -> None:
+        """x[idx] = value, functionally: x becomes a new lazy value (the old one is unchanged for
+        whoever holds it). Selected positions are found by indexing a tensor of positions."""
+        pos = Tensor(ir.iota(dt.i64, (self.numel(),), 0)).reshape(self.shape) if self.ndim else \
+            Tensor(ir.const(0, dt.i64, ()))
+        sel = pos[idx]
+        v = (value if isinstance(value, Tensor) else self._wrap(value)).cast(self.dtype)._broadcast_to(sel.shape)
+        flat_sel, flat_v = sel.reshape(-1, 1), v.reshape(-1, 1)
+        slots = Tensor(ir.iota(dt.i64, (1, self.numel()), 1))
+        hit = flat_sel.eq(slots)                                                  # [selected, numel]
+        lowest = -math.inf if self.dtype.is_float else self.dtype.min
+        written = where(hit, flat_v, lowest).max(0) if self.dtype is not dt.bool_ else \
+            where(hit, flat_v.cast(dt.u8), 0).max(0).cast(dt.bool_)
+        new = where(hit.cast(dt.u8).max(0).cast(dt.bool_), written, self.reshape(-1)).reshape(self.shape)
+        self.node, self._value = new.node, None
+
     def tril(self, diagonal: int = 0) -> "Tensor":
         return where(self._band() <= diagonal, self, self._const(0))
 

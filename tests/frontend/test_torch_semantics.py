@@ -411,3 +411,40 @@ def test_gather_scatter_select_fill_einsum() -> None:
 
 def rng_arr(shape: tuple[int, ...]) -> np.ndarray:
     return np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+def test_scatter_reduce_and_scatter(reduce: str) -> None:
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    i = np.array([[0, 3], [2, 2], [1, 1]])
+    src = rng_arr((3, 2))
+    for include_self in (True, False):
+        same(et.tensor(x).scatter_reduce(1, et.tensor(i), et.tensor(src), reduce, include_self=include_self),
+             torch.tensor(x).scatter_reduce(1, torch.tensor(i), torch.tensor(src), reduce, include_self=include_self), 1e-6)
+    distinct = np.array([[0, 3], [2, 0], [1, 3]])
+    same(et.tensor(x).scatter(1, et.tensor(distinct), et.tensor(src)), torch.tensor(x).scatter(1, torch.tensor(distinct), torch.tensor(src)))
+    same(et.tensor(x).scatter(1, et.tensor(distinct), value=-1.0), torch.tensor(x).scatter(1, torch.tensor(distinct), value=-1.0))
+
+
+def test_setitem_is_functional() -> None:
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for idx, value in (((1, slice(1, 3)), 100.0), ((slice(None), 0), np.array([7.0, 8.0, 9.0], np.float32)),
+                       ((Ellipsis, -1), -2.0)):
+        e, t = et.tensor(x), torch.tensor(x)
+        e[idx] = et.tensor(value) if isinstance(value, np.ndarray) else value
+        t[idx] = torch.tensor(value) if isinstance(value, np.ndarray) else value
+        same(e, t)
+    e, t = et.tensor(x), torch.tensor(x)
+    e[et.tensor(x > 5)] = 0.0
+    t[torch.tensor(x > 5)] = 0.0
+    same(e, t)
+
+
+def test_max_pool_indices_and_unpool() -> None:
+    from ember import functional as F
+    im = rng_arr((1, 2, 4, 6))
+    v, ix = F.max_pool2d_with_indices(et.tensor(im), 2)
+    tv, tix = torch.nn.functional.max_pool2d(torch.tensor(im), 2, return_indices=True)
+    same(v, tv)
+    same(ix, tix)
+    same(F.max_unpool2d(v, ix, 2), torch.nn.functional.max_unpool2d(tv, tix, 2))
