@@ -8,6 +8,7 @@ same graph each time (new batch, new weights) compiles once and replays afterwar
 """
 from __future__ import annotations
 
+import builtins
 import itertools
 import math
 import time
@@ -339,6 +340,64 @@ class Tensor:
             return where((b < 0) | (b >= width), over, out)
         return self._binary(op, other, reverse)
     __hash__ = object.__hash__
+
+    # PyTorch's other spellings of the ops above
+    def add(self, o: Any, alpha: float = 1) -> "Tensor": return self + (o * alpha if alpha != 1 else o)  # noqa: E704
+    def sub(self, o: Any, alpha: float = 1) -> "Tensor": return self - (o * alpha if alpha != 1 else o)  # noqa: E704
+    def mul(self, o: Any) -> "Tensor": return self * o  # noqa: E704
+    def true_divide(self, o: Any) -> "Tensor": return self / o  # noqa: E704
+    def floor_divide(self, o: Any) -> "Tensor": return self // o  # noqa: E704
+    def neg(self) -> "Tensor": return -self  # noqa: E704
+    def positive(self) -> "Tensor": return self  # noqa: E704
+    def lt(self, o: Any) -> "Tensor": return self < o  # noqa: E704
+    def gt(self, o: Any) -> "Tensor": return self > o  # noqa: E704
+    def le(self, o: Any) -> "Tensor": return self <= o  # noqa: E704
+    def ge(self, o: Any) -> "Tensor": return self >= o  # noqa: E704
+    def logical_and(self, o: Any) -> "Tensor": return self.bool() & self._wrap(o).bool()  # noqa: E704
+    def logical_or(self, o: Any) -> "Tensor": return self.bool() | self._wrap(o).bool()  # noqa: E704
+    def logical_xor(self, o: Any) -> "Tensor": return self.bool() ^ self._wrap(o).bool()  # noqa: E704
+    def clamp_min(self, m: Any) -> "Tensor": return self.clamp(min=m)  # noqa: E704
+    def clamp_max(self, m: Any) -> "Tensor": return self.clamp(max=m)  # noqa: E704
+    def double(self) -> "Tensor": return self.cast(dt.f64)  # noqa: E704
+    def bfloat16(self) -> "Tensor": return self.cast(dt.bf16)  # noqa: E704
+    def short(self) -> "Tensor": return self.cast(dt.i16)  # noqa: E704
+    def byte(self) -> "Tensor": return self.cast(dt.u8)  # noqa: E704
+    def char(self) -> "Tensor": return self.cast(dt.i8)  # noqa: E704
+    def type_as(self, o: "Tensor") -> "Tensor": return self.cast(o.dtype)  # noqa: E704
+    def dim(self) -> int: return self.ndim  # noqa: E704
+    def nelement(self) -> int: return self.numel()  # noqa: E704
+    def element_size(self) -> int: return self.dtype.itemsize  # noqa: E704
+    def t(self) -> "Tensor": return self if self.ndim < 2 else self.transpose(0, 1)  # noqa: E704
+    def view_as(self, o: "Tensor") -> "Tensor": return self.reshape(o.shape)  # noqa: E704
+    reshape_as = view_as
+    def expand_as(self, o: "Tensor") -> "Tensor": return self.expand(o.shape)  # noqa: E704
+    def mm(self, o: "Tensor") -> "Tensor": return self.matmul(o)  # noqa: E704
+    def bmm(self, o: "Tensor") -> "Tensor": return self.matmul(o)  # noqa: E704
+    def mv(self, o: "Tensor") -> "Tensor": return self.matmul(o)  # noqa: E704
+    def dot(self, o: "Tensor") -> "Tensor": return (self * o).sum()  # noqa: E704
+    def outer(self, o: "Tensor") -> "Tensor": return self.reshape(-1, 1) * o.reshape(1, -1)  # noqa: E704
+    ger = outer
+    def hypot(self, o: Any) -> "Tensor": return (self * self + self._wrap(o) * self._wrap(o)).sqrt()  # noqa: E704
+    def deg2rad(self) -> "Tensor": return self * (math.pi / 180)  # noqa: E704
+    def rad2deg(self) -> "Tensor": return self * (180 / math.pi)  # noqa: E704
+    def xlogy(self, o: Any) -> "Tensor": return where(self.eq(0), 0.0, self * self._wrap(o).log()).cast(self.dtype)  # noqa: E704
+    def absolute(self) -> "Tensor": return self.abs()  # noqa: E704
+    def arcsin(self) -> "Tensor": return self.asin()  # noqa: E704
+    def arccos(self) -> "Tensor": return self.acos()  # noqa: E704
+    def arctan(self) -> "Tensor": return self.atan()  # noqa: E704
+    def arcsinh(self) -> "Tensor": return self.asinh()  # noqa: E704
+    def arccosh(self) -> "Tensor": return self.acosh()  # noqa: E704
+    def arctanh(self) -> "Tensor": return self.atanh()  # noqa: E704
+    def negative(self) -> "Tensor": return -self  # noqa: E704
+
+    def nan_to_num(self, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None) -> "Tensor":
+        if not self.dtype.is_float:
+            return self
+        big = float(np.finfo(np.dtype(self.dtype.np_name) if self.dtype is not dt.bf16 else np.float32).max)
+        big = 3.3895313892515355e38 if self.dtype is dt.bf16 else big
+        out = where(self.isnan(), nan, self)
+        out = where(out.eq(math.inf), big if posinf is None else posinf, out)
+        return where(out.eq(-math.inf), -big if neginf is None else neginf, out).cast(self.dtype)
 
     def logical_not(self) -> "Tensor":
         return self._binary(Op.CMPEQ, False) if self.dtype is dt.bool_ else self.eq(0)
@@ -1687,6 +1746,34 @@ def einsum(equation: str, *operands: Tensor) -> Tensor:
     out = out._broadcast_to(tuple(sizes[c] for c in labels))
     summed = [i for i, c in enumerate(labels) if c not in rhs]
     return out.sum(summed) if summed else out
+
+
+def _function(name: str) -> Any:
+    def fn(x: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(x if isinstance(x, Tensor) else tensor(x), name)(*args, **kwargs)
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"torch.{name}(x, ...): Tensor.{name} as a function."
+    return fn
+
+
+# torch.<op>(x, ...) for the Tensor methods people call as functions. Names of Python builtins
+# (sum, max, min, abs, all, any, pow, round) are left out: this module itself uses the builtins,
+# so those stay methods (x.sum()).
+for _name in ("abs", "acos", "acosh", "add", "all", "amax", "amin", "aminmax", "any", "argmax", "argmin", "argsort",
+              "asin", "asinh", "atan", "atan2", "atanh", "bmm", "ceil", "clamp", "clip", "clone", "copysign", "cos",
+              "cosh", "cummax", "cummin", "cumprod", "cumsum", "diag", "diagonal", "div", "dot", "eq", "erf", "erfc",
+              "exp", "exp2", "expm1", "flatten", "flip", "floor", "fmod", "frac", "gather", "ge", "gt", "hypot",
+              "index_select", "isclose", "isfinite", "isinf", "isnan", "kthvalue", "le", "lerp", "log", "log10",
+              "log1p", "log2", "logaddexp", "logcumsumexp", "logical_and", "logical_not", "logical_or",
+              "logical_xor", "logsumexp", "lt", "masked_fill", "masked_select", "matmul", "max", "maximum", "mean",
+              "median", "min", "minimum", "mm", "movedim", "mul", "mv", "nan_to_num", "ne", "neg", "nonzero",
+              "outer", "permute", "pow", "prod", "reciprocal", "remainder", "repeat_interleave", "reshape", "roll",
+              "round", "rsqrt", "scatter", "scatter_add", "scatter_reduce", "sigmoid", "sign", "signbit", "sin",
+              "sinh", "sort", "sqrt", "square", "squeeze", "std", "std_mean", "sub", "sum", "t", "tan", "tanh",
+              "tensor_split", "topk", "transpose", "tril", "triu", "trunc", "unflatten", "unsqueeze", "var",
+              "var_mean", "xlogy"):
+    if _name not in dir(builtins):
+        globals()[_name] = _function(_name)
 
 
 def tensor(value: Any, dtype: DType | None = None, requires_grad: bool = False) -> Tensor:

@@ -335,8 +335,9 @@ def test_creation() -> None:
     np.testing.assert_allclose(et.logspace(0, 2, 5).numpy(), torch.logspace(0, 2, 5).numpy(), rtol=1e-6)
     same(et.eye(3, 4), torch.eye(3, 4))
     x = et.tensor(np.ones((2, 3), np.float32))
-    for name in ("zeros_like", "ones_like", "empty_like"):
-        same(getattr(et, name)(x), getattr(torch, name)(torch.ones(2, 3)) * (0 if name == "empty_like" else 1))
+    for name in ("zeros_like", "ones_like"):
+        same(getattr(et, name)(x), getattr(torch, name)(torch.ones(2, 3)))
+    same(et.empty_like(x), torch.zeros(2, 3))  # Ember's empty is zeros; PyTorch's is uninitialized
     same(et.full_like(x, 7), torch.full_like(torch.ones(2, 3), 7))
     for indexing in ("ij", "xy"):
         for a, b in zip(et.meshgrid(et.arange(3), et.arange(2), indexing=indexing),
@@ -448,3 +449,20 @@ def test_max_pool_indices_and_unpool() -> None:
     same(v, tv)
     same(ix, tix)
     same(F.max_unpool2d(v, ix, 2), torch.nn.functional.max_unpool2d(tv, tix, 2))
+
+
+def test_function_forms_and_aliases() -> None:
+    v = np.array([[1.0, -2.0], [3.0, 4.0]], np.float32)
+    ev, tv = et.tensor(v), torch.tensor(v)
+    for name in ("exp", "log1p", "sigmoid", "cumsum", "argmax", "flatten", "t", "square"):
+        args = (1,) if name == "cumsum" else ()
+        same(getattr(et, name)(ev, *args), getattr(torch, name)(tv, *args), 1e-6)
+    same(et.maximum(ev, et.tensor(v.T.copy())), torch.maximum(tv, tv.T))
+    same(ev.add(ev, alpha=2), tv.add(tv, alpha=2))
+    same(ev.reshape(-1).dot(ev.reshape(-1)), tv.reshape(-1).dot(tv.reshape(-1)))
+    same(ev[0].outer(ev[1]), tv[0].outer(tv[1]))
+    same(ev.mm(ev), tv.mm(tv))
+    same(ev.logical_and(ev > 0), tv.logical_and(tv > 0))
+    w = np.array([np.nan, np.inf, -np.inf, 1.0], np.float32)
+    same(et.tensor(w).nan_to_num(), torch.tensor(w).nan_to_num())
+    same(et.tensor(w).nan_to_num(1.0, 2.0, -2.0), torch.tensor(w).nan_to_num(1.0, 2.0, -2.0))
