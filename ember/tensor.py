@@ -953,7 +953,8 @@ class Tensor:
     def aminmax(self, dim: Any = None, keepdim: bool = False) -> tuple["Tensor", "Tensor"]:
         return self.min(dim, keepdim), self.max(dim, keepdim)
 
-    amax, amin = max, min
+    def amax(self, dim: Any = None, keepdim: bool = False) -> "Tensor": return self.max(dim, keepdim)  # noqa: E704
+    def amin(self, dim: Any = None, keepdim: bool = False) -> "Tensor": return self.min(dim, keepdim)  # noqa: E704
 
     def var_mean(self, dim: Any = None, keepdim: bool = False, correction: int = 1) -> tuple["Tensor", "Tensor"]:
         return self.var(dim, keepdim, correction), self.mean(dim, keepdim)

@@ -466,3 +466,35 @@ def test_function_forms_and_aliases() -> None:
     w = np.array([np.nan, np.inf, -np.inf, 1.0], np.float32)
     same(et.tensor(w).nan_to_num(), torch.tensor(w).nan_to_num())
     same(et.tensor(w).nan_to_num(1.0, 2.0, -2.0), torch.tensor(w).nan_to_num(1.0, 2.0, -2.0))
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_shape = st.lists(st.integers(1, 4), min_size=0, max_size=3).map(tuple)
+
+
+@settings(max_examples=25, deadline=None)
+@given(a=_shape, b=_shape, op=st.sampled_from(["add", "sub", "mul", "maximum", "atan2", "remainder", "lt"]),
+       seed=st.integers(0, 2**16))
+def test_broadcasting_binary_ops_random_shapes(a: tuple, b: tuple, op: str, seed: int) -> None:
+    """Shapes drawn at random; where PyTorch refuses to broadcast, Ember must refuse too."""
+    r = np.random.default_rng(seed)
+    x, y = r.standard_normal(a).astype(np.float32), r.standard_normal(b).astype(np.float32) + 0.5
+    try:
+        want = getattr(torch, op)(torch.tensor(x), torch.tensor(y))
+    except RuntimeError:
+        with pytest.raises(ValueError):
+            getattr(et.tensor(x), op)(et.tensor(y))
+        return
+    same(getattr(et.tensor(x), op)(et.tensor(y)), want, 1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple), data=st.data())
+def test_reductions_random_shapes_and_dims(shape: tuple, data: st.DataObject) -> None:
+    dims = data.draw(st.lists(st.integers(-len(shape), len(shape) - 1), min_size=1, max_size=len(shape), unique_by=lambda d: d % len(shape)))
+    keepdim = data.draw(st.booleans())
+    v = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+    for name in ("sum", "mean", "amax", "amin", "var", "std"):
+        same(getattr(et.tensor(v), name)(tuple(dims), keepdim=keepdim), getattr(torch.tensor(v), name)(tuple(dims), keepdim=keepdim), 1e-5)
