@@ -58,8 +58,9 @@ def vjp(n: Node, g: Node) -> list[tuple[Node, Node]]:
         return [(s[0], _mul(g, s[1])), (s[1], _mul(g, s[0]))]
     if op is Op.DIV:
         return [(s[0], ir.binary(Op.DIV, g, s[1])), (s[1], ir.unary(Op.NEG, ir.binary(Op.DIV, _mul(g, n), s[1])))]
-    if op is Op.MAX and n.dtype.is_float:
-        return [(s[0], _mul(g, _tie_share(s[0], s[1]))), (s[1], _mul(g, _tie_share(s[1], s[0])))]
+    if op is Op.MAX and n.dtype.is_float:  # the second operand takes the rest: all of it when unordered (NaN)
+        share = _tie_share(s[0], s[1])
+        return [(s[0], _mul(g, share)), (s[1], _mul(g, ir.binary(Op.SUB, full(1.0, share), share)))]
     if op is Op.WHERE:
         zero = full(0.0, g)
         return [(s[1], ir.where(s[0], g, zero)), (s[2], ir.where(s[0], zero, g))]
