@@ -391,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
+    except (ValueError, OSError) as e:  # bad folders or names given to grade and bench: one line
+        return _fail(f"ember {args.cmd}: {e}", 2)
 
 
 def entry() -> None:

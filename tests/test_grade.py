@@ -158,3 +158,16 @@ def test_bench_scores_and_honesty(course: Path, capsys: pytest.CaptureFixture[st
     assert row["liar"]["status"] == "error" and "dishonest" in row["liar"]["note"], row
     assert max(row["reference"]["score"], row["good"]["score"]) == pytest.approx(100.0), row
     assert set(report["submissions"]) == {"reference", "good", "wrong", "liar"}
+
+
+def test_bad_folders_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "t" / "a").mkdir(parents=True)
+    (tmp_path / "t" / "a" / "x.eir").write_text("ember 1\nx = param i32[1]\nreturn x\ninput x = [1]\nexpect x = [1]\n")
+    _compiler(tmp_path / "s", "reference", "exit 0")
+    assert main(["grade", "--tests", str(tmp_path / "t"), "--submissions", str(tmp_path / "s"),
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "kept for Ember" in capsys.readouterr().err
+    assert main(["grade", "--tests", str(tmp_path / "none"), "--submissions", str(tmp_path / "s"),
+                 "--out", str(tmp_path / "o")]) == 2
+    assert main(["bench", "--suite", str(tmp_path / "none"), "--submissions", str(tmp_path / "s"),
+                 "--out", str(tmp_path / "o")]) == 2
