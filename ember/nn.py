@@ -198,11 +198,13 @@ class Conv3d(_ConvNd):
     nsp = 3
 
 
-class ConvTranspose2d(Module):
+class _ConvTransposeNd(Module):
+    nsp = 2
+
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1, padding: Any = 0,
                  output_padding: Any = 0, groups: int = 1, bias: bool = True, dilation: Any = 1):
         from .functional import _tuple
-        k = _tuple(kernel_size, 2, "ConvTranspose2d")
+        k = _tuple(kernel_size, self.nsp, type(self).__name__)
         bound = 1 / math.sqrt(out_channels // groups * math.prod(k))  # PyTorch's default init range
         self.weight = parameter(T.rand(in_channels, out_channels // groups, *k) * (2 * bound) - bound)
         self.bias = parameter(T.rand(out_channels) * (2 * bound) - bound) if bias else None
@@ -210,8 +212,26 @@ class ConvTranspose2d(Module):
                             dilation=dilation)
 
     def forward(self, x: Tensor) -> Tensor:
-        from .functional import conv_transpose2d
-        return conv_transpose2d(x, self.weight, self.bias, **self.options)
+        from . import functional
+        return getattr(functional, f"conv_transpose{self.nsp}d")(x, self.weight, self.bias, **self.options)
+
+
+class ConvTranspose1d(_ConvTransposeNd):
+    nsp = 1
+
+
+class ConvTranspose2d(_ConvTransposeNd):
+    nsp = 2
+
+
+class Upsample(Module):
+    def __init__(self, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
+                 align_corners: bool | None = None):
+        self.options = dict(size=size, scale_factor=scale_factor, mode=mode, align_corners=align_corners)
+
+    def forward(self, x: Tensor) -> Tensor:
+        from .functional import interpolate
+        return interpolate(x, **self.options)
 
 
 class _Pool2d(Module):

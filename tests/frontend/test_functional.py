@@ -178,6 +178,8 @@ def test_conv_modules_batchnorm_groupnorm() -> None:
     close(bn(et.tensor(x)), tbn(torch.tensor(x)), 1e-5)
     gn, tgn = nn.GroupNorm(3, 3), torch.nn.GroupNorm(3, 3)
     close(gn(et.tensor(x)), tgn(torch.tensor(x)), 1e-5)
+    assert nn.ConvTranspose1d(3, 2, 3, stride=2)(et.tensor(x[:, :, 0])).shape == (4, 2, 13)
+    assert nn.Upsample(scale_factor=2)(et.tensor(x)).shape == (4, 3, 12, 12)
     conv = nn.Conv2d(3, 4, 3, padding=1)
     assert conv(et.tensor(x)).shape == (4, 4, 6, 6) and len(conv.parameters()) == 2
     assert nn.MaxPool2d(2)(et.tensor(x)).shape == (4, 3, 3, 3) and nn.AvgPool2d(3, 1, 1)(et.tensor(x)).shape == (4, 3, 6, 6)
