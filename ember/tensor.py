@@ -1573,13 +1573,15 @@ def manual_seed(seed: int) -> None:
 
 
 def _random_bits(shape: tuple[int, ...]) -> Node:
-    """splitmix64 of the element index (spec 7), computed in the graph (runs as compiled code)."""
+    """splitmix64 of the element index (spec 7), computed in the graph (runs as compiled code).
+    The seed is data, not a constant, so every draw of a shape runs the same compiled program."""
     context.draws += 1
     seed = (context.seed * 0x9E3779B97F4A7C15 + context.draws * 0xD1B54A32D192ED03) & ((1 << 64) - 1)
     n = math.prod(shape)
     u = lambda v: ir.const(v, dt.u64, (n,))  # noqa: E731
     i = ir.binary(Op.ADD, ir.iota(dt.u64, (n,), 0), u(1))
-    z = ir.binary(Op.ADD, u(seed), ir.binary(Op.MUL, i, u(0x9E3779B97F4A7C15)))
+    seeds = ir.expand(Tensor(np.array([seed], np.uint64)).node, (n,))
+    z = ir.binary(Op.ADD, seeds, ir.binary(Op.MUL, i, u(0x9E3779B97F4A7C15)))
     for shift, mult in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
         z = ir.binary(Op.MUL, ir.binary(Op.XOR, z, ir.binary(Op.SHR, z, u(shift))), u(mult))
     z = ir.binary(Op.XOR, z, ir.binary(Op.SHR, z, u(31)))
@@ -1587,11 +1589,13 @@ def _random_bits(shape: tuple[int, ...]) -> Node:
 
 
 def rand(*shape: Any, dtype: Any = dt.f32, requires_grad: bool = False) -> Tensor:
-    """Uniform in [0, 1), from the seeded counter-based generator."""
+    """Uniform in [0, 1), from the seeded counter-based generator. Computed now, as PyTorch
+    does: a random tensor used in every step of a loop is drawn once, not once per step."""
     shape = _shape_arg(shape)
     bits = Tensor(_random_bits(shape))
     top = Tensor(ir.binary(Op.SHR, bits.node, ir.const(40, dt.u64, shape)))  # 24 random bits
-    return _leaf((top.cast(dt.f32) * (2.0 ** -24)).cast(as_dtype(dtype)), requires_grad)
+    out = (top.cast(dt.f32) * (2.0 ** -24)).cast(as_dtype(dtype))
+    return _leaf(Tensor(out.numpy(), out.dtype), requires_grad)
 
 
 def randn(*shape: Any, dtype: Any = dt.f32, requires_grad: bool = False) -> Tensor:
@@ -1599,7 +1603,8 @@ def randn(*shape: Any, dtype: Any = dt.f32, requires_grad: bool = False) -> Tens
     shape = _shape_arg(shape)
     u1, u2 = rand(shape), rand(shape)
     r = ((1.0 - u1).log() * -2.0).sqrt()
-    return _leaf((r * (u2 * (2 * math.pi)).cos()).cast(as_dtype(dtype)), requires_grad)
+    out = (r * (u2 * (2 * math.pi)).cos()).cast(as_dtype(dtype))
+    return _leaf(Tensor(out.numpy(), out.dtype), requires_grad)
 
 
 def full(shape: Any, value: float, dtype: Any = None, requires_grad: bool = False) -> Tensor:

@@ -13,7 +13,9 @@ import os
 import random
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,26 +45,6 @@ def load_text(path: str | None, limit: int) -> tuple[bytes, str]:
     if len(text) < 10_000:
         raise SystemExit(f"ember train: only {len(text)} bytes of text in {root}; need at least 10000")
     return text, f"{root} ({len(files)} files)" if root.is_dir() else str(root)
-
-
-class Progress:
-    """A one-line progress bar on stderr."""
-
-    def __init__(self, total: int, start: int):
-        self.total, self.start, self.t0 = total, start, time.perf_counter()
-
-    def update(self, step: int, text: str) -> None:
-        done = step + 1 - self.start
-        frac = (step + 1) / self.total
-        rate = done / max(time.perf_counter() - self.t0, 1e-9)
-        eta = (self.total - step - 1) / rate if rate else 0
-        bar = "=" * int(frac * 24)
-        eta_text = f"{int(eta) // 60}:{int(eta) % 60:02d}"
-        sys.stderr.write(f"\r{step + 1:6d}/{self.total} [{bar:<24s}] {text} | eta {eta_text} ")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        sys.stderr.write("\n")
 
 
 def split_data(tokens: np.ndarray, chunk: int = 1 << 16) -> tuple[np.ndarray, np.ndarray]:
@@ -136,6 +118,12 @@ def train(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-bytes", type=int, default=4_000_000, help="use at most this many bytes of text")
     ap.add_argument("--fresh", action="store_true", help="start over even if the run folder has a checkpoint")
     args = ap.parse_args(argv)
+    if args.device == "cuda":
+        from . import backends
+        from .backend import cuda
+        if "cuda" not in backends.available():
+            print(f"ember train: --device cuda: {cuda.why_unavailable()}", file=sys.stderr)
+            return 3
     if args.device:
         T.Tensor(np.zeros(1)).to(args.device)
     out = Path(args.out)
@@ -150,8 +138,7 @@ def train(argv: list[str] | None = None) -> int:
     model = GPT(config)
     opt = optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     rng = random.Random(args.seed)
-    history: dict = {"train": [], "val": []}
-    start = 0
+    run = Run(args, model, opt, rng, train_data, val_data, config, ckpt, out, 0)
     if ckpt.exists() and not args.fresh:
         arrays, meta = nn.load_safetensors(ckpt)
         saved = json.loads(meta["ember"])
@@ -160,49 +147,83 @@ def train(argv: list[str] | None = None) -> int:
         model.load_state_dict({k[6:]: v for k, v in arrays.items() if k.startswith("model.")})
         opt.load_state_dict({k[4:]: v for k, v in arrays.items() if k.startswith("opt.")})
         rng.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in saved["rng"]))
-        history, start = saved["history"], saved["step"]
-        print(f"resuming {ckpt} at step {start}", file=sys.stderr)
+        run.history, run.start = saved["history"], saved["step"]
+        print(f"resuming {ckpt} at step {run.start}", file=sys.stderr)
     params = sum(p.numel() for p in model.parameters())
     print(f"ember train: {params:,} parameters, {len(tokens):,} bytes from {source}, device {T.default_device()}",
           file=sys.stderr)
 
-    bar = Progress(args.steps, start)
-    tokens_per_step = args.batch * args.block
-    t_first = t_rest = 0.0
-    for step in range(start, args.steps):
-        t = time.perf_counter()
-        x, y = batch(train_data, rng, args.batch, args.block)
-        loss = model.loss(x, y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        value = loss.item()
-        dt_step = time.perf_counter() - t
-        if step == start:
-            t_first = dt_step
-        else:
-            t_rest += dt_step
-        history["train"].append((step + 1, value))
-        measured = max(step - start, 1)
-        tps = tokens_per_step * measured / t_rest if t_rest else 0.0
-        val_text = f" val {history['val'][-1][1]:.3f}" if history["val"] else ""
-        bar.update(step, f"loss {value:.3f}{val_text} | {tps / 1000:.1f}k tok/s")
-        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-            history["val"].append((step + 1, evaluate(model, val_data, args.batch, args.block)))
-            meta = {"config": config.to_dict(), "step": step + 1, "rng": rng.getstate(), "history": history}
-            save(ckpt, model, opt, meta)
-            plot(history, out / "loss.png")
+    from tqdm import tqdm
+    bar = tqdm(total=args.steps, initial=run.start, unit="step", file=sys.stderr, dynamic_ncols=True)
+    try:
+        for step in range(run.start, args.steps):
+            run.step(step, bar)
+    except KeyboardInterrupt:  # keep what was learned: a checkpoint that resumes here, then one line
+        bar.close()
+        done = run.history["train"][-1][0] if run.history["train"] else run.start
+        run.save(done)
+        print(f"ember train: interrupted after step {done}; checkpoint {ckpt} (run again to resume)", file=sys.stderr)
+        return 130
     bar.close()
-    steps_run = args.steps - start
+    steps_run = args.steps - run.start
+    history = run.history
     summary = {"steps": args.steps, "final_train_loss": history["train"][-1][1] if history["train"] else None,
                "final_val_loss": history["val"][-1][1] if history["val"] else None,
-               "first_step_s": round(t_first, 2),
-               "tokens_per_s": round(tokens_per_step * (steps_run - 1) / t_rest, 1) if t_rest else None,
+               "first_step_s": round(run.t_first, 2),
+               "tokens_per_s": round(args.batch * args.block * (steps_run - 1) / run.t_rest, 1) if run.t_rest else None,
                "python_overhead_ms_per_step": round(1e3 * T.context.python_s / max(T.context.runs, 1), 2),
-               "device": T.default_device(), "checkpoint": str(ckpt), "plot": str(out / "loss.png")}
+               "device": T.default_device(),
+               "files": [str(p) for p in (ckpt, out / "loss.png") if p.exists()]}  # only what was written
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
     return 0
+
+
+@dataclass
+class Run:
+    """One training run's state: what a step changes, and what a checkpoint saves."""
+    args: argparse.Namespace
+    model: GPT
+    opt: optim.AdamW
+    rng: random.Random
+    train_data: np.ndarray
+    val_data: np.ndarray
+    config: GPTConfig
+    ckpt: Path
+    out: Path
+    start: int
+    history: dict = field(default_factory=lambda: {"train": [], "val": []})
+    t_first: float = 0.0          # the first step (it compiles)
+    t_rest: float = 0.0           # the other steps together
+
+    def step(self, step: int, bar: Any) -> None:
+        """One optimizer step, the progress bar, and at evaluation steps the validation loss,
+        the checkpoint and the plot."""
+        a = self.args
+        t = time.perf_counter()
+        x, y = batch(self.train_data, self.rng, a.batch, a.block)
+        loss = self.model.loss(x, y)
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        value = loss.item()
+        if step == self.start:
+            self.t_first = time.perf_counter() - t
+        else:
+            self.t_rest += time.perf_counter() - t
+        self.history["train"].append((step + 1, value))
+        tps = a.batch * a.block * max(step - self.start, 1) / self.t_rest if self.t_rest else 0.0
+        if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
+            self.history["val"].append((step + 1, evaluate(self.model, self.val_data, a.batch, a.block)))
+            self.save(step + 1)
+            plot(self.history, self.out / "loss.png")
+        val = f"{self.history['val'][-1][1]:.3f}" if self.history["val"] else "-"
+        bar.set_postfix_str(f"loss {value:.3f}, val {val}, {tps / 1000:.1f}k tok/s", refresh=False)
+        bar.update(1)
+
+    def save(self, step: int) -> None:
+        meta = {"config": self.config.to_dict(), "step": step, "rng": self.rng.getstate(), "history": self.history}
+        save(self.ckpt, self.model, self.opt, meta)
 
 
 def sample(argv: list[str] | None = None) -> int:

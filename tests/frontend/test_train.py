@@ -36,3 +36,39 @@ def test_train_resume_and_sample(tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_train_reports_bad_data_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit, match="no such file or folder"):
         main(["train", "--data", "/nonexistent/text", "--steps", "1"])
+
+
+def test_ctrl_c_saves_a_checkpoint_and_says_one_line(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    args = [sys.executable, "-m", "ember", "train", "--steps", "100000", "--out", str(tmp_path / "r"), *TINY]
+    args[args.index("--eval-every") + 1] = "1"
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.time() + 240
+    while not (tmp_path / "r" / "ckpt.safetensors").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("ember train: interrupted after step") and "Traceback" not in err
+    assert history(tmp_path / "r")["train"]  # the checkpoint holds the steps run
+
+
+def test_steps_zero_reports_no_file_it_did_not_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--steps", "0", "--out", str(tmp_path / "z"), *TINY]) == 0
+    summary = json.loads((tmp_path / "z" / "summary.json").read_text())
+    assert all(Path(f).exists() for f in summary["files"]) and summary["files"] == []
+
+
+def test_cuda_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    if "cuda" in backends.available():
+        pytest.skip("a GPU is present")
+    assert main(["train", "--device", "cuda", "--steps", "1"]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--device cuda" in err
