@@ -254,7 +254,7 @@ def _split_large_reductions(outputs: list[Node]) -> list[Node]:
         if n.op not in (Op.SUM, Op.RMAX):
             continue
         x = n.srcs[0]
-        if n.numel == 1 and x.numel >= 1 << 16 and len(n.arg) > 1:  # everything: one long axis first
+        if n.numel == 1 and x.numel >= 1 << 16:  # everything (1-D too): one long axis first
             x = ir.reshape(x, (x.numel,))
             axis = 0
         elif len(n.arg) == 1 and n.arg[0] < len(x.shape) - 1 and n.numel < 1 << 17 and x.shape[n.arg[0]] >= 1024:
