@@ -52,3 +52,21 @@ def test_launch_shapes() -> None:
     assert len(cuda.prepare(big_colsum).kernels) == 2  # partial sums over groups of rows, then the groups
     full = text.parse("ember 1\nx = param f32[1024,1024]\ns = sum x axes=[0,1]\nreturn s\n").output_nodes
     assert len(cuda.prepare(full).kernels) == 2  # partial sums on many blocks, then one
+
+
+def test_long_1d_full_reduction_is_split_across_blocks() -> None:
+    """A 1-D sum of 2^26 values ran in one block (40 GB/s on the H200): it is now split like a
+    2-D full sum, partial results then their total, and the split keeps the value (source only,
+    no GPU needed)."""
+    import numpy as np
+
+    from ember import dtype as dt
+    from ember import ir, ref
+    from ember.backend import cuda
+    from ember.ir import Op
+    x = ir.param("x", dt.f64, (1 << 20,))
+    out = ir.reduce(Op.SUM, x, (0,))
+    (split,) = cuda._split_large_reductions([out])
+    assert split is not out and len(cuda.prepare([out]).kernels) == 2
+    v = np.random.default_rng(0).standard_normal(1 << 20)
+    np.testing.assert_allclose(ref.evaluate([split], {x: v})[0], ref.evaluate([out], {x: v})[0], rtol=1e-12)
