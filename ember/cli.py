@@ -140,17 +140,24 @@ def _parse_output(stdout: str, prog: Program) -> dict[str, np.ndarray]:
     return got
 
 
-def _compare(prog: Program, got: dict[str, np.ndarray]) -> str | None:
-    """None if every expect matches, else a line naming the first mismatching element."""
-    for name, spec in prog.expects.items():
+def _compare(prog: Program, got: dict[str, np.ndarray], answers: dict[str, np.ndarray] | None = None,
+             tolerance: tuple[float | None, float | None] = (None, None)) -> str | None:
+    """None if every expect matches, else a line naming the first mismatching element. With
+    answers (name -> values, e.g. the reference's output), those are expected instead, at the
+    given tolerance (None: spec 8's defaults)."""
+    for name in answers if answers is not None else prog.expects:
         node = prog.nodes[name]
         if name not in got:
             return f"no output for '{name}'"
         actual = np.asarray(got[name]).reshape(-1)
         if actual.size != node.numel:
             return f"'{name}' has {actual.size} values, expected {node.numel} ({node.dtype}{list(node.shape)})"
-        expected = prog.expected_values(name).reshape(-1)
-        i = data.first_mismatch(actual, expected, node.dtype, spec.atol, spec.rtol)
+        if answers is not None:
+            expected, (atol, rtol) = answers[name].reshape(-1), tolerance
+        else:
+            spec = prog.expects[name]
+            expected, atol, rtol = prog.expected_values(name).reshape(-1), spec.atol, spec.rtol
+        i = data.first_mismatch(actual, expected, node.dtype, atol, rtol)
         if i is not None:
             idx = ",".join(map(str, np.unravel_index(i, node.shape))) if node.shape else ""
             show = lambda v: data.format_values(np.array([v]), node.dtype)[1:-1]  # noqa: E731
@@ -173,6 +180,13 @@ def _expected_error(path: str) -> tuple[int, str] | None:
     return (int(m.group(1)), m.group(2).strip()) if m else None
 
 
+def reported_error(status: int | None, stderr: str, line: int, path: str | None = None) -> bool:
+    """Spec 9's answer to an invalid program: status 2 and `FILE:LINE: message` first on stderr
+    (FILE is any path when path is None: a grader runs a copy of the file)."""
+    first = (stderr.strip().splitlines() or [""])[0]
+    return status == 2 and re.match(rf"{re.escape(path) if path else '.*'}:{line}:", first) is not None
+
+
 def _check_error_test(path: str, want: tuple[int, str], compiler: list[str] | None, timeout: float) -> str | None:
     line, words = want
     if compiler is None:
@@ -187,9 +201,9 @@ def _check_error_test(path: str, want: tuple[int, str], compiler: list[str] | No
         proc = subprocess.run(compiler + [path], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return f"{path}: timed out after {timeout:g} s"
-    first = (proc.stderr.strip().splitlines() or [""])[0]
-    if proc.returncode == 2 and first.startswith(f"{path}:{line}:"):
+    if reported_error(proc.returncode, proc.stderr, line, path):
         return None
+    first = (proc.stderr.strip().splitlines() or [""])[0]
     got = f"got status {proc.returncode}: {first[:120]}"
     return f"{path}: expected exit status 2 and '{path}:{line}: ...' on stderr, {got}"
 

@@ -235,12 +235,13 @@ def read_back(tok: str, dtype: DType) -> int | float | None:
 
 def _next_toward(y: float, x: float, dtype: DType) -> float:
     """The value of dtype next to y in the direction of x (y is a value of dtype)."""
-    if dtype is dt.bf16:
+    if dtype is dt.bf16:  # bf16 values are the f32s whose low 16 bits are 0: step the high half
         bits = int(np.array([y], np.float32).view(np.uint32)[0])
-        step = 0x10000 if y != 0 else 0x10000 | (0x80000000 if x < 0 else 0)
-        away = abs(x) > abs(y) or y == 0
-        out = (bits + step if away else bits - 0x10000) if y != 0 else step
-        return float(np.array([out & 0xFFFFFFFF], np.uint32).view(np.float32)[0])
+        if y == 0:
+            out = 0x10000 | (0x80000000 if x < 0 else 0)   # the smallest subnormal on x's side
+        else:
+            out = bits + 0x10000 if abs(x) > abs(y) else bits - 0x10000  # sign-magnitude: away or toward 0
+        return float(np.array([out], np.uint32).view(np.float32)[0])
     t = np.float16 if dtype is dt.f16 else np.float32
     with np.errstate(over="ignore"):
         return float(np.nextafter(t(y), t(math.inf if x > y else -math.inf)))

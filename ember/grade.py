@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import cli, data
+from . import cli
 from .sandbox import Limits, Result, Sandbox
 from .text import EirError, Program, parse_file
 
@@ -80,8 +80,8 @@ def run_compiler(sandbox: Sandbox, sub: Submission, test: Path, extra: list[str]
                        submission=sub.folder, wall=wall, trusted=sub.folder is None)
 
 
-def judge(prog: Program, r: Result, run_path: str, expected: dict[str, np.ndarray] | None = None) -> str | None:
-    """None when the compiler's output matches the test (or `expected`), else why not."""
+def judge(prog: Program, r: Result, expected: dict[str, np.ndarray] | None = None) -> str | None:
+    """None when the compiler's output matches the test (or the reference's `expected`), else why not."""
     if r.failure():
         return r.failure()
     try:
@@ -90,17 +90,8 @@ def judge(prog: Program, r: Result, run_path: str, expected: dict[str, np.ndarra
         return str(e)
     if expected is None:
         return cli._compare(prog, got)
-    for name, want in expected.items():
-        node = prog.nodes[name]
-        if name not in got:
-            return f"no output for '{name}'"
-        actual = got[name].reshape(-1)
-        if actual.size != node.numel:
-            return f"'{name}' has {actual.size} values, expected {node.numel}"
-        i = data.first_mismatch(actual, want.reshape(-1), node.dtype, *tolerance(prog))
-        if i is not None:
-            return f"{name}[{i}] = {actual[i]}, expected {want.reshape(-1)[i]} (the reference's value)"
-    return None
+    problem = cli._compare(prog, got, expected, tolerance(prog))
+    return f"{problem} (the reference's value)" if problem else None
 
 
 # --------------------------------------------------------------------------------- grade
@@ -146,11 +137,10 @@ def grade_one(sandbox: Sandbox, sub: Submission, t: Test, timeout: float) -> str
     r = run_compiler(sandbox, sub, t.path, [], timeout)
     want = cli._expected_error(str(t.path))
     if want is not None:  # a test of an error message: status 2 and FILE:LINE: on stderr
-        first = (r.stderr.strip().splitlines() or [""])[0]
-        if r.status == 2 and re.match(rf".*:{want[0]}:", first):
+        if cli.reported_error(r.status, r.stderr, want[0]):
             return None
         return f"expected exit status 2 and an error on line {want[0]}, got {r.failure() or 'success'}"
-    return judge(parse_file(str(t.path)), r, str(t.path))
+    return judge(parse_file(str(t.path)), r)
 
 
 def cmd_grade(args: argparse.Namespace) -> int:
@@ -255,32 +245,39 @@ def honest(r1: Result, r2: Result, m1: float, m2: float, n1: int, n2: int) -> st
 
 
 def bench_one(sandbox: Sandbox, sub: Submission, prog: Program, expected: dict[str, np.ndarray] | None,
-              runs: int, timeout: float) -> dict[str, Any]:
+              runs: int, timeout: float) -> tuple[dict[str, Any], str]:
+    """bench.json's entry for one compiler on one program, and what its first run printed."""
+    entry, r1 = _bench_runs(sandbox, sub, prog, expected, runs, timeout)
+    return entry, r1.stdout if r1 is not None else ""
+
+
+def _bench_runs(sandbox: Sandbox, sub: Submission, prog: Program, expected: dict[str, np.ndarray] | None,
+                runs: int, timeout: float) -> tuple[dict[str, Any], Result | None]:
     if sub.build_error:
-        return {"median_ms": None, "status": "error", "note": sub.build_error.splitlines()[0]}
+        return {"median_ms": None, "status": "error", "note": sub.build_error.splitlines()[0]}, None
     path = Path(prog.path)
     n1, n2 = runs, HONESTY_FACTOR * runs
     r1 = run_compiler(sandbox, sub, path, ["--bench", str(n1)], timeout)
     if r1.killed == "timeout":
-        return {"median_ms": None, "status": "timeout", "note": r1.failure()}
+        return {"median_ms": None, "status": "timeout", "note": r1.failure()}, r1
     if r1.failure():
-        return {"median_ms": None, "status": "error", "note": r1.failure()}
+        return {"median_ms": None, "status": "error", "note": r1.failure()}, r1
     if expected is not None or prog.expects:
-        problem = judge(prog, r1, str(path), expected)
+        problem = judge(prog, r1, expected)
         if problem:
-            return {"median_ms": None, "status": "wrong", "note": problem}
+            return {"median_ms": None, "status": "wrong", "note": problem}, r1
     m1 = cli.bench_median(r1.stdout)
     if m1 is None:
-        return {"median_ms": None, "status": "error", "note": "no '# bench runs=N median_ms=X' line (spec 10)"}
+        return {"median_ms": None, "status": "error", "note": "no '# bench runs=N median_ms=X' line (spec 10)"}, r1
     r2 = run_compiler(sandbox, sub, path, ["--bench", str(n2)], timeout)
     m2 = cli.bench_median(r2.stdout)
     if r2.failure() or m2 is None:
         return {"median_ms": None, "status": "timeout" if r2.killed == "timeout" else "error",
-                "note": r2.failure() or "no bench line at the second run count"}
+                "note": r2.failure() or "no bench line at the second run count"}, r1
     lie = honest(r1, r2, m1, m2, n1, n2)
     if lie:
-        return {"median_ms": None, "status": "error", "note": f"dishonest timing: {lie}"}
-    return {"median_ms": statistics.median([m1, m2]), "status": "ok", "note": None}
+        return {"median_ms": None, "status": "error", "note": f"dishonest timing: {lie}"}, r1
+    return {"median_ms": statistics.median([m1, m2]), "status": "ok", "note": None}, r1
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -303,15 +300,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for prog in progs:
             name = Path(prog.path).name
             row = results[name] = {}
-            ref = bench_one(sandbox, subs[0], prog, None, args.runs, args.timeout)
+            ref, ref_stdout = bench_one(sandbox, subs[0], prog, None, args.runs, args.timeout)
             row[REFERENCE] = ref
             bar.update()
             expected = None
             if ref["status"] == "ok" and not prog.expects:  # the reference's result is the answer
-                got = cli._parse_output(run_compiler(sandbox, subs[0], Path(prog.path), [], args.timeout).stdout, prog)
+                got = cli._parse_output(ref_stdout, prog)
                 expected = {n: got[n] for n in prog.outputs if n in got}
             for sub in subs[1:]:
-                row[sub.name] = bench_one(sandbox, sub, prog, expected, args.runs, args.timeout)
+                row[sub.name] = bench_one(sandbox, sub, prog, expected, args.runs, args.timeout)[0]
                 bar.update()
             scores = linear_scores({n: r["median_ms"] for n, r in row.items()})
             for n, r in row.items():

@@ -407,7 +407,7 @@ def save_safetensors(tensors: dict[str, Tensor | np.ndarray], path: str | Path,
             d, arr = value.dtype, data.to_storage(value.numpy(), value.dtype)
         else:
             arr = np.asarray(value)  # (ascontiguousarray would make a 0-d array 1-d)
-            d = T._to_dtype(arr.dtype)
+            d = T.as_dtype(arr.dtype)
         raw = arr.astype(arr.dtype.newbyteorder("<"), order="C").tobytes()
         header[name] = {"dtype": _ST[d], "shape": list(arr.shape), "data_offsets": [offset, offset + len(raw)]}
         blobs.append(raw)

@@ -88,9 +88,6 @@ def as_dtype(x: Any) -> DType:
     raise TypeError(f"dtype: expected an ember dtype, a name such as 'float32' or a numpy dtype, got {x!r}")
 
 
-_to_dtype = as_dtype
-
-
 def _dim(d: int, ndim: int, name: str = "dim") -> int:
     """A dim in [-ndim, ndim) as a non-negative index (PyTorch: a 0-d tensor takes -1 and 0)."""
     n = max(ndim, 1)
@@ -993,16 +990,8 @@ class Tensor:
         return _take_along_last(src.movedim(d, -1), index.movedim(d, -1)).movedim(-1, d)
 
     def scatter_add(self, dim: int, index: "Tensor", src: "Tensor") -> "Tensor":
-        """self with src added at index along dim (torch.scatter_add): sums of one-hot selections."""
-        d = _dim(dim, self.ndim)
-        x = self.movedim(d, -1)
-        idx = index.movedim(d, -1)
-        val = src[tuple(slice(0, index.shape[k]) for k in range(src.ndim))].movedim(d, -1)
-        hit = idx.unsqueeze(-1).eq(Tensor(ir.iota(dt.i64, (x.shape[-1],), 0)))   # [..., j, i]
-        added = where(hit, val.unsqueeze(-1), 0).cast(x.dtype).sum(-2).cast(x.dtype)
-        lead = added.shape[:-1]
-        pads = [0, 0] + [p for k in reversed(range(len(lead))) for p in (0, x.shape[k] - lead[k])]
-        return (x + added.pad(pads)).movedim(-1, d)
+        """self with src added at index along dim (torch.scatter_add)."""
+        return self._scatter(dim, index, src, "sum", include_self=True)
 
     def scatter(self, dim: int, index: "Tensor", src: Any = None, value: Any = None,
                 reduce: str | None = None) -> "Tensor":

@@ -25,12 +25,18 @@ def cached(build: Callable[[list[Node]], Any]) -> Callable[[list[Node]], Any]:
 
 def run_values(program: Any, inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
     """Run a compiled program on values as the reference evaluator holds them; returns the same."""
-    stored = {n: data.to_storage(v, n.dtype) for n, v in inputs.items()}
-    return [data.from_storage(a, b.dtype) for a, b in zip(program(stored), program.sched.outputs)]
+    return _values(program, program(_stored(inputs)))
 
 
 def timed_values(program: Any, inputs: dict[Node, np.ndarray], runs: int) -> tuple[list[np.ndarray], list[float]]:
     """run_values, then the milliseconds of each of `runs` more runs on the same bound inputs."""
-    stored = {n: data.to_storage(v, n.dtype) for n, v in inputs.items()}
-    arrays, times = program.timed(stored, runs)
-    return [data.from_storage(a, b.dtype) for a, b in zip(arrays, program.sched.outputs)], times
+    arrays, times = program.timed(_stored(inputs), runs)
+    return _values(program, arrays), times
+
+
+def _stored(inputs: dict[Node, np.ndarray]) -> dict[Node, np.ndarray]:
+    return {n: data.to_storage(v, n.dtype) for n, v in inputs.items()}
+
+
+def _values(program: Any, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    return [data.from_storage(a, b.dtype) for a, b in zip(arrays, program.sched.outputs)]
