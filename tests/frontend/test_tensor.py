@@ -154,3 +154,11 @@ def test_state_dict_round_trip(tmp_path) -> None:  # type: ignore[no-untyped-def
         return
     ref = load_file(str(tmp_path / "m.safetensors"))
     assert set(ref) == {"weight", "bias"} and np.array_equal(ref["weight"], model.weight.numpy())
+
+
+def test_random_draws_of_a_shape_share_one_program() -> None:
+    """The seed is data, not a constant: five draws of one shape compile one program."""
+    before = len(c.compile.programs)
+    draws = [et.rand(37, 3).numpy() for _ in range(5)]
+    assert len(c.compile.programs) - before <= 1
+    assert not np.array_equal(draws[0], draws[1])
