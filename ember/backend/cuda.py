@@ -29,7 +29,7 @@ from ..compiler.lower import Kernel
 from ..compiler.schedule import Schedule, schedule
 from ..dtype import DType
 from ..ir import Node, Op, toposort
-from . import cached
+from . import cached, mma
 from . import run_values as shared_run_values
 from .render import CLike, KernelWriter, Scope
 
@@ -143,6 +143,8 @@ class CUDARenderer(CLike):
         return ["__syncthreads();"]
 
     def render_kernel(self, k: Kernel, prefix: str = "") -> str:
+        if k.tensor_core is not None:
+            return mma.render(self, k, *k.tensor_core, prefix)
         return CUDAKernelWriter(self, k, prefix).write()
 
 
@@ -158,12 +160,15 @@ def block_size(k: Kernel) -> int:
     return BLOCK
 
 
-def launch_config(k: Kernel) -> tuple[int, int]:
-    """(blocks, threads per block), from the plan optimize.gpu_plan made."""
+def launch_config(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
+    """(grid, threads per block, dynamic shared memory bytes), from the plan optimize made."""
+    if k.tensor_core is not None:
+        c, p = k.tensor_core
+        return mma.grid(c, p), mma.threads(p), mma.smem_bytes(p)
     if k.rows is not None:
-        return max(1, math.prod(r.arg[1] for r in k.rows)), block_size(k)
+        return (max(1, math.prod(r.arg[1] for r in k.rows)), 1, 1), block_size(k), 0
     total = math.prod(r.arg[1] for r in k.ranges if r not in k.lanes)
-    return max(1, -(-total // BLOCK)), BLOCK
+    return (max(1, -(-total // BLOCK)), 1, 1), BLOCK, 0
 
 
 class CUDAKernelWriter(KernelWriter):
@@ -240,7 +245,8 @@ def render(sched: Schedule, prefix: str = "") -> str:
     """The program's kernels as one CUDA source (kernel names get the prefix)."""
     r = CUDARenderer()
     kernels = [r.render_kernel(k, prefix) for k in sched.kernels]
-    return PRELUDE + _bitcast_helpers(r.bitcasts) + "\n" + "\n".join(kernels)
+    helpers = mma.HELPERS if any(k.tensor_core for k in sched.kernels) else ""
+    return PRELUDE + helpers + _bitcast_helpers(r.bitcasts) + "\n" + "\n".join(kernels)
 
 
 def _split_large_reductions(outputs: list[Node]) -> list[Node]:
@@ -272,14 +278,15 @@ def _split_large_reductions(outputs: list[Node]) -> list[Node]:
     return substitute(outputs, mapping) if mapping else outputs
 
 
-def prepare(outputs: list[Node]) -> Schedule:
+def prepare(outputs: list[Node], arch: str | None = None) -> Schedule:
     sched = schedule(_split_large_reductions(outputs))
-    optimize.optimize(sched, target="cuda")
+    optimize.optimize(sched, target="cuda", arch=arch or target_arch())
     return sched
 
 
-def source(outputs: list[Node]) -> str:
-    return render(prepare(outputs))
+def source(outputs: list[Node], arch: str | None = None) -> str:
+    """The program's CUDA source for arch (default: the GPU's, else DEFAULT_ARCH)."""
+    return render(prepare(outputs, arch))
 
 
 # ---------------------------------------------------------------------------------- runtime
@@ -310,6 +317,15 @@ def _device() -> tuple[Any, str] | None:
         return ctx, f"sm_{major}{minor}"
     except RuntimeError:
         return None
+
+
+DEFAULT_ARCH = "sm_86"  # the course's grading GPUs (RTX 3080), for source printed without a GPU
+ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a")
+
+
+def target_arch() -> str:
+    dev = None if os.environ.get("EMBER_NO_CUDA") else _device()
+    return dev[1] if dev else DEFAULT_ARCH
 
 
 def available() -> bool:
@@ -369,6 +385,10 @@ class CUDAProgram:
         self.module = _check(cu.cuModuleLoadData(compile_cubin(self.source, dev[1], ptxas_o0)))
         self.functions = [_check(cu.cuModuleGetFunction(self.module, k.name.encode())) for k in self.sched.kernels]
         self.configs = [launch_config(k) for k in self.sched.kernels]
+        for fn, (_, _, smem) in zip(self.functions, self.configs):
+            if smem > 48 * 1024:  # above 48 KB, dynamic shared memory is opt-in per function
+                attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                _check((cu.cuFuncSetAttribute(fn, attr, smem)[0], None))
         self.compile_seconds = (t1 - t0, time.perf_counter() - t1)
         debug.log(1, f"ember cuda: {len(self.sched.kernels)} kernels, codegen {self.compile_seconds[0] * 1e3:.1f} ms, "
                      f"nvrtc+load {self.compile_seconds[1] * 1e3:.1f} ms")
@@ -398,14 +418,14 @@ class CUDAProgram:
                 slot_ptr[s] = alloc(size)
             ptr[buf.id] = slot_ptr[s]
         launches = []
-        for k, fn, (grid, block) in zip(sched.kernels, self.functions, self.configs):
+        for k, fn, (grid, block, smem) in zip(sched.kernels, self.functions, self.configs):
             args = [np.array([ptr[b.id]], dtype=np.uint64) for b in [k.out] + [b for b in k.reads if b.id != k.out.id]]
             addrs = np.array([a.ctypes.data for a in args], dtype=np.uint64)
-            launches.append((k, fn, grid, block, args, addrs))
+            launches.append((fn, grid, block, smem, args, addrs))
 
         def run() -> None:
-            for k, fn, grid, block, _args, addrs in launches:
-                _check((cu.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, 0, addrs.ctypes.data, 0)[0], None))
+            for fn, (gx, gy, gz), block, smem, _args, addrs in launches:
+                _check((cu.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, smem, 0, addrs.ctypes.data, 0)[0], None))
             if debug.level() >= 1:
                 _check((cu.cuCtxSynchronize()[0], None))
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from ..ir import Node, Op, toposort
+from . import contraction
 from . import symbolic as sym
 from .lower import Kernel, Stage, enclosing_reduces, free_ranges
 from .schedule import Schedule
@@ -200,8 +201,21 @@ def gpu_transpose_tile(k: Kernel) -> bool:
     return True
 
 
-def gpu_plan(k: Kernel) -> None:
-    if gpu_matmul_tile(k) or gpu_transpose_tile(k):
+def gpu_tensor_core(k: Kernel, arch: str) -> bool:
+    """f16/bf16 contractions on tensor cores (sm_80 and later), the kernel rendered whole by
+    backend/mma.py from the plan."""
+    if int(arch[3:5]) < 80:
+        return False
+    c = contraction.find(k)
+    p = None if c is None else contraction.plan(c, arch)
+    if p is None:
+        return False
+    k.tensor_core = (c, p)
+    return True
+
+
+def gpu_plan(k: Kernel, arch: str) -> None:
+    if gpu_tensor_core(k, arch) or gpu_matmul_tile(k) or gpu_transpose_tile(k):
         return
     k.rows = block_rows(k)
     if k.rows is None:
@@ -219,18 +233,19 @@ def gpu_plan(k: Kernel) -> None:
             split_range(k, r, GPU_LANES)
 
 
-def optimize(sched: Schedule, target: str) -> None:
-    _optimize(sched, target)
+def optimize(sched: Schedule, target: str, arch: str = "") -> None:
+    """arch: the GPU architecture for target "cuda" (sm_86, sm_90a...)."""
+    _optimize(sched, target, arch)
     from .. import debug
     debug.kernels(3, f"after optimization for {target}", sched.kernels)
 
 
-def _optimize(sched: Schedule, target: str) -> None:
+def _optimize(sched: Schedule, target: str, arch: str) -> None:
     for k in sched.kernels:
         if target == "c":
             cpu_lanes(k)
         elif target == "cuda":
-            gpu_plan(k)
+            gpu_plan(k, arch)
         outer = [r for r in k.ranges if r not in k.lanes]
         if outer and work(k) >= PARALLEL_WORK:
             k.parallel = 1

@@ -44,10 +44,10 @@ def test_every_generated_kernel_compiles_with_nvcc(tmp_path: Path) -> None:
 def test_launch_shapes() -> None:
     softmax = text.parse_file(str(Path(__file__).parents[1] / "eir/compositions/softmax_129.eir")).output_nodes
     (k,) = cuda.prepare(softmax).kernels
-    assert cuda.launch_config(k) == (3, cuda.BLOCK)  # a block per row
+    assert cuda.launch_config(k) == ((3, 1, 1), cuda.BLOCK, 0)  # a block per row
     colsum = text.parse("ember 1\nx = param f32[64,300]\ns = sum x axes=[0]\nreturn s\n").output_nodes
     (k,) = cuda.prepare(colsum).kernels
-    assert cuda.launch_config(k) == (2, cuda.BLOCK)  # a thread per column (too few to give each 4), coalesced
+    assert cuda.launch_config(k) == ((2, 1, 1), cuda.BLOCK, 0)  # a thread per column (too few to give each 4), coalesced
     big_colsum = text.parse("ember 1\nx = param f32[8192,4096]\ns = sum x axes=[0]\nreturn s\n").output_nodes
     assert len(cuda.prepare(big_colsum).kernels) == 2  # partial sums over groups of rows, then the groups
     full = text.parse("ember 1\nx = param f32[1024,1024]\ns = sum x axes=[0,1]\nreturn s\n").output_nodes

@@ -1,0 +1,145 @@
+"""Contractions found on the kernel graph, and the tensor-core plan for them.
+
+A contraction is a kernel whose value holds one REDUCE(add) over one range k of
+MUL(load A, load B), where A's address is affine in k and in an output range i that B ignores,
+and B's is affine in k and in an output range j that A ignores. The other output ranges are
+batch ranges (either load may use them). Around the reduction, the rest of the kernel's value
+is an epilogue evaluated per output element (a bias, an activation, a cast); nothing in the IR
+names a matmul.
+
+The plan (`TensorCorePlan`) is a record the CUDA backend renders as one kernel: block tiles of
+the output on the grid, warp tiles of `mma.sync.m16n8k16` fragments read with `ldmatrix` from
+shared memory, a `cp.async` pipeline of `stages` K-steps, masked edge tiles. Each operand is
+staged with its contiguous axis innermost: "k-major" when its k stride is 1 (A row-major, B
+transposed as in x @ W.T), else "mn-major" when its i (or j) stride is 1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import dtype as dt
+from ..ir import Node, Op, toposort
+from . import symbolic as sym
+from .lower import Kernel, free_ranges
+
+TENSOR_CORE_DTYPES = (dt.f16, dt.bf16)
+
+
+@dataclass(frozen=True)
+class Operand:
+    load: Node
+    strides: dict            # range -> element stride in the buffer (the load's affine address)
+    offset: int              # the constant part of the address
+    k_major: bool            # contiguous along k (else along its output range)
+    aligned: bool            # every 8-element chunk along the contiguous axis is one 16-byte load
+
+
+@dataclass(frozen=True)
+class Contraction:
+    reduce: Node
+    i: Node                  # the output range of A (rows of the tile), size M
+    j: Node                  # the output range of B (columns), size N
+    k: Node                  # the reduced range, size K
+    batch: tuple[Node, ...]  # the other output ranges, outermost first (the grid's z)
+    a: Operand
+    b: Operand
+    dtype: dt.DType          # the operands' dtype (f16 or bf16)
+
+    @property
+    def mnk(self) -> tuple[int, int, int]:
+        return self.i.arg[1], self.j.arg[1], self.k.arg[1]
+
+
+
+@dataclass(frozen=True)
+class TensorCorePlan:
+    """One kernel's tensor-core tiling: printed by EMBER_DEBUG=2."""
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 32
+    warps_m: int = 2
+    warps_n: int = 2
+    stages: int = 4
+
+    def __str__(self) -> str:
+        return (f"tensor core mma.sync m16n8k16: block {self.block_m}x{self.block_n}x{self.block_k}, "
+                f"warps {self.warps_m}x{self.warps_n}, cp.async {self.stages}-stage")
+
+
+def _operand_load(x: Node) -> Node | None:
+    """The f16/bf16 load under a multiplicand: the load itself, or an exact widening cast of it."""
+    if x.op is Op.CAST and x.dtype.is_float and x.dtype.bits >= 32:
+        x = x.srcs[0]
+    if x.op is Op.LOAD and len(x.srcs) == 2 and x.dtype in TENSOR_CORE_DTYPES:
+        return x
+    return None
+
+
+def _affine(load: Node, allowed: set[Node]) -> tuple[dict, int] | None:
+    terms, const = sym.linear(load.srcs[1])
+    if not all(t.op is Op.RANGE and t in allowed for t in terms):
+        return None
+    return terms, const
+
+
+def find(k: Kernel) -> Contraction | None:
+    """The kernel's contraction, or None when it is not one the tensor-core path takes."""
+    nodes = toposort([k.store])
+    reduces = [n for n in nodes if n.op is Op.REDUCE]
+    if len(reduces) != 1:
+        return None
+    (red,) = reduces
+    op, own = red.arg
+    if op is not Op.SUM or len(own) != 1 or not red.dtype.is_float:
+        return None
+    (kr,) = own
+    body = red.srcs[0]
+    if body.op is not Op.MUL:
+        return None
+    x, y = (_operand_load(s) for s in body.srcs)
+    if x is None or y is None or x.dtype is not y.dtype:
+        return None
+    deps = free_ranges(k.store)
+    if deps[red] != frozenset(k.ranges):  # the epilogue may not loop over the reduction
+        return None
+    allowed = set(k.ranges) | {kr}
+    fx, fy = _affine(x, allowed), _affine(y, allowed)
+    if fx is None or fy is None or kr not in fx[0] or kr not in fy[0]:
+        return None
+    only_x = [r for r in k.ranges if r in fx[0] and r not in fy[0]]
+    only_y = [r for r in k.ranges if r in fy[0] and r not in fx[0]]
+    if not only_x or not only_y:
+        return None
+    # A's output range: the innermost range only A uses; likewise B's; the rest go on the grid
+    ia, jb = only_x[-1], only_y[-1]
+    if k.ranges.index(ia) > k.ranges.index(jb):  # the output's last range belongs to B
+        x, y, fx, fy, ia, jb = y, x, fy, fx, jb, ia
+    batch = tuple(r for r in k.ranges if r is not ia and r is not jb)
+    a = _operand(x, *fx, ia, kr)
+    b = _operand(y, *fy, jb, kr)
+    if a is None or b is None:
+        return None
+    return Contraction(red, ia, jb, kr, batch, a, b, x.dtype)
+
+
+def _operand(load: Node, strides: dict, offset: int, out: Node, kr: Node) -> Operand | None:
+    if strides.get(kr) == 1:
+        k_major, other, contiguous = True, strides.get(out), kr
+    elif strides.get(out) == 1:
+        k_major, other, contiguous = False, strides.get(kr), out
+    else:
+        return None  # neither axis contiguous: the generic path
+    rest = [c for r, c in strides.items() if r is not contiguous]
+    aligned = contiguous.arg[1] % 8 == 0 and offset % 8 == 0 and all(c % 8 == 0 for c in rest)
+    return Operand(load, dict(strides), offset, k_major, aligned) if other else None
+
+
+def plan(c: Contraction, arch: str) -> TensorCorePlan | None:
+    """Heuristic tiling, or None where tensor cores do not pay (a matrix-vector product)."""
+    m, n, kk = c.mnk
+    if m < 16 or n < 16 or kk < 16:
+        return None
+    stages = 4 if arch.startswith("sm_9") else 3   # sm_86 has 100 KB of shared memory per SM
+    if m <= 64 or n <= 64:
+        return TensorCorePlan(64, 64, 32, 2, 2, stages)
+    return TensorCorePlan(128, 128, 32, 2, 2, stages)
