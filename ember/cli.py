@@ -96,7 +96,7 @@ def cmd_source(args: argparse.Namespace) -> int:
             print(c.source(prog.output_nodes))
         elif backend == "cuda":
             from .backend import cuda
-            print(cuda.source(prog.output_nodes))
+            print(cuda.source(prog.output_nodes, args.arch))
         else:
             return _fail(f"ember source: backend '{backend}' generates no source (use c or cuda)", 3)
     except EirError as e:
@@ -369,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("source", help="print the generated source of a program", formatter_class=fmt)
     p.add_argument("file", help="the .eir file")
     p.add_argument("--backend", choices=["c", "cuda"], help="which source (default: cuda with a GPU, else c)")
+    p.add_argument("--arch", choices=["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"], default=None,
+                   help="the GPU the CUDA source is for (default: this machine's GPU, else sm_86)")
     p.set_defaults(fn=cmd_source)
 
     from . import grade

@@ -245,8 +245,7 @@ def render(sched: Schedule, prefix: str = "") -> str:
     """The program's kernels as one CUDA source (kernel names get the prefix)."""
     r = CUDARenderer()
     kernels = [r.render_kernel(k, prefix) for k in sched.kernels]
-    helpers = mma.HELPERS if any(k.tensor_core for k in sched.kernels) else ""
-    return PRELUDE + helpers + _bitcast_helpers(r.bitcasts) + "\n" + "\n".join(kernels)
+    return PRELUDE + mma.helpers(sched.kernels) + _bitcast_helpers(r.bitcasts) + "\n" + "\n".join(kernels)
 
 
 def _split_large_reductions(outputs: list[Node]) -> list[Node]:
@@ -314,7 +313,7 @@ def _device() -> tuple[Any, str] | None:
         minor = _check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
         ctx = _check(cu.cuDevicePrimaryCtxRetain(dev))
         _check((cu.cuCtxSetCurrent(ctx)[0], None))
-        return ctx, f"sm_{major}{minor}"
+        return ctx, f"sm_{major}{minor}" + ("a" if major == 9 else "")  # sm_90a: wgmma
     except RuntimeError:
         return None
 
@@ -373,13 +372,15 @@ def compile_cubin(src: str, arch: str, ptxas_o0: bool = False) -> bytes:
 
 
 class CUDAProgram:
-    def __init__(self, outputs: list[Node], ptxas_o0: bool = False):
+    def __init__(self, outputs: list[Node], ptxas_o0: bool = False, plan_arch: str | None = None):
+        """plan_arch: plan the kernels for another architecture than the GPU's (an sm_80 plan runs
+        on sm_90a too: tests run both tensor-core paths on one GPU)."""
         from cuda.bindings import driver as cu
         self.cu = cu
         dev = _device()
         assert dev is not None
         t0 = time.perf_counter()
-        self.sched = prepare(outputs)
+        self.sched = prepare(outputs, plan_arch)
         self.source = render(self.sched)
         t1 = time.perf_counter()
         self.module = _check(cu.cuModuleLoadData(compile_cubin(self.source, dev[1], ptxas_o0)))

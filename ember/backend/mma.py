@@ -45,13 +45,54 @@ EMBER_MMA(bf16)
 EMBER_MMA(f16)
 """
 
+HOPPER_HELPERS = r"""
+/* a wgmma shared-memory matrix descriptor: 128-byte swizzle, byte offsets in 16-byte units */
+EMBER_D unsigned long long ember_desc(const void* p, unsigned lbo, unsigned sbo) {
+  return (unsigned long long)((ember_smem_addr(p) & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+         ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+EMBER_D void ember_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+EMBER_D void ember_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> EMBER_D void ember_wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+EMBER_D void ember_fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+"""
+
+
+def _wgmma_helper(kind: str, n: int, trans_a: int, trans_b: int) -> str:
+    """ember_wgmma_<kind>_n<n>_<ta><tb>(d, descA, descB): d[n/2] += A (64x16) * B (16xn)."""
+    regs = n // 2
+    outs = ",".join(f"%{i}" for i in range(regs))
+    cons = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    return (f"EMBER_D void ember_wgmma_{kind}_n{n}_{trans_a}{trans_b}(float* d, unsigned long long da, "
+            f"unsigned long long db) {{\n"
+            f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
+            f'    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} {{{outs}}}, %{regs}, %{regs + 1}, p, '
+            f'1, 1, {trans_a}, {trans_b};\\n}}\\n"\n'
+            f'    : {cons}\n    : "l"(da), "l"(db), "r"(1));\n}}\n')
+
+
+def helpers(kernels: list[Kernel]) -> str:
+    """The device functions the tensor-core kernels among these use."""
+    plans = [k.tensor_core for k in kernels if k.tensor_core is not None]
+    if not plans:
+        return ""
+    out = HELPERS
+    hopper = sorted({(c.dtype.name, p.block_n, int(not c.a.k_major), int(not c.b.k_major))
+                     for c, p in plans if p.instruction == "wgmma"})
+    if hopper:
+        out += HOPPER_HELPERS + "".join(_wgmma_helper(*h) for h in hopper)
+    return out
+
 
 def threads(p: TensorCorePlan) -> int:
-    return 32 * p.warps_m * p.warps_n
+    return p.threads
 
 
 def smem_bytes(p: TensorCorePlan) -> int:
-    return p.stages * (p.block_m + p.block_n) * p.block_k * 2
+    extra = 1024 if p.instruction == "wgmma" else 0  # room to align the tiles to 1024 bytes (the swizzle atom)
+    return p.stages * (p.block_m + p.block_n) * p.block_k * 2 + extra
 
 
 def grid(c: Contraction, p: TensorCorePlan) -> tuple[int, int, int]:
@@ -68,12 +109,22 @@ def _tile_shape(op: Operand, out_tile: int, p: TensorCorePlan) -> tuple[int, int
 
 
 def _swizzle(row: str, chunk: str, width: int) -> str:
-    """The physical chunk of (row, chunk): eight consecutive rows land in eight bank groups.
-    Rows of 4 chunks (64 bytes) pair up in a 128-byte line, so the pair index is XORed in."""
+    """mma.sync tiles: the physical chunk of (row, chunk), so that eight consecutive rows land in
+    eight bank groups. Rows of 4 chunks (64 bytes) pair up in a 128-byte line, so the pair index
+    is XORed in."""
     chunks = width // CHUNK
     if chunks >= 8:
         return f"({chunk} ^ ({row} & 7))"
     return f"({chunk} ^ (({row} >> 1) & 3))"
+
+
+def _place(hopper: bool, rows: int, width: int) -> str:
+    """Where chunk c of row r of a tile goes (in elements from the tile's start). wgmma's 128-byte
+    swizzle: the tile is cut into panels 64 elements wide, each rows x 128 bytes, and chunk c of
+    row r of a panel sits at chunk c ^ (r % 8) of its 128-byte row."""
+    if hopper:
+        return f"((c >> 3) * {rows} + r) * 64 + ((c & 7) ^ (r & 7)) * {CHUNK}"
+    return f"r * {width} + {_swizzle('r', 'c', width)} * {CHUNK}"
 
 
 class _Epilogue(KernelWriter):
@@ -96,7 +147,7 @@ class _Epilogue(KernelWriter):
 
 
 def _fill(name: str, op: Operand, base: str, out_var: str, out_size: int, kr_size: int, rows: int, width: int,
-          nthreads: int, other_stride: int) -> list[str]:
+          nthreads: int, other_stride: int, hopper: bool) -> list[str]:
     """Statements that copy one operand tile into shared-memory slot `slot` (k0: its first k).
     other_stride: the buffer stride of the tile's rows (the axis that is not contiguous)."""
     per_row = width // CHUNK
@@ -109,8 +160,7 @@ def _fill(name: str, op: Operand, base: str, out_var: str, out_size: int, kr_siz
     else:
         lines.append(f"  int gk = k0 + r, go = {out_var} + c * {CHUNK};")
         along, along_size, other, other_size = "go", out_size, "gk", kr_size
-    lines.append(f"  unsigned short* dst = {name} + slot * {rows * width} + r * {width} + "
-                 f"{_swizzle('r', 'c', width)} * {CHUNK};")
+    lines.append(f"  unsigned short* dst = {name} + slot * {rows * width} + {_place(hopper, rows, width)};")
     src = f"{base} + (long long){other} * {other_stride} + {along}"
     if op.aligned:
         lines.append(f"  bool ok = {other} < {other_size} && {along} < {along_size};")
@@ -123,20 +173,81 @@ def _fill(name: str, op: Operand, base: str, out_var: str, out_size: int, kr_siz
     return lines
 
 
+def _mma_sync_step(c: Contraction, p: TensorCorePlan, aw: int, bw: int) -> tuple[list[str], list[str]]:
+    """(accumulator declaration, the compute on tile slot (ta, tb)) for mma.sync: each warp owns
+    a (block_m / warps_m) x (block_n / warps_n) tile of m16n8 fragments."""
+    wtm, wtn = p.block_m // p.warps_m, p.block_n // p.warps_n
+    mi, ni = wtm // 16, wtn // 8
+    decl = ["const int wm = warp / %d, wn = warp %% %d;" % (p.warps_n, p.warps_n),
+            f"float acc[{mi}][{ni}][4];",
+            f"#pragma unroll\nfor (int x = 0; x < {mi}; x++)",
+            f"  #pragma unroll\n  for (int y = 0; y < {ni}; y++) acc[x][y][0] = acc[x][y][1] = acc[x][y][2] = "
+            "acc[x][y][3] = 0.0f;"]
+    step = [f"#pragma unroll\nfor (int kk = 0; kk < {p.block_k}; kk += 16) {{",
+            f"  unsigned fa[{mi}][4], fb[{ni // 2}][4];"]
+    # A fragments: rows of 16 (i) by 16 (k); K-major tiles are [i][k], else [k][i] read transposed
+    step.append(f"  #pragma unroll\n  for (int x = 0; x < {mi}; x++) {{")
+    step.append(f"    int base = wm * {wtm} + x * 16;")
+    if c.a.k_major:
+        step.append("    int row = base + (lane & 15), col = kk + (lane >> 4) * 8;")
+        step.append(f"    ember_ldmatrix4(fa[x], ta + row * {aw} + {_swizzle('row', 'col / 8', aw)} * 8);")
+    else:
+        step.append("    int row = kk + ((lane >> 4) & 1) * 8 + (lane & 7), col = base + ((lane >> 3) & 1) * 8;")
+        step.append(f"    ember_ldmatrix4_trans(fa[x], ta + row * {aw} + {_swizzle('row', 'col / 8', aw)} * 8);")
+    step.append("  }")
+    # B fragments, two n8 tiles per ldmatrix.x4: K-major tiles are [j][k], else [k][j] read transposed
+    step.append(f"  #pragma unroll\n  for (int y = 0; y < {ni // 2}; y++) {{")
+    step.append(f"    int base = wn * {wtn} + y * 16;")
+    if c.b.k_major:
+        step.append("    int row = base + ((lane >> 4) & 1) * 8 + (lane & 7), col = kk + ((lane >> 3) & 1) * 8;")
+        step.append(f"    ember_ldmatrix4(fb[y], tb + row * {bw} + {_swizzle('row', 'col / 8', bw)} * 8);")
+    else:
+        step.append("    int row = kk + ((lane >> 3) & 1) * 8 + (lane & 7), col = base + ((lane >> 4) & 1) * 8;")
+        step.append(f"    ember_ldmatrix4_trans(fb[y], tb + row * {bw} + {_swizzle('row', 'col / 8', bw)} * 8);")
+    step.append("  }")
+    step += [f"  #pragma unroll\n  for (int x = 0; x < {mi}; x++)",
+             f"    #pragma unroll\n    for (int y = 0; y < {ni}; y++) "
+             f"ember_mma_{c.dtype.name}(acc[x][y], fa[x], &fb[y >> 1][(y & 1) * 2]);", "}"]
+    return decl, step
+
+
+def _wgmma_step(c: Contraction, p: TensorCorePlan) -> tuple[list[str], list[str]]:
+    """For wgmma: warpgroup g owns rows 64g..64g+63 of the block tile and all its columns; the
+    descriptors walk the K-step 16 at a time (32 bytes along a K-major row, or 16 rows of an
+    MN-major panel)."""
+    bk, bn = p.block_k, p.block_n
+    decl = ["const int wg = warp >> 2;", f"float acc[{bn // 8}][4];",
+            f"#pragma unroll\nfor (int y = 0; y < {bn // 8}; y++) acc[y][0] = acc[y][1] = acc[y][2] = acc[y][3] = 0;"]
+    if c.a.k_major:  # [block_m rows][64]: 8-row groups 1024 bytes apart
+        da = "ember_desc(ta + wg * 64 * 64 + kk * 16, 16, 1024)"
+    else:            # panels [block_m / 64][bk rows][64]: the warpgroup's is panel wg
+        da = f"ember_desc(ta + wg * {bk * 64} + kk * 16 * 64, {bk * 128}, 1024)"
+    if c.b.k_major:
+        db = "ember_desc(tb + kk * 16, 16, 1024)"
+    else:            # panels of 64 columns, bk rows each: LBO steps from panel to panel
+        db = f"ember_desc(tb + kk * 16 * 64, {bk * 128}, 1024)"
+    fn = f"ember_wgmma_{c.dtype.name}_n{bn}_{int(not c.a.k_major)}{int(not c.b.k_major)}"
+    step = ["ember_wgmma_fence();",
+            f"#pragma unroll\nfor (int kk = 0; kk < {bk // 16}; kk++) {fn}(&acc[0][0], {da}, {db});",
+            "ember_wgmma_commit();", "ember_wgmma_wait<0>();"]
+    return decl, step
+
+
 def render(r: CLike, k: Kernel, c: Contraction, p: TensorCorePlan, prefix: str) -> str:
     m, n, kk = c.mnk
-    nt = threads(p)
-    wtm, wtn = p.block_m // p.warps_m, p.block_n // p.warps_n   # a warp's tile
-    mi, ni = wtm // 16, wtn // 8
+    nt = p.threads
+    hopper = p.instruction == "wgmma"
     (ar, aw), (br, bw) = _tile_shape(c.a, p.block_m, p), _tile_shape(c.b, p.block_n, p)
     ep = _Epilogue(r, k, c, prefix)
-    kind = c.dtype.name
-    lines = ["extern __shared__ __align__(128) unsigned char ember_smem[];",
-             "unsigned short* sa = (unsigned short*)ember_smem;",
-             f"unsigned short* sb = sa + {p.stages * ar * aw};",
-             "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;",
-             f"const int wm = warp / {p.warps_n}, wn = warp % {p.warps_n};",
-             f"const int m0 = blockIdx.y * {p.block_m}, n0 = blockIdx.x * {p.block_n};"]
+    lines = ["extern __shared__ __align__(128) unsigned char ember_smem[];"]
+    if hopper:  # the swizzle pattern repeats every 1024 bytes and is applied to absolute addresses
+        lines.append("unsigned short* sa = (unsigned short*)(ember_smem + "
+                     "((1024 - (ember_smem_addr(ember_smem) & 1023)) & 1023));")
+    else:
+        lines.append("unsigned short* sa = (unsigned short*)ember_smem;")
+    lines += [f"unsigned short* sb = sa + {p.stages * ar * aw};",
+              "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;",
+              f"const int m0 = blockIdx.y * {p.block_m}, n0 = blockIdx.x * {p.block_n};"]
     stride = 1
     for i, b in reversed(list(enumerate(c.batch))):
         lines.append(f"const int z{i} = (blockIdx.z / {stride}) % {b.arg[1]};")
@@ -145,58 +256,40 @@ def render(r: CLike, k: Kernel, c: Contraction, p: TensorCorePlan, prefix: str) 
         off = " + ".join([str(op.offset)] + [f"(long long)z{i} * {op.strides[b]}"
                                              for i, b in enumerate(c.batch) if b in op.strides])
         lines.append(f"const unsigned short* {var} = b{op.load.srcs[0].arg} + {off};")
-    lines += [f"float acc[{mi}][{ni}][4];",
-              f"#pragma unroll\nfor (int x = 0; x < {mi}; x++)",
-              f"  #pragma unroll\n  for (int y = 0; y < {ni}; y++) acc[x][y][0] = acc[x][y][1] = acc[x][y][2] = "
-              "acc[x][y][3] = 0.0f;"]
+    decl, step = _wgmma_step(c, p) if hopper else _mma_sync_step(c, p, aw, bw)
+    lines += decl
     steps = -(-kk // p.block_k)
-    fill_a = _fill("sa", c.a, "ga", "m0", m, kk, ar, aw, nt, c.a.strides[c.i if c.a.k_major else c.k])
-    fill_b = _fill("sb", c.b, "gb", "n0", n, kk, br, bw, nt, c.b.strides[c.j if c.b.k_major else c.k])
+    fill_a = _fill("sa", c.a, "ga", "m0", m, kk, ar, aw, nt, c.a.strides[c.i if c.a.k_major else c.k], hopper)
+    fill_b = _fill("sb", c.b, "gb", "n0", n, kk, br, bw, nt, c.b.strides[c.j if c.b.k_major else c.k], hopper)
     lines += ["auto fill = [&](int slot, int k0) {", *["  " + x for x in fill_a + fill_b], "};"]
     lines += [f"#pragma unroll\nfor (int s = 0; s < {p.stages - 1}; s++) {{",
               f"  if (s < {steps}) fill(s, s * {p.block_k});", "  ember_cp_async_commit();", "}",
               f"for (int t = 0; t < {steps}; t++) {{",
-              f"  ember_cp_async_wait<{p.stages - 2}>();",
-              "  __syncthreads();  /* slot t is in; everyone is done with slot t - 1 */",
+              f"  ember_cp_async_wait<{p.stages - 2}>();"]
+    if hopper:  # cp.async wrote through the generic proxy; wgmma reads through the async proxy
+        lines.append("  ember_fence_async_smem();")
+    lines += ["  __syncthreads();  /* slot t is in; everyone is done with slot t - 1 */",
               f"  if (t + {p.stages - 1} < {steps}) fill((t + {p.stages - 1}) % {p.stages}, "
               f"(t + {p.stages - 1}) * {p.block_k});",
               "  ember_cp_async_commit();",
               f"  const unsigned short* ta = sa + (t % {p.stages}) * {ar * aw};",
               f"  const unsigned short* tb = sb + (t % {p.stages}) * {br * bw};",
-              f"  #pragma unroll\n  for (int kk = 0; kk < {p.block_k}; kk += 16) {{",
-              f"    unsigned fa[{mi}][4], fb[{ni // 2}][4];"]
-    # A fragments: rows of 16 (i) by 16 (k); K-major tiles are [i][k], else [k][i] read transposed
-    lines.append(f"    #pragma unroll\n    for (int x = 0; x < {mi}; x++) {{")
-    lines.append(f"      int base = wm * {wtm} + x * 16;")
-    if c.a.k_major:
-        lines.append("      int row = base + (lane & 15), col = kk + (lane >> 4) * 8;")
-        lines.append(f"      ember_ldmatrix4(fa[x], ta + row * {aw} + {_swizzle('row', 'col / 8', aw)} * 8);")
+              *["  " + x for x in step], "}"]
+    # the epilogue: rows (g, g + 8) and columns (2 tig, 2 tig + 1) of every m16n8 fragment
+    if hopper:
+        loops, acc = [f"#pragma unroll\nfor (int y = 0; y < {p.block_n // 8}; y++)"], "acc[y][h]"
+        row, col = "m0 + wg * 64 + (warp & 3) * 16", "n0 + y * 8"
     else:
-        lines.append("      int row = kk + ((lane >> 4) & 1) * 8 + (lane & 7), col = base + ((lane >> 3) & 1) * 8;")
-        lines.append(f"      ember_ldmatrix4_trans(fa[x], ta + row * {aw} + {_swizzle('row', 'col / 8', aw)} * 8);")
-    lines.append("    }")
-    # B fragments, two n8 tiles per ldmatrix.x4: K-major tiles are [j][k], else [k][j] read transposed
-    lines.append(f"    #pragma unroll\n    for (int y = 0; y < {ni // 2}; y++) {{")
-    lines.append(f"      int base = wn * {wtn} + y * 16;")
-    if c.b.k_major:
-        lines.append("      int row = base + ((lane >> 4) & 1) * 8 + (lane & 7), col = kk + ((lane >> 3) & 1) * 8;")
-        lines.append(f"      ember_ldmatrix4(fb[y], tb + row * {bw} + {_swizzle('row', 'col / 8', bw)} * 8);")
-    else:
-        lines.append("      int row = kk + ((lane >> 3) & 1) * 8 + (lane & 7), col = base + ((lane >> 4) & 1) * 8;")
-        lines.append(f"      ember_ldmatrix4_trans(fb[y], tb + row * {bw} + {_swizzle('row', 'col / 8', bw)} * 8);")
-    lines.append("    }")
-    lines += [f"    #pragma unroll\n    for (int x = 0; x < {mi}; x++)",
-              f"      #pragma unroll\n      for (int y = 0; y < {ni}; y++) "
-              f"ember_mma_{kind}(acc[x][y], fa[x], &fb[y >> 1][(y & 1) * 2]);",
-              "  }", "}"]
-    # the epilogue: (g, g + 8) rows and (2 tig, 2 tig + 1) columns of every fragment
-    lines += [f"#pragma unroll\nfor (int x = 0; x < {mi}; x++)",
-              f"#pragma unroll\nfor (int y = 0; y < {ni}; y++)",
-              "#pragma unroll\nfor (int h = 0; h < 4; h++) {",
-              f"  int ei = m0 + wm * {wtm} + x * 16 + (lane >> 2) + (h >> 1) * 8;",
-              f"  int ej = n0 + wn * {wtn} + y * 8 + (lane & 3) * 2 + (h & 1);",
+        wtm, wtn = p.block_m // p.warps_m, p.block_n // p.warps_n
+        loops = [f"#pragma unroll\nfor (int x = 0; x < {wtm // 16}; x++)",
+                 f"#pragma unroll\nfor (int y = 0; y < {wtn // 8}; y++)"]
+        acc, row, col = "acc[x][y][h]", f"m0 + wm * {wtm} + x * 16", f"n0 + wn * {wtn} + y * 8"
+    lines += [*loops, "#pragma unroll\nfor (int h = 0; h < 4; h++) {",
+              f"  int ei = {row} + (lane >> 2) + (h >> 1) * 8;",
+              f"  int ej = {col} + (lane & 3) * 2 + (h & 1);",
               f"  if (ei < {m} && ej < {n}) {{",
-              *["    " + x for x in ep.body(c, "acc[x][y][h]")], "  }", "}"]
+              *["    " + x for x in ep.body(c, acc)], "  }", "}"]
     body = "".join("  " + x + "\n" for line in lines for x in line.split("\n"))
-    return f"extern \"C\" __global__ void __launch_bounds__({nt}) " + ep.signature()[len("void "):] + \
+    bounds = f"{nt}, 1" if hopper else f"{nt}"
+    return f"extern \"C\" __global__ void __launch_bounds__({bounds}) " + ep.signature()[len("void "):] + \
         " {\n" + body + "}\n"

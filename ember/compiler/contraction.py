@@ -53,7 +53,9 @@ class Contraction:
 
 @dataclass(frozen=True)
 class TensorCorePlan:
-    """One kernel's tensor-core tiling: printed by EMBER_DEBUG=2."""
+    """One kernel's tensor-core tiling: printed by EMBER_DEBUG=2. With wgmma (sm_90a), a block
+    is warps_m warpgroups of 64 rows each, and warps_n is 1."""
+    instruction: str = "mma.sync"      # "mma.sync" (m16n8k16, sm_80+) or "wgmma" (m64nNk16, sm_90a)
     block_m: int = 128
     block_n: int = 128
     block_k: int = 32
@@ -61,9 +63,14 @@ class TensorCorePlan:
     warps_n: int = 2
     stages: int = 4
 
+    @property
+    def threads(self) -> int:
+        return 128 * self.warps_m if self.instruction == "wgmma" else 32 * self.warps_m * self.warps_n
+
     def __str__(self) -> str:
-        return (f"tensor core mma.sync m16n8k16: block {self.block_m}x{self.block_n}x{self.block_k}, "
-                f"warps {self.warps_m}x{self.warps_n}, cp.async {self.stages}-stage")
+        who = f"{self.warps_m} warpgroups" if self.instruction == "wgmma" else f"warps {self.warps_m}x{self.warps_n}"
+        return (f"tensor core {self.instruction}: block {self.block_m}x{self.block_n}x{self.block_k}, "
+                f"{who}, cp.async {self.stages}-stage")
 
 
 def _operand_load(x: Node) -> Node | None:
@@ -139,7 +146,9 @@ def plan(c: Contraction, arch: str) -> TensorCorePlan | None:
     m, n, kk = c.mnk
     if m < 16 or n < 16 or kk < 16:
         return None
+    if arch == "sm_90a" and m > 64:  # Hopper: warpgroups of 64 rows reading shared memory directly
+        return TensorCorePlan("wgmma", 128, 256 if n > 128 else 128, 64, 2, 1, 4)
     stages = 4 if arch.startswith("sm_9") else 3   # sm_86 has 100 KB of shared memory per SM
     if m <= 64 or n <= 64:
-        return TensorCorePlan(64, 64, 32, 2, 2, stages)
-    return TensorCorePlan(128, 128, 32, 2, 2, stages)
+        return TensorCorePlan("mma.sync", 64, 64, 32, 2, 2, stages)
+    return TensorCorePlan("mma.sync", 128, 128, 32, 2, 2, stages)

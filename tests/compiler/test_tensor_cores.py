@@ -17,7 +17,7 @@ import pytest
 
 from ember import backends, ir, ref
 from ember import dtype as dt
-from ember.backend import cuda
+from ember.backend import cuda, run_values
 from ember.compiler import optimize
 from ember.compiler.schedule import schedule
 from ember.ir import Node, Op
@@ -59,6 +59,8 @@ def case(name: str) -> tuple[list[Node], tuple[bool, bool]]:
         return [matmul(t(p("a", F16, (64, 144))), t(p("b", F16, (80, 64))))], (False, True)
     if name == "batched":
         return [matmul(p("a", BF16, (4, 64, 32)), p("b", BF16, (4, 32, 80)))], (True, False)
+    if name == "batched_wide":  # batched, 128 rows each (the wgmma plan on Hopper)
+        return [matmul(p("a", BF16, (2, 128, 64)), t(p("b", BF16, (2, 96, 64))))], (True, True)
     if name == "broadcast_batch":  # [B, T, C] @ [C, N]
         return [matmul(p("x", BF16, (3, 50, 64)), p("w", BF16, (64, 40)))], (True, False)
     if name == "epilogue":  # relu(a @ b + bias), cast to f32
@@ -74,7 +76,7 @@ def case(name: str) -> tuple[list[Node], tuple[bool, bool]]:
 
 
 CASES = ["bf16_aligned", "f16_odd", "bf16_edges", "a_transposed", "b_transposed", "both_transposed", "batched",
-         "broadcast_batch", "epilogue", "f32_of_bf16"]
+         "batched_wide", "broadcast_batch", "epilogue", "f32_of_bf16"]
 
 
 def _kernels(outputs: list[Node], arch: str = "sm_90") -> list:
@@ -108,26 +110,27 @@ NVCC = shutil.which("nvcc")
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("arch", ["sm_86", "sm_90a"])
 def test_tensor_core_source_compiles(arch: str, tmp_path: Path) -> None:
-    units = []
-    for i, name in enumerate(CASES):
-        src = cuda.render(cuda.prepare(case(name)[0], arch), prefix=f"c{i}_")
-        body = src[src.index("extern \"C\""):]
-        units.append(body if i else src)
+    outputs = [o for name in CASES for o in case(name)[0]]  # one program: one source, one nvcc call
+    src = cuda.source(outputs, arch)
+    assert src.count("mma") >= len(CASES)
     path = tmp_path / "tc.cu"
-    path.write_text("\n".join(units))
+    path.write_text(src)
     run = subprocess.run([NVCC, f"-arch={arch}", "-cubin", "-w", "-o", str(tmp_path / "tc.cubin"), str(path)],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
 
 
 @pytest.mark.skipif("cuda" not in backends.available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("plan", ["gpu", "sm_80"])  # the GPU's own plan (wgmma on an H200), and mma.sync
 @pytest.mark.parametrize("name", CASES)
-def test_tensor_core_matches_reference(name: str) -> None:
+def test_tensor_core_matches_reference(name: str, plan: str) -> None:
     outputs, _ = case(name)
     rng = np.random.default_rng(0)
     params = [n for n in ir.toposort(outputs) if n.op is Op.PARAM]
     inputs = {q: (rng.integers(-8, 9, q.shape) / 8).astype(np.float32) for q in params}
-    got = backends.RUNNERS["cuda"](outputs, inputs)
+    program = cuda.CUDAProgram(outputs, plan_arch=None if plan == "gpu" else plan)
+    assert program.sched.kernels[0].tensor_core is not None
+    got = run_values(program, inputs)
     want = ref.evaluate(outputs, inputs)
     assert compare(outputs, got, want) is None
     assert all(np.array_equal(np.asarray(g, np.float64), np.asarray(w, np.float64)) for g, w in zip(got, want))
