@@ -78,7 +78,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="three shapes")
     ap.add_argument("--only", default=None, help="run the cases whose name contains this")
+    ap.add_argument("--plan", default=None, help="force a tensor-core plan, as EMBER_TC_PLAN (docs/debugging.md)")
     args = ap.parse_args()
+    if args.plan:
+        os.environ["EMBER_TC_PLAN"] = args.plan
     torch.backends.cuda.matmul.allow_tf32 = False
     os.environ["EMBER_CACHE"] = tempfile.mkdtemp(prefix="ember-mm-")  # cold compiles are cold
     print(f"{'case':34} {'Ember TFLOP/s':>13} {'cuBLAS':>8} {'ratio':>6} {'% peak':>7} "

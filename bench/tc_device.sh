@@ -10,3 +10,9 @@ echo "== GPU tests"
 python3 -m pytest -q -p no:cacheprovider -x tests/compiler/test_tensor_cores.py tests/compiler/test_gpu_plans.py 2>&1 | tail -15
 echo "== matmul benchmark"
 python3 bench/matmul.py "$@" 2>&1 | tee "$OUT/matmul_bench.txt"
+if [ -n "${PLANS:-}" ]; then
+  for plan in $PLANS; do
+    echo "== plan $plan"
+    python3 bench/matmul.py --quick --plan "$plan" 2>&1 | tail -n +2
+  done
+fi

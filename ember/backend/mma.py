@@ -128,22 +128,51 @@ def _place(hopper: bool, rows: int, width: int) -> str:
 
 
 class _Epilogue(KernelWriter):
-    """The kernel's value around the reduction, for one output element (names set by render)."""
+    """The kernel's value around the reduction, for one output element (names set by render;
+    `tag` keeps the temporaries of two elements apart)."""
 
-    def __init__(self, r: CLike, k: Kernel, c: Contraction, prefix: str):
+    def __init__(self, r: CLike, k: Kernel, c: Contraction, prefix: str, tag: str = "", col: str = "ej"):
         super().__init__(r, k, prefix)
-        self.names.update({c.i: "ei", c.j: "ej"})
+        self.tag = tag
+        self.names.update({c.i: "ei", c.j: col})
         self.names.update({b: f"z{n}" for n, b in enumerate(c.batch)})
 
-    def body(self, c: Contraction, acc: str) -> list[str]:
+    def var(self, prefix: str = "t") -> str:
+        self.counter += 1
+        return f"{prefix}{self.tag}{self.counter}"
+
+    def element(self, c: Contraction, acc: str) -> tuple[list[str], str, str]:
+        """(statements, the stored bits, the flat index) of the output element whose sum is acc."""
         root = Scope(None, frozenset(self.k.ranges), [])
-        d = c.reduce.dtype
-        self.memo[(c.reduce, id(root))] = self.r.round_to(d, acc)  # f16/bf16 sums round once at the end
+        self.memo[(c.reduce, id(root))] = self.r.round_to(c.reduce.dtype, acc)  # f16/bf16 sums round once
         buf, idx, value = self.k.store.srcs
         v = self.value(value, root)
         i = self.value(idx, root)
-        root.put(f"{self.buf(buf)}[{i}] = {self.r.store_value(self.ref(v, value), value.dtype)};")
-        return [line for line in root.lines if isinstance(line, str)]
+        lines = [line for line in root.lines if isinstance(line, str)]
+        return lines, self.r.store_value(self.ref(v, value), value.dtype), i
+
+
+def _epilogue(r: CLike, k: Kernel, c: Contraction, prefix: str, acc: str) -> list[str]:
+    """Statements storing the accumulator elements h and h + 1 (columns ej and ej + 1), inside
+    the guard ei < M && ej < N; one 4- or 8-byte store for the pair where the layout allows."""
+    m, n, _ = c.mnk
+    out = k.out.dtype
+    first = _Epilogue(r, k, c, prefix, "a")
+    lines0, v0, i0 = first.element(c, acc)
+    buf = first.buf(k.store.srcs[0])
+    if c.pair_store:
+        lines1, v1, _ = _Epilogue(r, k, c, prefix, "b", "ej1").element(c, acc.replace("[h]", "[h + 1]"))
+        if out.itemsize == 2:
+            store = f"*(unsigned*)&{buf}[{i0}] = (unsigned){v0} | ((unsigned){v1} << 16);"
+        else:
+            pair = {"float": "float2", "int": "int2", "unsigned": "uint2"}[out.c_name]
+            store = f"*({pair}*)&{buf}[{i0}] = make_{pair}({v0}, {v1});"
+        return [f"if (ei < {m} && ej < {n}) {{", "  const int ej1 = ej + 1;",
+                *["  " + x for x in lines0 + lines1], "  " + store, "}"]
+    lines1, v1, i1 = _Epilogue(r, k, c, prefix, "b", "ej1").element(c, acc.replace("[h]", "[h + 1]"))
+    return [f"if (ei < {m} && ej < {n}) {{", *["  " + x for x in lines0], f"  {buf}[{i0}] = {v0};", "}",
+            f"if (ei < {m} && ej + 1 < {n}) {{", "  const int ej1 = ej + 1;", *["  " + x for x in lines1],
+            f"  {buf}[{i1}] = {v1};", "}"]
 
 
 def _fill(name: str, op: Operand, base: str, out_var: str, out_size: int, kr_size: int, rows: int, width: int,
@@ -229,7 +258,7 @@ def _wgmma_step(c: Contraction, p: TensorCorePlan) -> tuple[list[str], list[str]
     fn = f"ember_wgmma_{c.dtype.name}_n{bn}_{int(not c.a.k_major)}{int(not c.b.k_major)}"
     step = ["ember_wgmma_fence();",
             f"#pragma unroll\nfor (int kk = 0; kk < {bk // 16}; kk++) {fn}(&acc[0][0], {da}, {db});",
-            "ember_wgmma_commit();", "ember_wgmma_wait<0>();"]
+            "ember_wgmma_commit();", "ember_wgmma_wait<1>();  /* the previous step's are done */"]
     return decl, step
 
 
@@ -238,7 +267,6 @@ def render(r: CLike, k: Kernel, c: Contraction, p: TensorCorePlan, prefix: str) 
     nt = p.threads
     hopper = p.instruction == "wgmma"
     (ar, aw), (br, bw) = _tile_shape(c.a, p.block_m, p), _tile_shape(c.b, p.block_n, p)
-    ep = _Epilogue(r, k, c, prefix)
     lines = ["extern __shared__ __align__(128) unsigned char ember_smem[];"]
     if hopper:  # the swizzle pattern repeats every 1024 bytes and is applied to absolute addresses
         lines.append("unsigned short* sa = (unsigned short*)(ember_smem + "
@@ -262,19 +290,23 @@ def render(r: CLike, k: Kernel, c: Contraction, p: TensorCorePlan, prefix: str) 
     fill_a = _fill("sa", c.a, "ga", "m0", m, kk, ar, aw, nt, c.a.strides[c.i if c.a.k_major else c.k], hopper)
     fill_b = _fill("sb", c.b, "gb", "n0", n, kk, br, bw, nt, c.b.strides[c.j if c.b.k_major else c.k], hopper)
     lines += ["auto fill = [&](int slot, int k0) {", *["  " + x for x in fill_a + fill_b], "};"]
-    lines += [f"#pragma unroll\nfor (int s = 0; s < {p.stages - 1}; s++) {{",
+    # ahead: K-steps in flight while one is computed. wgmma keeps one step of its own in flight
+    # too (wait_group 1), so the slot refilled is the one read two steps back, and one fewer is ahead.
+    ahead = p.stages - 2 if hopper else p.stages - 1
+    lines += [f"#pragma unroll\nfor (int s = 0; s < {ahead}; s++) {{",
               f"  if (s < {steps}) fill(s, s * {p.block_k});", "  ember_cp_async_commit();", "}",
               f"for (int t = 0; t < {steps}; t++) {{",
-              f"  ember_cp_async_wait<{p.stages - 2}>();"]
+              f"  ember_cp_async_wait<{ahead - 1}>();"]
     if hopper:  # cp.async wrote through the generic proxy; wgmma reads through the async proxy
         lines.append("  ember_fence_async_smem();")
-    lines += ["  __syncthreads();  /* slot t is in; everyone is done with slot t - 1 */",
-              f"  if (t + {p.stages - 1} < {steps}) fill((t + {p.stages - 1}) % {p.stages}, "
-              f"(t + {p.stages - 1}) * {p.block_k});",
+    lines += ["  __syncthreads();  /* slot t is in; every warp is done with the slot refilled next */",
+              f"  if (t + {ahead} < {steps}) fill((t + {ahead}) % {p.stages}, (t + {ahead}) * {p.block_k});",
               "  ember_cp_async_commit();",
               f"  const unsigned short* ta = sa + (t % {p.stages}) * {ar * aw};",
               f"  const unsigned short* tb = sb + (t % {p.stages}) * {br * bw};",
               *["  " + x for x in step], "}"]
+    if hopper:
+        lines.append("ember_wgmma_wait<0>();")
     # the epilogue: rows (g, g + 8) and columns (2 tig, 2 tig + 1) of every m16n8 fragment
     if hopper:
         loops, acc = [f"#pragma unroll\nfor (int y = 0; y < {p.block_n // 8}; y++)"], "acc[y][h]"
@@ -284,12 +316,12 @@ def render(r: CLike, k: Kernel, c: Contraction, p: TensorCorePlan, prefix: str) 
         loops = [f"#pragma unroll\nfor (int x = 0; x < {wtm // 16}; x++)",
                  f"#pragma unroll\nfor (int y = 0; y < {wtn // 8}; y++)"]
         acc, row, col = "acc[x][y][h]", f"m0 + wm * {wtm} + x * 16", f"n0 + wn * {wtn} + y * 8"
-    lines += [*loops, "#pragma unroll\nfor (int h = 0; h < 4; h++) {",
-              f"  int ei = {row} + (lane >> 2) + (h >> 1) * 8;",
-              f"  int ej = {col} + (lane & 3) * 2 + (h & 1);",
-              f"  if (ei < {m} && ej < {n}) {{",
-              *["    " + x for x in ep.body(c, acc)], "  }", "}"]
+    lines += [*loops, "#pragma unroll\nfor (int h = 0; h < 4; h += 2) {",
+              f"  const int ei = {row} + (lane >> 2) + (h >> 1) * 8;",
+              f"  const int ej = {col} + (lane & 3) * 2;",
+              *["  " + x for x in _epilogue(r, k, c, prefix, acc)], "}"]
     body = "".join("  " + x + "\n" for line in lines for x in line.split("\n"))
     bounds = f"{nt}, 1" if hopper else f"{nt}"
-    return f"extern \"C\" __global__ void __launch_bounds__({bounds}) " + ep.signature()[len("void "):] + \
+    signature = KernelWriter(r, k, prefix).signature()[len("void "):]
+    return f"extern \"C\" __global__ void __launch_bounds__({bounds}) " + signature + \
         " {\n" + body + "}\n"

@@ -15,6 +15,7 @@ transposed as in x @ W.T), else "mn-major" when its i (or j) stride is 1.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from .. import dtype as dt
@@ -44,6 +45,7 @@ class Contraction:
     a: Operand
     b: Operand
     dtype: dt.DType          # the operands' dtype (f16 or bf16)
+    pair_store: bool = False  # outputs (i, j) and (i, j + 1) are adjacent and their pair aligned (j even)
 
     @property
     def mnk(self) -> tuple[int, int, int]:
@@ -126,7 +128,14 @@ def find(k: Kernel) -> Contraction | None:
     b = _operand(y, *fy, jb, kr)
     if a is None or b is None:
         return None
-    return Contraction(red, ia, jb, kr, batch, a, b, x.dtype)
+    return Contraction(red, ia, jb, kr, batch, a, b, x.dtype, _pairs(k, jb))
+
+
+def _pairs(k: Kernel, j: Node) -> bool:
+    """Whether the epilogue may store outputs two at a time along j (one 4- or 8-byte store)."""
+    terms, const = sym.linear(k.store.srcs[1])
+    return (k.out.dtype.itemsize in (2, 4) and terms.get(j) == 1 and j.arg[1] % 2 == 0 and const % 2 == 0
+            and all(c % 2 == 0 for r, c in terms.items() if r is not j))
 
 
 def _operand(load: Node, strides: dict, offset: int, out: Node, kr: Node) -> Operand | None:
@@ -146,6 +155,10 @@ def plan(c: Contraction, arch: str) -> TensorCorePlan | None:
     m, n, kk = c.mnk
     if m < 16 or n < 16 or kk < 16:
         return None
+    forced = os.environ.get("EMBER_TC_PLAN")  # for experiments: "wgmma,128,128,64,2,1,3" (the fields in order)
+    if forced:
+        name, *sizes = forced.split(",")
+        return TensorCorePlan(name, *map(int, sizes))
     if arch == "sm_90a" and m > 64:  # Hopper: warpgroups of 64 rows reading shared memory directly
         return TensorCorePlan("wgmma", 128, 256 if n > 128 else 128, 64, 2, 1, 4)
     stages = 4 if arch.startswith("sm_9") else 3   # sm_86 has 100 KB of shared memory per SM
