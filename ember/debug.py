@@ -34,8 +34,8 @@ def kernels(at: int, title: str, kernels: list) -> None:
     out = [f"--- kernels {title}"]
     for k in kernels:
         plan = f" rows={[r.arg[0] for r in k.rows]}" if getattr(k, "rows", None) else ""
-        if getattr(k, "tensor_core", None):
-            plan += f" [{k.tensor_core[1]}]"
+        if getattr(k, "contraction", None):
+            plan += f" [{k.contraction[1]}]"
         out.append(f"{k.name}: ranges {[r.arg for r in k.ranges]} lanes {sorted(r.arg[0] for r in k.lanes)}{plan}")
         names: dict = {}
         for i, n in enumerate(toposort([k.store])):

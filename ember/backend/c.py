@@ -28,10 +28,11 @@ import numpy as np
 
 from .. import debug
 from ..compiler import optimize
+from ..compiler.lower import Kernel
 from ..compiler.schedule import Schedule, schedule
 from ..dtype import DType
 from ..ir import Node
-from . import cached
+from . import cached, packed
 from . import run_values as shared_run_values
 from .render import CLike
 
@@ -106,7 +107,10 @@ static inline double ember_max_double(double a, double b) { return ((a != a) | (
 
 
 class CRenderer(CLike):
-    pass
+    def render_kernel(self, k: Kernel, prefix: str = "") -> str:
+        if k.contraction is not None:
+            return packed.render(self, k, *k.contraction)
+        return super().render_kernel(k, prefix)
 
 
 def _bitcast_helpers(pairs: set[tuple[DType, DType]]) -> str:
@@ -146,7 +150,8 @@ def render(sched: Schedule) -> CSource:
         args = [k.out] + [b for b in k.reads if b.id != k.out.id]
         entry.append(f"  {k.name}({', '.join(f'b[{b.id}]' for b in args)});")
     entry.append("}")
-    return CSource(PRELUDE + _bitcast_helpers(r.bitcasts), kernels, "\n".join(entry) + "\n")
+    return CSource(PRELUDE + packed.helpers(sched.kernels) + _bitcast_helpers(r.bitcasts), kernels,
+                   "\n".join(entry) + "\n")
 
 
 # ------------------------------------------------------------------------------- compiling

@@ -49,14 +49,14 @@ EMBER_D float ember_f16_to_f32(unsigned short h) {
   if (e) return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
   float f = (float)m * 5.9604644775390625e-8f; return sign ? -f : f;
 }
+/* the hardware's conversion (round to nearest even, subnormals and overflow as IEEE says); NaN
+   kept as the C backend writes it, sign and quiet bit. The branchy software version made the
+   epilogue of an f16 matmul cost half its time. */
 EMBER_D unsigned short ember_f32_to_f16_bits(float f) {
-  unsigned int x = __float_as_uint(f), sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) return (unsigned short)(sign | 0x7e00u);
-  if (ax >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);
-  if (ax < 0x38800000u) return (unsigned short)(sign | (unsigned int)rintf(__uint_as_float(ax) * 16777216.0f));
-  unsigned int h = ((((ax >> 23) - 112u) << 10) | ((ax & 0x7fffffu) >> 13)), rest = ax & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
-  return (unsigned short)(sign | h);
+  if (f != f) return (unsigned short)(((__float_as_uint(f) >> 16) & 0x8000u) | 0x7e00u);
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
 }
 EMBER_D float ember_bf16_to_f32(unsigned short h) { return __uint_as_float((unsigned int)h << 16); }
 EMBER_D unsigned short ember_f32_to_bf16_bits(float f) {
@@ -143,8 +143,8 @@ class CUDARenderer(CLike):
         return ["__syncthreads();"]
 
     def render_kernel(self, k: Kernel, prefix: str = "") -> str:
-        if k.tensor_core is not None:
-            return mma.render(self, k, *k.tensor_core, prefix)
+        if k.contraction is not None:
+            return mma.render(self, k, *k.contraction, prefix)
         return CUDAKernelWriter(self, k, prefix).write()
 
 
@@ -162,8 +162,8 @@ def block_size(k: Kernel) -> int:
 
 def launch_config(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
     """(grid, threads per block, dynamic shared memory bytes), from the plan optimize made."""
-    if k.tensor_core is not None:
-        c, p = k.tensor_core
+    if k.contraction is not None:
+        c, p = k.contraction
         return mma.grid(c, p), mma.threads(p), mma.smem_bytes(p)
     if k.rows is not None:
         return (max(1, math.prod(r.arg[1] for r in k.rows)), 1, 1), block_size(k), 0

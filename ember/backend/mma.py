@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..compiler.contraction import Contraction, Operand, TensorCorePlan
 from ..compiler.lower import Kernel
-from .render import CLike, KernelWriter, Scope
+from .render import CLike, ElementWriter, KernelWriter
 
 CHUNK = 8  # f16/bf16 elements per 16-byte chunk
 
@@ -75,7 +75,7 @@ def _wgmma_helper(kind: str, n: int, trans_a: int, trans_b: int) -> str:
 
 def helpers(kernels: list[Kernel]) -> str:
     """The device functions the tensor-core kernels among these use."""
-    plans = [k.tensor_core for k in kernels if k.tensor_core is not None]
+    plans = [k.contraction for k in kernels if k.contraction is not None]
     if not plans:
         return ""
     out = HELPERS
@@ -127,29 +127,9 @@ def _place(hopper: bool, rows: int, width: int) -> str:
     return f"r * {width} + {_swizzle('r', 'c', width)} * {CHUNK}"
 
 
-class _Epilogue(KernelWriter):
-    """The kernel's value around the reduction, for one output element (names set by render;
-    `tag` keeps the temporaries of two elements apart)."""
-
-    def __init__(self, r: CLike, k: Kernel, c: Contraction, prefix: str, tag: str = "", col: str = "ej"):
-        super().__init__(r, k, prefix)
-        self.tag = tag
-        self.names.update({c.i: "ei", c.j: col})
-        self.names.update({b: f"z{n}" for n, b in enumerate(c.batch)})
-
-    def var(self, prefix: str = "t") -> str:
-        self.counter += 1
-        return f"{prefix}{self.tag}{self.counter}"
-
-    def element(self, c: Contraction, acc: str) -> tuple[list[str], str, str]:
-        """(statements, the stored bits, the flat index) of the output element whose sum is acc."""
-        root = Scope(None, frozenset(self.k.ranges), [])
-        self.memo[(c.reduce, id(root))] = self.r.round_to(c.reduce.dtype, acc)  # f16/bf16 sums round once
-        buf, idx, value = self.k.store.srcs
-        v = self.value(value, root)
-        i = self.value(idx, root)
-        lines = [line for line in root.lines if isinstance(line, str)]
-        return lines, self.r.store_value(self.ref(v, value), value.dtype), i
+def _element(r: CLike, k: Kernel, c: Contraction, prefix: str, tag: str, col: str) -> ElementWriter:
+    names = {c.i: "ei", c.j: col, **{b: f"z{n}" for n, b in enumerate(c.batch)}}
+    return ElementWriter(r, k, prefix, names, c.reduce, tag)
 
 
 def _epilogue(r: CLike, k: Kernel, c: Contraction, prefix: str, acc: str) -> list[str]:
@@ -157,11 +137,11 @@ def _epilogue(r: CLike, k: Kernel, c: Contraction, prefix: str, acc: str) -> lis
     the guard ei < M && ej < N; one 4- or 8-byte store for the pair where the layout allows."""
     m, n, _ = c.mnk
     out = k.out.dtype
-    first = _Epilogue(r, k, c, prefix, "a")
-    lines0, v0, i0 = first.element(c, acc)
+    first = _element(r, k, c, prefix, "a", "ej")
+    lines0, v0, i0 = first.element(acc)
     buf = first.buf(k.store.srcs[0])
     if c.pair_store:
-        lines1, v1, _ = _Epilogue(r, k, c, prefix, "b", "ej1").element(c, acc.replace("[h]", "[h + 1]"))
+        lines1, v1, _ = _element(r, k, c, prefix, "b", "ej1").element(acc.replace("[h]", "[h + 1]"))
         if out.itemsize == 2:
             store = f"*(unsigned*)&{buf}[{i0}] = (unsigned){v0} | ((unsigned){v1} << 16);"
         else:
@@ -169,7 +149,7 @@ def _epilogue(r: CLike, k: Kernel, c: Contraction, prefix: str, acc: str) -> lis
             store = f"*({pair}*)&{buf}[{i0}] = make_{pair}({v0}, {v1});"
         return [f"if (ei < {m} && ej < {n}) {{", "  const int ej1 = ej + 1;",
                 *["  " + x for x in lines0 + lines1], "  " + store, "}"]
-    lines1, v1, i1 = _Epilogue(r, k, c, prefix, "b", "ej1").element(c, acc.replace("[h]", "[h + 1]"))
+    lines1, v1, i1 = _element(r, k, c, prefix, "b", "ej1").element(acc.replace("[h]", "[h + 1]"))
     return [f"if (ei < {m} && ej < {n}) {{", *["  " + x for x in lines0], f"  {buf}[{i0}] = {v0};", "}",
             f"if (ei < {m} && ej + 1 < {n}) {{", "  const int ej1 = ej + 1;", *["  " + x for x in lines1],
             f"  {buf}[{i1}] = {v1};", "}"]

@@ -494,3 +494,29 @@ class KernelWriter:
         if free_lanes:
             return LaneArray(acc, free_lanes)
         return f"{acc}[0]" if own_lanes else acc
+
+
+class ElementWriter(KernelWriter):
+    """One output element of a kernel whose reduction is already computed elsewhere (the
+    tensor-core and packed contraction paths): the kernel's value and store index with that
+    REDUCE replaced by a finished accumulator. names: the C variables of the output ranges;
+    tag keeps the temporaries of two elements in one scope apart."""
+
+    def __init__(self, r: CLike, k: Kernel, prefix: str, names: dict[Node, str], reduce: Node, tag: str = ""):
+        super().__init__(r, k, prefix)
+        self.names.update(names)
+        self.reduce, self.tag = reduce, tag
+
+    def var(self, prefix: str = "t") -> str:
+        self.counter += 1
+        return f"{prefix}{self.tag}{self.counter}"
+
+    def element(self, acc: str) -> tuple[list[str], str, str]:
+        """(statements, the value to store in the buffer's storage type, the flat index)."""
+        root = Scope(None, frozenset(self.k.ranges), [])
+        self.memo[(self.reduce, id(root))] = self.r.round_to(self.reduce.dtype, acc)  # f16/bf16 sums round once
+        _, idx, value = self.k.store.srcs
+        v = self.value(value, root)
+        i = self.value(idx, root)
+        lines = [line for line in root.lines if isinstance(line, str)]
+        return lines, self.r.store_value(self.ref(v, value), value.dtype), i

@@ -75,11 +75,22 @@ class TensorCorePlan:
                 f"{who}, cp.async {self.stages}-stage")
 
 
-def _operand_load(x: Node) -> Node | None:
-    """The f16/bf16 load under a multiplicand: the load itself, or an exact widening cast of it."""
-    if x.op is Op.CAST and x.dtype.is_float and x.dtype.bits >= 32:
+@dataclass(frozen=True)
+class PackedPlan:
+    """A contraction on the CPU (backend/packed.py): output tiles of mc_tiles x nc_tiles register
+    blocks of MR x NR, whose sizes the C compiler's vector width sets."""
+    mc_tiles: int = 16
+    nc_tiles: int = 4
+
+    def __str__(self) -> str:
+        return f"packed panels: tiles of {self.mc_tiles} x {self.nc_tiles} register blocks"
+
+
+def _operand_load(x: Node, dtypes: tuple[dt.DType, ...]) -> Node | None:
+    """The load under a multiplicand: the load itself, or an exact widening cast of it."""
+    if x.op is Op.CAST and x.dtype.is_float and x.srcs[0].dtype.is_float and x.dtype.bits > x.srcs[0].dtype.bits:
         x = x.srcs[0]
-    if x.op is Op.LOAD and len(x.srcs) == 2 and x.dtype in TENSOR_CORE_DTYPES:
+    if x.op is Op.LOAD and len(x.srcs) == 2 and x.dtype in dtypes:
         return x
     return None
 
@@ -91,8 +102,8 @@ def _affine(load: Node, allowed: set[Node]) -> tuple[dict, int] | None:
     return terms, const
 
 
-def find(k: Kernel) -> Contraction | None:
-    """The kernel's contraction, or None when it is not one the tensor-core path takes."""
+def find(k: Kernel, dtypes: tuple[dt.DType, ...] = TENSOR_CORE_DTYPES) -> Contraction | None:
+    """The kernel's contraction with operands of these dtypes, or None."""
     nodes = toposort([k.store])
     reduces = [n for n in nodes if n.op is Op.REDUCE]
     if len(reduces) != 1:
@@ -105,7 +116,7 @@ def find(k: Kernel) -> Contraction | None:
     body = red.srcs[0]
     if body.op is not Op.MUL:
         return None
-    x, y = (_operand_load(s) for s in body.srcs)
+    x, y = (_operand_load(s, dtypes) for s in body.srcs)
     if x is None or y is None or x.dtype is not y.dtype:
         return None
     deps = free_ranges(k.store)

@@ -73,7 +73,7 @@ class Kernel:
     threads: list[Node] | None = None  # GPU: output ranges decoded from the thread index (a tile)
     stages: list["Stage"] = field(default_factory=list)    # loads copied to a local/shared array (optimize)
     problems: set[Node] = field(default_factory=set)       # reductions lowering found need a buffer
-    tensor_core: tuple | None = None   # GPU: (Contraction, TensorCorePlan), see contraction.py
+    contraction: tuple | None = None   # (Contraction, its plan): tensor cores or packed panels, see contraction.py
 
     @property
     def value(self) -> Node:

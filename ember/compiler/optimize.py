@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+from .. import dtype as dt
 from ..ir import Node, Op, toposort
 from . import contraction
 from . import symbolic as sym
@@ -201,6 +202,18 @@ def gpu_transpose_tile(k: Kernel) -> bool:
     return True
 
 
+def cpu_packed(k: Kernel) -> bool:
+    """Contractions big enough to pay for packing their operands (backend/packed.py)."""
+    c = contraction.find(k, (dt.f16, dt.bf16, dt.f32, dt.f64))
+    if c is None:
+        return False
+    m, n, kk = c.mnk
+    if math.prod(r.arg[1] for r in k.ranges) * kk < 1 << 18 or m < 4 or n < 8:
+        return False
+    k.contraction = (c, contraction.PackedPlan())
+    return True
+
+
 def gpu_tensor_core(k: Kernel, arch: str) -> bool:
     """f16/bf16 contractions on tensor cores (sm_80 and later), the kernel rendered whole by
     backend/mma.py from the plan."""
@@ -210,7 +223,7 @@ def gpu_tensor_core(k: Kernel, arch: str) -> bool:
     p = None if c is None else contraction.plan(c, arch)
     if p is None:
         return False
-    k.tensor_core = (c, p)
+    k.contraction = (c, p)
     return True
 
 
@@ -243,7 +256,8 @@ def optimize(sched: Schedule, target: str, arch: str = "") -> None:
 def _optimize(sched: Schedule, target: str, arch: str) -> None:
     for k in sched.kernels:
         if target == "c":
-            cpu_lanes(k)
+            if not cpu_packed(k):
+                cpu_lanes(k)
         elif target == "cuda":
             gpu_plan(k, arch)
         outer = [r for r in k.ranges if r not in k.lanes]

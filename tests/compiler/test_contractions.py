@@ -1,7 +1,7 @@
-"""Contractions on tensor cores: recognized on the kernel graph from expand-mul-sum (plain,
-transposed operands, batched, broadcast batch, fused epilogues, odd sizes), their CUDA source
-built with nvcc for sm_86 and sm_90a without a GPU, and their results on the GPU against the
-reference evaluator.
+"""Contractions: recognized on the kernel graph from expand-mul-sum (plain, transposed operands,
+batched, broadcast batch, fused epilogues, odd sizes); on the CPU as packed panels, against the
+reference evaluator; on tensor cores, their CUDA source built with nvcc for sm_86 and sm_90a
+without a GPU, and their results on the GPU against the reference evaluator.
 
 Inputs are multiples of 1/8 in [-1, 1]: every product is exact in bf16 and f16 and every sum
 exact in f32, so tensor cores (exact products, f32 sums) and the reference (products rounded to
@@ -68,6 +68,10 @@ def case(name: str) -> tuple[list[Node], tuple[bool, bool]]:
         y = ir.binary(Op.ADD, c, ir.expand(ir.reshape(p("bias", BF16, (96,)), (1, 96)), c.shape))
         y = ir.binary(Op.MAX, y, ir.const(0.0, BF16, c.shape))
         return [ir.unary(Op.CAST, y, dt.f32)], (True, False)
+    if name == "f32":  # the CPU's packed path only (tensor cores would need TF32)
+        return [matmul(p("a", dt.f32, (70, 90)), t(p("b", dt.f32, (66, 90))))], (True, True)
+    if name == "f64":
+        return [matmul(t(p("a", dt.f64, (90, 70))), p("b", dt.f64, (90, 66)))], (False, False)
     if name == "f32_of_bf16":  # the operands widened first: products exact either way
         a = ir.unary(Op.CAST, p("a", BF16, (64, 128)), dt.f32)
         b = ir.unary(Op.CAST, p("b", BF16, (128, 64)), dt.f32)
@@ -79,18 +83,38 @@ CASES = ["bf16_aligned", "f16_odd", "bf16_edges", "a_transposed", "b_transposed"
          "batched_wide", "broadcast_batch", "epilogue", "f32_of_bf16"]
 
 
-def _kernels(outputs: list[Node], arch: str = "sm_90") -> list:
+CPU_CASES = CASES + ["f32", "f64"]
+
+
+def _kernels(outputs: list[Node], arch: str = "sm_90", target: str = "cuda") -> list:
     sched = schedule(outputs)
-    optimize.optimize(sched, target="cuda", arch=arch)
+    optimize.optimize(sched, target=target, arch=arch)
     return sched.kernels
+
+
+def _inputs(outputs: list[Node]) -> dict[Node, np.ndarray]:
+    rng = np.random.default_rng(0)
+    params = [n for n in ir.toposort(outputs) if n.op is Op.PARAM]
+    return {q: (rng.integers(-8, 9, q.shape) / 8).astype(np.float32) for q in params}
+
+
+@pytest.mark.parametrize("name", CPU_CASES)
+def test_packed_cpu_matches_reference(name: str) -> None:
+    outputs, (a_kmajor, b_kmajor) = case(name)
+    (k,) = _kernels(outputs, target="c")
+    assert k.contraction is not None and (k.contraction[0].a.k_major, k.contraction[0].b.k_major) == (a_kmajor, b_kmajor)
+    inputs = _inputs(outputs)
+    got = backends.RUNNERS["c"](outputs, inputs)
+    want = ref.evaluate(outputs, inputs)
+    assert all(np.array_equal(np.asarray(g, np.float64), np.asarray(w, np.float64)) for g, w in zip(got, want))
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_contraction_is_recognized(name: str) -> None:
     outputs, (a_kmajor, b_kmajor) = case(name)
     (k,) = _kernels(outputs)
-    assert k.tensor_core is not None, name
-    c, _ = k.tensor_core
+    assert k.contraction is not None, name
+    c, _ = k.contraction
     assert (c.a.k_major, c.b.k_major) == (a_kmajor, b_kmajor)
 
 
@@ -100,8 +124,8 @@ def test_not_a_contraction() -> None:
     matvec = matmul(ir.param("a", BF16, (64, 64)), ir.param("v", BF16, (64, 1)))
     f32 = matmul(ir.param("a", dt.f32, (64, 64)), ir.param("b", dt.f32, (64, 64)))  # TF32 is not f32
     for out in (row_sums, matvec, f32):
-        assert all(k.tensor_core is None for k in _kernels([out]))
-    assert _kernels(case("bf16_aligned")[0], arch="sm_75")[0].tensor_core is None  # no ldmatrix before sm_80
+        assert all(k.contraction is None for k in _kernels([out]))
+    assert _kernels(case("bf16_aligned")[0], arch="sm_75")[0].contraction is None  # no ldmatrix before sm_80
 
 
 NVCC = shutil.which("nvcc")
@@ -125,11 +149,9 @@ def test_tensor_core_source_compiles(arch: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", CASES)
 def test_tensor_core_matches_reference(name: str, plan: str) -> None:
     outputs, _ = case(name)
-    rng = np.random.default_rng(0)
-    params = [n for n in ir.toposort(outputs) if n.op is Op.PARAM]
-    inputs = {q: (rng.integers(-8, 9, q.shape) / 8).astype(np.float32) for q in params}
+    inputs = _inputs(outputs)
     program = cuda.CUDAProgram(outputs, plan_arch=None if plan == "gpu" else plan)
-    assert program.sched.kernels[0].tensor_core is not None
+    assert program.sched.kernels[0].contraction is not None
     got = run_values(program, inputs)
     want = ref.evaluate(outputs, inputs)
     assert compare(outputs, got, want) is None
