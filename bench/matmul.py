@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -79,11 +80,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="three shapes")
     ap.add_argument("--only", default=None, help="run the cases whose name contains this")
     ap.add_argument("--plan", default=None, help="force a tensor-core plan, as EMBER_TC_PLAN (docs/debugging.md)")
+    ap.add_argument("--search", action="store_true", help="search plans (EMBER_SEARCH=1); cold compile includes it")
     args = ap.parse_args()
     if args.plan:
         os.environ["EMBER_TC_PLAN"] = args.plan
+    if args.search:
+        os.environ["EMBER_SEARCH"] = "1"
     torch.backends.cuda.matmul.allow_tf32 = False
-    os.environ["EMBER_CACHE"] = tempfile.mkdtemp(prefix="ember-mm-")  # cold compiles are cold
+    cache = Path(tempfile.mkdtemp(prefix="ember-mm-"))
+    os.environ["EMBER_CACHE"] = str(cache)  # cold compiles are cold
     print(f"{'case':34} {'Ember TFLOP/s':>13} {'cuBLAS':>8} {'ratio':>6} {'% peak':>7} "
           f"{'compile cold/cached':>20}  plan")
     for name, batch, m, n, k, dname, bt in CASES:
@@ -115,6 +120,12 @@ def main() -> None:
         ok = "" if err < 2e-2 else f"  WRONG (relative error {err:.2e})"
         print(f"{name:34} {flops / ember_s / 1e12:13.1f} {flops / torch_s / 1e12:8.1f} {torch_s / ember_s:6.2f} "
               f"{100 * flops / ember_s / PEAK[dname]:6.1f}% {cold:9.2f}s/{cached:6.2f}s  {plan}{ok}", flush=True)
+
+
+    if args.search:
+        print(f"searched plans: {cache / 'plans' / 'plans.json'}")
+        if os.environ.get("OUT"):
+            shutil.copy(cache / "plans" / "plans.json", Path(os.environ["OUT"]) / "plans.json")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .backend import cache_root
+
 UID_BASE, GID_BASE = 100000, 200000  # sandbox users and groups; never real accounts
 
 
@@ -208,7 +210,7 @@ class Sandbox:
         if not contained:  # the reference compiler: Ember from where the grader runs it, and its compile cache
             here = str(Path(__file__).resolve().parent.parent)
             env["PYTHONPATH"] = os.pathsep.join([here] + ([env["PYTHONPATH"]] if "PYTHONPATH" in env else []))
-            env["EMBER_CACHE"] = os.environ.get("EMBER_CACHE") or str(Path.home() / ".cache" / "ember")
+            env["EMBER_CACHE"] = str(cache_root())
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
         env.update(HOME=str(work), TMPDIR=str(work), LANG=env.get("LANG", "C.UTF-8"))
         return env

@@ -2,12 +2,26 @@
 the C-like renderer (render.py)."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from .. import data
 from ..ir import Node
+
+
+def cache_root() -> Path:
+    """Where compiled programs and searched plans are kept between runs ($EMBER_CACHE)."""
+    return Path(os.environ.get("EMBER_CACHE") or Path.home() / ".cache" / "ember")
+
+
+def cache_dir(kind: str) -> Path:
+    """The cache's folder for one kind of artifact (c, cuda, plans), created if missing."""
+    d = cache_root() / kind
+    d.mkdir(parents=True, exist_ok=True)
+    return d
 
 
 def cached(build: Callable[[list[Node]], Any]) -> Callable[[list[Node]], Any]:

@@ -32,7 +32,7 @@ from ..compiler.lower import Kernel
 from ..compiler.schedule import Schedule, schedule
 from ..dtype import DType
 from ..ir import Node
-from . import cached, packed
+from . import cache_dir, cached, packed
 from . import run_values as shared_run_values
 from .render import CLike
 
@@ -183,12 +183,6 @@ def _supports(flag: str) -> bool:
         return proc.returncode == 0
 
 
-def cache_dir() -> Path:
-    d = Path(os.environ.get("EMBER_CACHE") or Path.home() / ".cache" / "ember") / "c"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
 class CompileError(Exception):
     pass
 
@@ -201,7 +195,7 @@ def build(source: "CSource | str", opt: str = "-O3") -> Path:
         raise CompileError("no C compiler found (set CC, or install gcc or clang)")
     src = source if isinstance(source, CSource) else CSource(source, [], "")
     key = hashlib.sha256("\0".join([cc, *_flags(opt), src.text]).encode()).hexdigest()[:32]
-    lib = cache_dir() / f"{key}.so"
+    lib = cache_dir("c") / f"{key}.so"
     if lib.exists():
         return lib
     with tempfile.TemporaryDirectory(dir=lib.parent) as work:

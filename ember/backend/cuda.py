@@ -18,7 +18,6 @@ import hashlib
 import math
 import os
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -29,7 +28,7 @@ from ..compiler.lower import Kernel
 from ..compiler.schedule import Schedule, schedule
 from ..dtype import DType
 from ..ir import Node, Op, toposort
-from . import cached, mma
+from . import cache_dir, cached, mma, search
 from . import run_values as shared_run_values
 from .render import CLike, KernelWriter, Scope
 
@@ -327,6 +326,50 @@ def target_arch() -> str:
     return dev[1] if dev else DEFAULT_ARCH
 
 
+@functools.lru_cache(maxsize=None)
+def device_name() -> str:
+    """GPU 0's name (searched plans are stored per device)."""
+    from cuda.bindings import driver as cu
+    raw = _check(cu.cuDeviceGetName(64, _check(cu.cuDeviceGet(0))))
+    return bytes(raw).split(b"\0")[0].decode()
+
+
+def time_kernel(k: Kernel, arch: str) -> float:
+    """Seconds one launch of kernel k alone takes on zeroed buffers (for the plan search)."""
+    from cuda.bindings import driver as cu
+    r = CUDARenderer()
+    text = r.render_kernel(k)
+    module = _check(cu.cuModuleLoadData(compile_cubin(PRELUDE + mma.helpers([k]) + _bitcast_helpers(r.bitcasts)
+                                                      + "\n" + text, arch)))
+    fn = _check(cu.cuModuleGetFunction(module, k.name.encode()))
+    (gx, gy, gz), block, smem = launch_config(k)
+    if smem > 48 * 1024:
+        _check((cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                      smem)[0], None))
+    bufs = {b.id: b for b in [k.out] + k.reads}
+    ptr = {i: _check(cu.cuMemAlloc(max(1, b.nbytes))) for i, b in bufs.items()}
+    for i, b in bufs.items():
+        _check((cu.cuMemsetD8(ptr[i], 0, max(1, b.nbytes))[0], None))
+    args = [np.array([int(ptr[b.id])], dtype=np.uint64) for b in [k.out] + [b for b in k.reads if b.id != k.out.id]]
+    addrs = np.array([a.ctypes.data for a in args], dtype=np.uint64)
+    start, end = _check(cu.cuEventCreate(0)), _check(cu.cuEventCreate(0))
+
+    def run() -> float:
+        _check((cu.cuEventRecord(start, 0)[0], None))
+        _check((cu.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, smem, 0, addrs.ctypes.data, 0)[0], None))
+        _check((cu.cuEventRecord(end, 0)[0], None))
+        _check((cu.cuEventSynchronize(end)[0], None))
+        return float(_check(cu.cuEventElapsedTime(start, end)))
+    try:
+        return search.median_seconds(run)
+    finally:
+        for ev in (start, end):
+            cu.cuEventDestroy(ev)
+        for p in ptr.values():
+            cu.cuMemFree(p)
+        cu.cuModuleUnload(module)
+
+
 def available() -> bool:
     if os.environ.get("EMBER_NO_CUDA"):
         return False
@@ -347,9 +390,7 @@ def compile_cubin(src: str, arch: str, ptxas_o0: bool = False) -> bytes:
     from cuda.bindings import nvrtc
     version = _check(nvrtc.nvrtcVersion())
     key = hashlib.sha256(f"{arch}\0{version}\0{ptxas_o0}\0{src}".encode()).hexdigest()[:32]
-    cache = Path(os.environ.get("EMBER_CACHE") or Path.home() / ".cache" / "ember") / "cuda"
-    cache.mkdir(parents=True, exist_ok=True)
-    path = cache / f"{key}.cubin"
+    path = cache_dir("cuda") / f"{key}.cubin"
     if path.exists():
         return path.read_bytes()
     prog = _check(nvrtc.nvrtcCreateProgram(src.encode(), b"ember.cu", 0, [], []))
@@ -381,6 +422,8 @@ class CUDAProgram:
         assert dev is not None
         t0 = time.perf_counter()
         self.sched = prepare(outputs, plan_arch)
+        if plan_arch is None:  # stored plans, or a search when EMBER_SEARCH=1
+            search.choose(self.sched.kernels, dev[1], device_name(), lambda k: time_kernel(k, dev[1]))
         self.source = render(self.sched)
         t1 = time.perf_counter()
         self.module = _check(cu.cuModuleLoadData(compile_cubin(self.source, dev[1], ptxas_o0)))

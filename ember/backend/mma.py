@@ -1,6 +1,6 @@
 """CUDA rendering of a contraction on tensor cores (`mma.sync.m16n8k16`, sm_80 and later).
 
-The kernel a TensorCorePlan describes (see compiler/contraction.py):
+The kernel a GpuPlan describes (see compiler/contraction.py):
 - the grid: x over column tiles (j), y over row tiles (i), z over the batch ranges;
 - shared memory: `stages` slots of one A tile and one B tile, each stored with its contiguous
   axis innermost, in rows of 16-byte chunks whose chunk index is XOR-swizzled by the row, so
@@ -12,7 +12,7 @@ The kernel a TensorCorePlan describes (see compiler/contraction.py):
 """
 from __future__ import annotations
 
-from ..compiler.contraction import Contraction, Operand, TensorCorePlan
+from ..compiler.contraction import Contraction, GpuPlan, Operand
 from ..compiler.lower import Kernel
 from .render import CLike, ElementWriter, KernelWriter
 
@@ -86,16 +86,18 @@ def helpers(kernels: list[Kernel]) -> str:
     return out
 
 
-def threads(p: TensorCorePlan) -> int:
+def threads(p: GpuPlan) -> int:
     return p.threads
 
 
-def smem_bytes(p: TensorCorePlan) -> int:
+def smem_bytes(p: GpuPlan) -> int:
+    if p.instruction == "fma":  # f32 tiles [block_k][block + 4]
+        return p.stages * (p.block_m + p.block_n + 8) * p.block_k * 4
     extra = 1024 if p.instruction == "wgmma" else 0  # room to align the tiles to 1024 bytes (the swizzle atom)
     return p.stages * (p.block_m + p.block_n) * p.block_k * 2 + extra
 
 
-def grid(c: Contraction, p: TensorCorePlan) -> tuple[int, int, int]:
+def grid(c: Contraction, p: GpuPlan) -> tuple[int, int, int]:
     m, n, _ = c.mnk
     batch = 1
     for r in c.batch:
@@ -103,8 +105,11 @@ def grid(c: Contraction, p: TensorCorePlan) -> tuple[int, int, int]:
     return -(-n // p.block_n), -(-m // p.block_m), batch
 
 
-def _tile_shape(op: Operand, out_tile: int, p: TensorCorePlan) -> tuple[int, int]:
-    """(rows, width) of an operand's tile in shared memory: the contiguous axis is the width."""
+def _tile_shape(op: Operand, out_tile: int, p: GpuPlan) -> tuple[int, int]:
+    """(rows, width) of an operand's tile in shared memory: the contiguous axis is the width.
+    FMA tiles are always [k][i or j], 4 elements of padding per row (see _fill_transposed)."""
+    if p.instruction == "fma":
+        return p.block_k, out_tile + 4
     return (out_tile, p.block_k) if op.k_major else (p.block_k, out_tile)
 
 
@@ -156,10 +161,12 @@ def _epilogue(r: CLike, k: Kernel, c: Contraction, prefix: str, acc: str) -> lis
 
 
 def _fill(name: str, op: Operand, base: str, out_var: str, out_size: int, kr_size: int, rows: int, width: int,
-          nthreads: int, other_stride: int, hopper: bool) -> list[str]:
+          nthreads: int, other_stride: int, hopper: bool, chunk: int = CHUNK, logical: int = 0) -> list[str]:
     """Statements that copy one operand tile into shared-memory slot `slot` (k0: its first k).
-    other_stride: the buffer stride of the tile's rows (the axis that is not contiguous)."""
-    per_row = width // CHUNK
+    other_stride: the buffer stride of the tile's rows (the axis that is not contiguous);
+    chunk: elements per 16 bytes; logical: the row's width without padding (default width)."""
+    CHUNK = chunk  # noqa: N806
+    per_row = (logical or width) // CHUNK
     count = rows * per_row // nthreads
     lines = ["#pragma unroll", f"for (int q = 0; q < {count}; q++) {{",
              f"  int ch = threadIdx.x + q * {nthreads}, r = ch / {per_row}, c = ch % {per_row};"]
@@ -169,7 +176,9 @@ def _fill(name: str, op: Operand, base: str, out_var: str, out_size: int, kr_siz
     else:
         lines.append(f"  int gk = k0 + r, go = {out_var} + c * {CHUNK};")
         along, along_size, other, other_size = "go", out_size, "gk", kr_size
-    lines.append(f"  unsigned short* dst = {name} + slot * {rows * width} + {_place(hopper, rows, width)};")
+    place = f"r * {width} + c * {CHUNK}" if chunk != 8 else _place(hopper, rows, width)
+    et = "float" if chunk == 4 else "unsigned short"
+    lines.append(f"  {et}* dst = {name} + slot * {rows * width} + {place};")
     src = f"{base} + (long long){other} * {other_stride} + {along}"
     if op.aligned:
         lines.append(f"  bool ok = {other} < {other_size} && {along} < {along_size};")
@@ -177,12 +186,12 @@ def _fill(name: str, op: Operand, base: str, out_var: str, out_size: int, kr_siz
     else:  # element by element, each masked (an odd contiguous extent or an unaligned base)
         lines.append("  #pragma unroll")
         lines.append(f"  for (int e = 0; e < {CHUNK}; e++) dst[e] = ({other} < {other_size} && {along} + e < "
-                     f"{along_size}) ? ({src})[e] : (unsigned short)0;")
+                     f"{along_size}) ? ({src})[e] : ({et})0;")
     lines.append("}")
     return lines
 
 
-def _mma_sync_step(c: Contraction, p: TensorCorePlan, aw: int, bw: int) -> tuple[list[str], list[str]]:
+def _mma_sync_step(c: Contraction, p: GpuPlan, aw: int, bw: int) -> tuple[list[str], list[str]]:
     """(accumulator declaration, the compute on tile slot (ta, tb)) for mma.sync: each warp owns
     a (block_m / warps_m) x (block_n / warps_n) tile of m16n8 fragments."""
     wtm, wtn = p.block_m // p.warps_m, p.block_n // p.warps_n
@@ -220,7 +229,7 @@ def _mma_sync_step(c: Contraction, p: TensorCorePlan, aw: int, bw: int) -> tuple
     return decl, step
 
 
-def _wgmma_step(c: Contraction, p: TensorCorePlan) -> tuple[list[str], list[str]]:
+def _wgmma_step(c: Contraction, p: GpuPlan) -> tuple[list[str], list[str]]:
     """For wgmma: warpgroup g owns rows 64g..64g+63 of the block tile and all its columns; the
     descriptors walk the K-step 16 at a time (32 bytes along a K-major row, or 16 rows of an
     MN-major panel)."""
@@ -242,18 +251,67 @@ def _wgmma_step(c: Contraction, p: TensorCorePlan) -> tuple[list[str], list[str]
     return decl, step
 
 
-def render(r: CLike, k: Kernel, c: Contraction, p: TensorCorePlan, prefix: str) -> str:
+def _fill_transposed(name: str, op: Operand, base: str, out_var: str, out_size: int, kr_size: int, p: GpuPlan,
+                     out_tile: int, other_stride: int) -> tuple[list[str], list[str]]:
+    """FMA tiles of a K-major f32 operand: [out][k] in memory, wanted as [k][out] (each thread
+    then reads four neighbouring rows or columns at once). Issued as 16-byte register loads before
+    the step's compute and stored transposed after it, so their latency hides behind it. The
+    rows are padded by 4 floats: the four scalar stores of a warp then hit different banks."""
+    pitch, per_row = out_tile + 4, p.block_k // 4
+    count = out_tile * per_row // p.threads
+    reg = f"r{name}"
+    issue = [f"#pragma unroll\nfor (int q = 0; q < {count}; q++) {{",
+             f"  int ch = threadIdx.x + q * {p.threads}, o = ch / {per_row}, c = ch % {per_row};",
+             f"  int go = {out_var} + o, gk = k0 + c * 4;",
+             f"  const float* src = {base} + (long long)go * {other_stride} + gk;"]
+    if op.aligned:
+        issue.append(f"  {reg}[q] = go < {out_size} && gk < {kr_size} ? *(const float4*)src : make_float4(0, 0, 0, 0);")
+    else:
+        issue += [f"  {reg}[q].{f} = go < {out_size} && gk + {e} < {kr_size} ? src[{e}] : 0.0f;"
+                  for e, f in enumerate("xyzw")]
+    issue.append("}")
+    store = [f"#pragma unroll\nfor (int q = 0; q < {count}; q++) {{",
+             f"  int ch = threadIdx.x + q * {p.threads}, o = ch / {per_row}, c = ch % {per_row};",
+             f"  float* dst = {name} + slot * {p.block_k * pitch} + c * 4 * {pitch} + o;",
+             f"  dst[0] = {reg}[q].x; dst[{pitch}] = {reg}[q].y; dst[{2 * pitch}] = {reg}[q].z; "
+             f"dst[{3 * pitch}] = {reg}[q].w;", "}"]
+    return [f"float4 {reg}[{count}];"] + issue, store
+
+
+def _fma_step(p: GpuPlan) -> tuple[list[str], list[str]]:
+    """FMA: thread (tx, ty) of a 16 x 16 grid owns rows {4ty..4ty+3, half + 4ty..} and the same
+    columns of tx, read as float4 from the [k][i] and [k][j] tiles (a warp's two ty values
+    broadcast, its 16 tx read 256 contiguous bytes)."""
+    pa, pb = p.block_m + 4, p.block_n + 4
+    hm, hn = p.block_m // 2, p.block_n // 2
+    tdim = p.block_n // 8
+    decl = [f"const int tx = threadIdx.x % {tdim}, ty = threadIdx.x / {tdim};", "float acc[8][8];",
+            "#pragma unroll\nfor (int x = 0; x < 8; x++)",
+            "  #pragma unroll\n  for (int y = 0; y < 8; y++) acc[x][y] = 0.0f;"]
+    step = [f"#pragma unroll\nfor (int kk = 0; kk < {p.block_k}; kk++) {{",
+            f"  const float* ra = ta + kk * {pa} + ty * 4;",
+            f"  const float* rb = tb + kk * {pb} + tx * 4;",
+            f"  float4 a0 = *(const float4*)ra, a1 = *(const float4*)(ra + {hm});",
+            f"  float4 b0 = *(const float4*)rb, b1 = *(const float4*)(rb + {hn});",
+            "  float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};",
+            "  float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};",
+            "  #pragma unroll\n  for (int x = 0; x < 8; x++)",
+            "    #pragma unroll\n    for (int y = 0; y < 8; y++) acc[x][y] = fmaf(a[x], b[y], acc[x][y]);", "}"]
+    return decl, step
+
+
+def render(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str) -> str:
     m, n, kk = c.mnk
     nt = p.threads
-    hopper = p.instruction == "wgmma"
+    hopper, fma = p.instruction == "wgmma", p.instruction == "fma"
+    et = "float" if fma else "unsigned short"   # the operands' storage type
     (ar, aw), (br, bw) = _tile_shape(c.a, p.block_m, p), _tile_shape(c.b, p.block_n, p)
     lines = ["extern __shared__ __align__(128) unsigned char ember_smem[];"]
     if hopper:  # the swizzle pattern repeats every 1024 bytes and is applied to absolute addresses
-        lines.append("unsigned short* sa = (unsigned short*)(ember_smem + "
-                     "((1024 - (ember_smem_addr(ember_smem) & 1023)) & 1023));")
+        lines.append(f"{et}* sa = ({et}*)(ember_smem + ((1024 - (ember_smem_addr(ember_smem) & 1023)) & 1023));")
     else:
-        lines.append("unsigned short* sa = (unsigned short*)ember_smem;")
-    lines += [f"unsigned short* sb = sa + {p.stages * ar * aw};",
+        lines.append(f"{et}* sa = ({et}*)ember_smem;")
+    lines += [f"{et}* sb = sa + {p.stages * ar * aw};",
               "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;",
               f"const int m0 = blockIdx.y * {p.block_m}, n0 = blockIdx.x * {p.block_n};"]
     stride = 1
@@ -263,31 +321,55 @@ def render(r: CLike, k: Kernel, c: Contraction, p: TensorCorePlan, prefix: str) 
     for op, var in ((c.a, "ga"), (c.b, "gb")):
         off = " + ".join([str(op.offset)] + [f"(long long)z{i} * {op.strides[b]}"
                                              for i, b in enumerate(c.batch) if b in op.strides])
-        lines.append(f"const unsigned short* {var} = b{op.load.srcs[0].arg} + {off};")
-    decl, step = _wgmma_step(c, p) if hopper else _mma_sync_step(c, p, aw, bw)
+        lines.append(f"const {et}* {var} = b{op.load.srcs[0].arg} + {off};")
+    decl, step = _fma_step(p) if fma else _wgmma_step(c, p) if hopper else _mma_sync_step(c, p, aw, bw)
     lines += decl
     steps = -(-kk // p.block_k)
-    fill_a = _fill("sa", c.a, "ga", "m0", m, kk, ar, aw, nt, c.a.strides[c.i if c.a.k_major else c.k], hopper)
-    fill_b = _fill("sb", c.b, "gb", "n0", n, kk, br, bw, nt, c.b.strides[c.j if c.b.k_major else c.k], hopper)
-    lines += ["auto fill = [&](int slot, int k0) {", *["  " + x for x in fill_a + fill_b], "};"]
+    # issue: start copying a K-step into a slot (cp.async, or register loads); finish: the
+    # register-staged part's stores, after the current step's compute
+    issue: list[str] = []
+    finish: list[str] = []
+    for name, op, base, o, size, rng, tile, (rows, width) in (("sa", c.a, "ga", "m0", m, c.i, p.block_m, (ar, aw)),
+                                                              ("sb", c.b, "gb", "n0", n, c.j, p.block_n, (br, bw))):
+        other = op.strides[rng if op.k_major else c.k]
+        if fma and op.k_major:
+            first, store = _fill_transposed(name, op, base, o, size, kk, p, tile, other)
+            lines.append(first[0])
+            issue += first[1:]
+            finish += store
+        elif fma:
+            issue += _fill(name, op, base, o, size, kk, rows, width, nt, other, False, chunk=4, logical=tile)
+        else:
+            issue += _fill(name, op, base, o, size, kk, rows, width, nt, other, hopper)
+    lines += ["auto issue = [&](int slot, int k0) {", *["  " + x for x in issue], "};",
+              "auto finish = [&](int slot) {", *["  " + x for x in finish], "};"]
     # ahead: K-steps in flight while one is computed. wgmma keeps one step of its own in flight
     # too (wait_group 1), so the slot refilled is the one read two steps back, and one fewer is ahead.
     ahead = p.stages - 2 if hopper else p.stages - 1
     lines += [f"#pragma unroll\nfor (int s = 0; s < {ahead}; s++) {{",
-              f"  if (s < {steps}) fill(s, s * {p.block_k});", "  ember_cp_async_commit();", "}",
+              f"  if (s < {steps}) {{ issue(s, s * {p.block_k}); finish(s); }}", "  ember_cp_async_commit();", "}",
               f"for (int t = 0; t < {steps}; t++) {{",
               f"  ember_cp_async_wait<{ahead - 1}>();"]
     if hopper:  # cp.async wrote through the generic proxy; wgmma reads through the async proxy
         lines.append("  ember_fence_async_smem();")
     lines += ["  __syncthreads();  /* slot t is in; every warp is done with the slot refilled next */",
-              f"  if (t + {ahead} < {steps}) fill((t + {ahead}) % {p.stages}, (t + {ahead}) * {p.block_k});",
+              f"  const bool more = t + {ahead} < {steps};",
+              f"  if (more) issue((t + {ahead}) % {p.stages}, (t + {ahead}) * {p.block_k});",
               "  ember_cp_async_commit();",
-              f"  const unsigned short* ta = sa + (t % {p.stages}) * {ar * aw};",
-              f"  const unsigned short* tb = sb + (t % {p.stages}) * {br * bw};",
-              *["  " + x for x in step], "}"]
+              f"  const {et}* ta = sa + (t % {p.stages}) * {ar * aw};",
+              f"  const {et}* tb = sb + (t % {p.stages}) * {br * bw};",
+              *["  " + x for x in step],
+              f"  if (more) finish((t + {ahead}) % {p.stages});", "}"]
     if hopper:
         lines.append("ember_wgmma_wait<0>();")
-    # the epilogue: rows (g, g + 8) and columns (2 tig, 2 tig + 1) of every m16n8 fragment
+    # the epilogue, two neighbouring columns at a time
+    if fma:
+        lines += ["#pragma unroll\nfor (int x = 0; x < 8; x++)", "#pragma unroll\nfor (int h = 0; h < 8; h += 2) {",
+                  f"  const int ei = m0 + (x >> 2) * {p.block_m // 2} + ty * 4 + (x & 3);",
+                  f"  const int ej = n0 + (h >> 2) * {p.block_n // 2} + tx * 4 + (h & 3);",
+                  *["  " + x for x in _epilogue(r, k, c, prefix, "acc[x][h]")], "}"]
+        return _kernel(r, k, prefix, lines, f"{nt}")
+    # mma fragments: rows (g, g + 8) and columns (2 tig, 2 tig + 1) of every m16n8 tile
     if hopper:
         loops, acc = [f"#pragma unroll\nfor (int y = 0; y < {p.block_n // 8}; y++)"], "acc[y][h]"
         row, col = "m0 + wg * 64 + (warp & 3) * 16", "n0 + y * 8"
@@ -300,8 +382,10 @@ def render(r: CLike, k: Kernel, c: Contraction, p: TensorCorePlan, prefix: str) 
               f"  const int ei = {row} + (lane >> 2) + (h >> 1) * 8;",
               f"  const int ej = {col} + (lane & 3) * 2;",
               *["  " + x for x in _epilogue(r, k, c, prefix, acc)], "}"]
+    return _kernel(r, k, prefix, lines, f"{nt}, 1" if hopper else f"{nt}")
+
+
+def _kernel(r: CLike, k: Kernel, prefix: str, lines: list[str], bounds: str) -> str:
     body = "".join("  " + x + "\n" for line in lines for x in line.split("\n"))
-    bounds = f"{nt}, 1" if hopper else f"{nt}"
     signature = KernelWriter(r, k, prefix).signature()[len("void "):]
-    return f"extern \"C\" __global__ void __launch_bounds__({bounds}) " + signature + \
-        " {\n" + body + "}\n"
+    return f"extern \"C\" __global__ void __launch_bounds__({bounds}) " + signature + " {\n" + body + "}\n"

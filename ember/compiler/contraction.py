@@ -7,7 +7,7 @@ batch ranges (either load may use them). Around the reduction, the rest of the k
 is an epilogue evaluated per output element (a bias, an activation, a cast); nothing in the IR
 names a matmul.
 
-The plan (`TensorCorePlan`) is a record the CUDA backend renders as one kernel: block tiles of
+The plan (`GpuPlan`) is a record the CUDA backend renders as one kernel: block tiles of
 the output on the grid, warp tiles of `mma.sync.m16n8k16` fragments read with `ldmatrix` from
 shared memory, a `cp.async` pipeline of `stages` K-steps, masked edge tiles. Each operand is
 staged with its contiguous axis innermost: "k-major" when its k stride is 1 (A row-major, B
@@ -54,10 +54,10 @@ class Contraction:
 
 
 @dataclass(frozen=True)
-class TensorCorePlan:
+class GpuPlan:
     """One kernel's tensor-core tiling: printed by EMBER_DEBUG=2. With wgmma (sm_90a), a block
     is warps_m warpgroups of 64 rows each, and warps_n is 1."""
-    instruction: str = "mma.sync"      # "mma.sync" (m16n8k16, sm_80+) or "wgmma" (m64nNk16, sm_90a)
+    instruction: str = "mma.sync"  # "mma.sync" (m16n8k16, sm_80+), "wgmma" (m64nNk16, sm_90a), "fma" (f32)
     block_m: int = 128
     block_n: int = 128
     block_k: int = 32
@@ -67,10 +67,13 @@ class TensorCorePlan:
 
     @property
     def threads(self) -> int:
+        if self.instruction == "fma":  # a thread per 8 x 8 outputs
+            return self.block_m * self.block_n // 64
         return 128 * self.warps_m if self.instruction == "wgmma" else 32 * self.warps_m * self.warps_n
 
     def __str__(self) -> str:
-        who = f"{self.warps_m} warpgroups" if self.instruction == "wgmma" else f"warps {self.warps_m}x{self.warps_n}"
+        who = {"wgmma": f"{self.warps_m} warpgroups", "fma": "8x8 per thread"}.get(
+            self.instruction, f"warps {self.warps_m}x{self.warps_n}")
         return (f"tensor core {self.instruction}: block {self.block_m}x{self.block_n}x{self.block_k}, "
                 f"{who}, cp.async {self.stages}-stage")
 
@@ -157,22 +160,25 @@ def _operand(load: Node, strides: dict, offset: int, out: Node, kr: Node) -> Ope
     else:
         return None  # neither axis contiguous: the generic path
     rest = [c for r, c in strides.items() if r is not contiguous]
-    aligned = contiguous.arg[1] % 8 == 0 and offset % 8 == 0 and all(c % 8 == 0 for c in rest)
+    chunk = 16 // load.dtype.itemsize   # elements per 16-byte load
+    aligned = contiguous.arg[1] % chunk == 0 and offset % chunk == 0 and all(c % chunk == 0 for c in rest)
     return Operand(load, dict(strides), offset, k_major, aligned) if other else None
 
 
-def plan(c: Contraction, arch: str) -> TensorCorePlan | None:
-    """Heuristic tiling, or None where tensor cores do not pay (a matrix-vector product)."""
+def plan(c: Contraction, arch: str) -> GpuPlan | None:
+    """Heuristic tiling, or None where tiles do not pay (a matrix-vector product)."""
     m, n, kk = c.mnk
     if m < 16 or n < 16 or kk < 16:
         return None
     forced = os.environ.get("EMBER_TC_PLAN")  # for experiments: "wgmma,128,128,64,2,1,3" (the fields in order)
     if forced:
         name, *sizes = forced.split(",")
-        return TensorCorePlan(name, *map(int, sizes))
+        return GpuPlan(name, *map(int, sizes))
+    if c.dtype is dt.f32:  # FMA: 8x8 outputs per thread (TF32 tensor cores would round the operands)
+        return GpuPlan("fma", 64, 64, 8, 1, 1, 3) if m <= 64 or n <= 64 else GpuPlan("fma", 128, 128, 8, 1, 1, 3)
     if arch == "sm_90a" and m > 64:  # Hopper: warpgroups of 64 rows reading shared memory directly
-        return TensorCorePlan("wgmma", 128, 256 if n > 128 else 128, 64, 2, 1, 4)
+        return GpuPlan("wgmma", 128, 256 if n > 128 else 128, 64, 2, 1, 4)
     stages = 4 if arch.startswith("sm_9") else 3   # sm_86 has 100 KB of shared memory per SM
     if m <= 64 or n <= 64:
-        return TensorCorePlan("mma.sync", 64, 64, 32, 2, 2, stages)
-    return TensorCorePlan("mma.sync", 128, 128, 32, 2, 2, stages)
+        return GpuPlan("mma.sync", 64, 64, 32, 2, 2, stages)
+    return GpuPlan("mma.sync", 128, 128, 32, 2, 2, stages)

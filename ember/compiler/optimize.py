@@ -214,12 +214,12 @@ def cpu_packed(k: Kernel) -> bool:
     return True
 
 
-def gpu_tensor_core(k: Kernel, arch: str) -> bool:
-    """f16/bf16 contractions on tensor cores (sm_80 and later), the kernel rendered whole by
-    backend/mma.py from the plan."""
+def gpu_contraction(k: Kernel, arch: str) -> bool:
+    """f16/bf16 contractions on tensor cores, f32 ones on FMA register tiles (sm_80 and later:
+    cp.async), the kernel rendered whole by backend/mma.py from the plan."""
     if int(arch[3:5]) < 80:
         return False
-    c = contraction.find(k)
+    c = contraction.find(k, (dt.f16, dt.bf16, dt.f32))
     p = None if c is None else contraction.plan(c, arch)
     if p is None:
         return False
@@ -228,7 +228,7 @@ def gpu_tensor_core(k: Kernel, arch: str) -> bool:
 
 
 def gpu_plan(k: Kernel, arch: str) -> None:
-    if gpu_tensor_core(k, arch) or gpu_matmul_tile(k) or gpu_transpose_tile(k):
+    if gpu_contraction(k, arch) or gpu_matmul_tile(k) or gpu_transpose_tile(k):
         return
     k.rows = block_rows(k)
     if k.rows is None:
