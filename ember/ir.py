@@ -36,7 +36,7 @@ class Op(Enum):
     # autodiff
     GRAD = auto()
     # kernel level: see ember/compiler/lower.py
-    BUFFER = auto(); RANGE = auto(); LOAD = auto(); REDUCE = auto(); STORE = auto(); SINK = auto()  # noqa: E702
+    BUFFER = auto(); RANGE = auto(); LOAD = auto(); REDUCE = auto(); STORE = auto()  # noqa: E702
 
 
 UNARY = {Op.NEG, Op.RECIP, Op.SQRT, Op.EXP2, Op.LOG2, Op.SIN, Op.TRUNC, Op.CAST, Op.BITCAST}

@@ -34,55 +34,28 @@ from ..dtype import DType
 from ..ir import Node
 from . import cache_dir, cached, packed
 from . import run_values as shared_run_values
-from .render import CLike
+from .render import HALF_HELPERS, CLike
 
 PRELUDE = r"""
 #include <math.h>
 #include <string.h>
 #include <stdint.h>
 
-static inline float ember_f16_to_f32(unsigned short h) {
-  unsigned int sign = (unsigned int)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
-  if (e == 0x1fu) bits = sign | 0x7f800000u | (m << 13);
-  else if (e) bits = sign | ((e + 112u) << 23) | (m << 13);
-  else { float f = (float)m * 5.9604644775390625e-8f; return sign ? -f : f; }
-  float f; memcpy(&f, &bits, 4); return f;
-}
+#define EMBER_D static inline
+static inline float ember_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned int ember_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
 static inline unsigned short ember_f32_to_f16_bits(float f) {  /* round to nearest, ties to even */
-  unsigned int x; memcpy(&x, &f, 4);
+  unsigned int x = ember_as_uint(f);
   unsigned int sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
   if (ax > 0x7f800000u) return (unsigned short)(sign | 0x7e00u);
   if (ax >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);    /* >= 65520: inf */
-  if (ax < 0x38800000u) {                                              /* subnormal or zero */
-    float a; memcpy(&a, &ax, 4);
-    return (unsigned short)(sign | (unsigned int)nearbyintf(a * 16777216.0f));
-  }
+  if (ax < 0x38800000u)                                                /* subnormal or zero */
+    return (unsigned short)(sign | (unsigned int)nearbyintf(ember_as_float(ax) * 16777216.0f));
   unsigned int h = ((((ax >> 23) - 112u) << 10) | ((ax & 0x7fffffu) >> 13)), rest = ax & 0x1fffu;
   if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
   return (unsigned short)(sign | h);
 }
-static inline float ember_bf16_to_f32(unsigned short h) {
-  unsigned int x = (unsigned int)h << 16; float f; memcpy(&f, &x, 4); return f;
-}
-static inline unsigned short ember_f32_to_bf16_bits(float f) {
-  unsigned int x; memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);
-  return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-/* double -> float rounding to odd, so that a second rounding to f16/bf16 is correct */
-static inline float ember_f32_odd(double d) {
-  float f = (float)d;
-  if ((double)f != d && f == f && !isinf(f)) {
-    unsigned int b; memcpy(&b, &f, 4);
-    if (fabs((double)f) > fabs(d)) b -= 1u;
-    b |= 1u; memcpy(&f, &b, 4);
-  }
-  return f;
-}
-static inline float ember_round_f16(double d) { return ember_f16_to_f32(ember_f32_to_f16_bits(ember_f32_odd(d))); }
-static inline float ember_round_bf16(double d) { return ember_bf16_to_f32(ember_f32_to_bf16_bits(ember_f32_odd(d))); }
-static inline float ember_round_f16f(float f) { return ember_f16_to_f32(ember_f32_to_f16_bits(f)); }
-static inline float ember_round_bf16f(float f) { return ember_bf16_to_f32(ember_f32_to_bf16_bits(f)); }
+""" + HALF_HELPERS + r"""
 /* 2^x for float, branch-free so loops that use it vectorize (libm's exp2f is a call).
    x = n + f with |f| <= 1/2; 2^f by its Taylor series to degree 7 (relative error < 1e-8, below
    half an ulp of float); 2^n applied in two halves so that results down to subnormals and up to
@@ -100,9 +73,6 @@ static inline float ember_exp2f(float x) {
   float r = p * s1 * s2;
   return x != x ? x : r;
 }
-/* max that is NaN when either operand is (fmaxf is not) */
-static inline float ember_max_float(float a, float b) { return ((a != a) | (a > b)) ? a : b; }
-static inline double ember_max_double(double a, double b) { return ((a != a) | (a > b)) ? a : b; }
 """
 
 

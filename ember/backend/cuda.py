@@ -30,7 +30,7 @@ from ..dtype import DType
 from ..ir import Node, Op, toposort
 from . import cache_dir, cached, mma, search
 from . import run_values as shared_run_values
-from .render import CLike, KernelWriter, Scope
+from .render import HALF_HELPERS, CLike, KernelWriter, Scope
 
 BLOCK = 256
 
@@ -42,12 +42,8 @@ PRELUDE = r"""
 #define NAN __int_as_float(0x7fffffff)
 #endif
 #define EMBER_D __device__ static inline
-EMBER_D float ember_f16_to_f32(unsigned short h) {
-  unsigned int sign = (unsigned int)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  if (e == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (m << 13));
-  if (e) return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
-  float f = (float)m * 5.9604644775390625e-8f; return sign ? -f : f;
-}
+#define ember_as_float __uint_as_float
+#define ember_as_uint __float_as_uint
 /* the hardware's conversion (round to nearest even, subnormals and overflow as IEEE says); NaN
    kept as the C backend writes it, sign and quiet bit. The branchy software version made the
    epilogue of an f16 matmul cost half its time. */
@@ -57,28 +53,7 @@ EMBER_D unsigned short ember_f32_to_f16_bits(float f) {
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
   return h;
 }
-EMBER_D float ember_bf16_to_f32(unsigned short h) { return __uint_as_float((unsigned int)h << 16); }
-EMBER_D unsigned short ember_f32_to_bf16_bits(float f) {
-  unsigned int x = __float_as_uint(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);
-  return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-EMBER_D float ember_f32_odd(double d) {
-  float f = __double2float_rn(d);
-  if ((double)f != d && f == f && fabsf(f) != INFINITY) {
-    unsigned int b = __float_as_uint(f);
-    if (fabs((double)f) > fabs(d)) b -= 1u;
-    f = __uint_as_float(b | 1u);
-  }
-  return f;
-}
-EMBER_D float ember_round_f16(double d) { return ember_f16_to_f32(ember_f32_to_f16_bits(ember_f32_odd(d))); }
-EMBER_D float ember_round_bf16(double d) { return ember_bf16_to_f32(ember_f32_to_bf16_bits(ember_f32_odd(d))); }
-EMBER_D float ember_round_f16f(float f) { return ember_f16_to_f32(ember_f32_to_f16_bits(f)); }
-EMBER_D float ember_round_bf16f(float f) { return ember_bf16_to_f32(ember_f32_to_bf16_bits(f)); }
-EMBER_D float ember_max_float(float a, float b) { return ((a != a) | (a > b)) ? a : b; }
-EMBER_D double ember_max_double(double a, double b) { return ((a != a) | (a > b)) ? a : b; }
-
+""" + HALF_HELPERS + r"""
 /* block-wide reductions: every thread of the block gets the result */
 EMBER_D float ember_add(float a, float b) { return a + b; }
 EMBER_D double ember_add(double a, double b) { return a + b; }

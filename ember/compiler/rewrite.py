@@ -84,16 +84,6 @@ class RuleSet:
                 for op in ops:
                     self.by_op.setdefault(op, []).append(rule)
 
-    def __add__(self, other: "RuleSet") -> "RuleSet":
-        return RuleSet([*self.rules(), *other.rules()])
-
-    def rules(self) -> list[Rule]:
-        seen: list[Rule] = []
-        for rule in [r for rs in self.by_op.values() for r in rs] + self.generic:
-            if not any(rule is s for s in seen):
-                seen.append(rule)
-        return seen
-
     def apply(self, node: Node) -> Node | None:
         """The first rule's replacement for node, or None when no rule fires."""
         for pat, fn in self.by_op.get(node.op, []) + self.generic:
