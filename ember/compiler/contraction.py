@@ -74,7 +74,8 @@ class GpuPlan:
     def __str__(self) -> str:
         who = {"wgmma": f"{self.warps_m} warpgroups", "fma": "8x8 per thread"}.get(
             self.instruction, f"warps {self.warps_m}x{self.warps_n}")
-        return (f"tensor core {self.instruction}: block {self.block_m}x{self.block_n}x{self.block_k}, "
+        kind = "FMA register tiles" if self.instruction == "fma" else f"tensor core {self.instruction}"
+        return (f"{kind}: block {self.block_m}x{self.block_n}x{self.block_k}, "
                 f"{who}, cp.async {self.stages}-stage")
 
 
@@ -113,9 +114,8 @@ def find(k: Kernel, dtypes: tuple[dt.DType, ...] = TENSOR_CORE_DTYPES) -> Contra
         return None
     (red,) = reduces
     op, own = red.arg
-    if op is not Op.SUM or len(own) != 1 or not red.dtype.is_float:
+    if op is not Op.SUM or not red.dtype.is_float:
         return None
-    (kr,) = own
     body = red.srcs[0]
     if body.op is not Op.MUL:
         return None
@@ -125,9 +125,12 @@ def find(k: Kernel, dtypes: tuple[dt.DType, ...] = TENSOR_CORE_DTYPES) -> Contra
     deps = free_ranges(k.store)
     if deps[red] != frozenset(k.ranges):  # the epilogue may not loop over the reduction
         return None
-    allowed = set(k.ranges) | {kr}
+    allowed = set(k.ranges) | set(own)
     fx, fy = _affine(x, allowed), _affine(y, allowed)
-    if fx is None or fy is None or kr not in fx[0] or kr not in fy[0]:
+    if fx is None or fy is None:
+        return None
+    kr, fx, fy = _merge_reduced(own, fx, fy)
+    if kr is None or kr not in fx[0] or kr not in fy[0]:
         return None
     only_x = [r for r in k.ranges if r in fx[0] and r not in fy[0]]
     only_y = [r for r in k.ranges if r in fy[0] and r not in fx[0]]
@@ -143,6 +146,29 @@ def find(k: Kernel, dtypes: tuple[dt.DType, ...] = TENSOR_CORE_DTYPES) -> Contra
     if a is None or b is None:
         return None
     return Contraction(red, ia, jb, kr, batch, a, b, x.dtype, _pairs(k, jb))
+
+
+def _merge_reduced(own: tuple[Node, ...], fx: tuple[dict, int], fy: tuple[dict, int]) -> tuple:
+    """Several reduced ranges as one k, where both operands walk them as one axis (a weight
+    gradient sums over batch and time: x[b, t, i] dy[b, t, j]): each range's stride is the next
+    one's times its size. The merged range is a new node; addresses come from the strides."""
+    if len(own) == 1:
+        return own[0], fx, fy
+    for terms, _ in (fx, fy):
+        for outer, inner in zip(own, own[1:]):
+            if terms.get(outer, 0) != terms.get(inner, 0) * inner.arg[1]:
+                return None, fx, fy
+    size = 1
+    for r in own:
+        size *= r.arg[1]
+    kr = sym.rng("_".join(r.arg[0] for r in own), size)
+    merged = []
+    for terms, const in (fx, fy):
+        t = {r: c for r, c in terms.items() if r not in own}
+        if own[-1] in terms:
+            t[kr] = terms[own[-1]]
+        merged.append((t, const))
+    return kr, merged[0], merged[1]
 
 
 def _pairs(k: Kernel, j: Node) -> bool:

@@ -67,6 +67,11 @@ def case(name: str) -> tuple[list[Node], tuple[bool, bool]]:
         y = ir.binary(Op.ADD, c, ir.expand(ir.reshape(p("bias", BF16, (96,)), (1, 96)), c.shape))
         y = ir.binary(Op.MAX, y, ir.const(0.0, BF16, c.shape))
         return [ir.unary(Op.CAST, y, dt.f32)], (True, False)
+    if name == "weight_grad":  # x[b, t, i] dy[b, t, j] summed over b and t: one K of 3 * 40
+        x, dy = p("x", BF16, (3, 40, 72)), p("dy", BF16, (3, 40, 48))
+        prod = ir.binary(Op.MUL, ir.expand(ir.reshape(x, (3, 40, 72, 1)), (3, 40, 72, 48)),
+                         ir.expand(ir.reshape(dy, (3, 40, 1, 48)), (3, 40, 72, 48)))
+        return [ir.reshape(ir.reduce(Op.SUM, prod, (0, 1)), (72, 48))], (False, False)
     if name == "f32":  # the CPU's packed path only (tensor cores would need TF32)
         return [matmul(p("a", dt.f32, (70, 90)), t(p("b", dt.f32, (66, 90))))], (True, True)
     if name == "f64":
@@ -79,7 +84,7 @@ def case(name: str) -> tuple[list[Node], tuple[bool, bool]]:
 
 
 CASES = ["bf16_aligned", "f16_odd", "bf16_edges", "a_transposed", "b_transposed", "both_transposed", "batched",
-         "batched_wide", "broadcast_batch", "epilogue", "f32_of_bf16"]
+         "batched_wide", "broadcast_batch", "weight_grad", "epilogue", "f32_of_bf16"]
 
 
 CPU_CASES = CASES + ["f32", "f64"]
