@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from ..dtype import DType
 from ..ir import Node, Op, toposort
 from . import symbolic as sym
+from .rewrite import substitute
 
 
 @dataclass(eq=False)
@@ -244,11 +245,45 @@ class Lowerer:
         return Node(op, t.dtype, tuple(kids))
 
 
+def selections_to_loads(value: Node) -> Node:
+    """A reduction that picks one element, max or sum over v of where(v == e, x, identity) with e
+    free of v, is how the IR indexes by data (embeddings, gather_rows, a cross-entropy's target
+    logit). It is x at v = e, loaded only when 0 <= e < |v| (else the identity): the loop over v
+    goes, and an embedding costs a read of its rows, not of its whole table per token."""
+    mapping: dict[Node, Node] = {}
+    deps = free_ranges(value)
+    for n in toposort([value]):
+        if n.op is not Op.REDUCE or len(n.arg[1]) != 1 or n.srcs[0].op is not Op.WHERE:
+            continue
+        (v,), (cond, x, other) = n.arg[1], n.srcs[0].srcs
+        d = n.dtype
+        identity = 0 if n.arg[0] is Op.SUM else -math.inf if d.is_float else d.min
+        if other.op is not Op.CONST or other.arg != identity or cond.op is not Op.CMPEQ:
+            continue
+        a, b = (s.srcs[0] if s.op is Op.CAST and s.srcs[0] is v else s for s in cond.srcs)
+        e = b if a is v else a if b is v else None
+        if e is None or not e.dtype.is_int or v in deps[e]:
+            continue
+        below = sym.lt(e, sym.const(v.arg[1], e.dtype))
+        valid = sym.and_(sym.lt(sym.const(-1, e.dtype), e), below) if e.dtype.is_signed else below
+        at = e if e.dtype is sym.INDEX else Node(Op.CAST, sym.INDEX, (e,))
+        (picked,) = substitute([x], {v: at})
+        loads = [ld for ld in toposort([picked]) if ld.op is Op.LOAD and at in toposort([ld.srcs[1]])]
+        guarded = {ld: Node(Op.LOAD, ld.dtype, (*ld.srcs[:2], sym.and_(ld.srcs[2] if ld.srcs[2:] else None, valid)))
+                   for ld in loads}
+        if guarded:
+            (picked,) = substitute([picked], guarded)
+        mapping[n] = Node(Op.WHERE, d, (valid, picked, other))
+    return substitute([value], mapping)[0] if mapping else value
+
+
 def lower_kernel(name: str, root: Node, out: Buffer, realized: dict[Node, Buffer]) -> Kernel:
     lw = Lowerer(realized, root, prefix=f"{name}_")
     ranges = [sym.rng(f"{name}_o{d}", n) for d, n in enumerate(root.shape)]
     idx = tuple(r if r.arg[1] > 1 else sym.const(0) for r in ranges)
-    value = lw.value(root, idx, None)
+    value = selections_to_loads(lw.value(root, idx, None))
+    present = set(toposort([value]))
+    lw.reduces = {r: t for r, t in lw.reduces.items() if r in present}
     (index,) = sym.simplify([flat_index(idx, root.shape)])
     store = Node(Op.STORE, root.dtype, (out.ref(), index, value))
     return Kernel(name, out, [r for r in ranges if r.arg[1] > 1], store, lw.reads, lw.reduces, problems=lw.problems)

@@ -48,3 +48,25 @@ def test_temporaries_share_memory() -> None:
     sched = schedule(text.parse(src).output_nodes)
     a, c, e = sched.temps
     assert len(sched.kernels) == 4 and sched.slots[a.id] == sched.slots[e.id] != sched.slots[c.id]
+
+
+def test_a_selection_by_data_is_a_load() -> None:
+    """max over v of where(v == idx, table[v, c], -inf), the IR's embedding lookup, loses its loop
+    over the table (an index out of range still gives -inf, as the spec's ops do)."""
+    import numpy as np
+
+    from ember import backends, ref
+    from ember.ir import Op, toposort
+    src = ("ember 1\ntable = param f32[50,8]\nidx = param i32[4]\n"
+           "v = iota i32[4,50,8] axis=1\nix = reshape idx shape=[4,1,1]\nie = expand ix shape=[4,50,8]\n"
+           "hit = cmpeq ie v\nt = reshape table shape=[1,50,8]\nte = expand t shape=[4,50,8]\n"
+           "low = const -inf f32[4,50,8]\nw = where hit te low\nrows = max w axes=[1]\nreturn rows\n")
+    prog = text.parse(src)
+    (k,) = schedule(prog.output_nodes).kernels
+    assert not any(n.op is Op.REDUCE for n in toposort([k.store]))
+    table, idx = (prog.nodes[p] for p in ("table", "idx"))
+    inputs = {table: np.random.default_rng(0).standard_normal((50, 8)).astype(np.float32),
+              idx: np.array([3, 0, 49, 50], np.int32)}
+    got = backends.RUNNERS["c"](prog.output_nodes, inputs)[0]
+    assert np.array_equal(got, ref.evaluate(prog.output_nodes, inputs)[0])
+    assert np.all(got[3] == -np.inf)
