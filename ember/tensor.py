@@ -61,6 +61,18 @@ def default_device() -> str:
     return context.device
 
 
+def set_default_device(device: str) -> None:
+    """Where programs run from now on: "cpu" (the C backend), "cuda", or "ref" (as torch's
+    set_default_device; "cuda" without a GPU is an error naming why)."""
+    name = {"cpu": "c", "c": "c", "cuda": "cuda", "ref": "ref"}.get(str(device).split(":")[0])
+    if name is None:
+        raise ValueError(f"set_default_device({device!r}): devices are 'cpu', 'cuda' and 'ref'")
+    if name not in backends.available():
+        from .backend import cuda
+        raise RuntimeError(f"set_default_device({device!r}): {cuda.why_unavailable()}")
+    context.device = name
+
+
 def _np_dtype(d: DType) -> np.dtype:
     return data.value_dtype(d)
 

@@ -1,0 +1,123 @@
+"""Training throughput on the GPU: Ember's GPT beside the same model in PyTorch eager, same run.
+
+    PYTHONPATH=. python3 bench/train_gpu.py [--dim 768] [--layers 2] [--block 1024] [--batch 8] [--steps 10]
+
+Both train on random byte tokens (vocab 256) with AdamW; tokens/s is batch x block per step,
+the median step after the first (Ember's first step compiles; it is printed separately). Each
+step includes everything a training loop pays: forward, backward, the update, and reading
+the loss back to the host.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ember import optim  # noqa: E402
+from ember import tensor as T  # noqa: E402
+from ember.models.gpt import GPT, GPTConfig  # noqa: E402
+
+
+def ember_steps(c: GPTConfig, steps: int, tokens: np.ndarray, device: str) -> tuple[float, list[float], float]:
+    """(first step seconds, the other steps' seconds, last loss)."""
+    T.set_default_device(device)
+    model = GPT(c)
+    opt = optim.AdamW(model.parameters(), lr=3e-4)
+    times, loss_value = [], 0.0
+    for s in range(steps):
+        x = T.Tensor(tokens[s % len(tokens)][:, :-1])
+        y = T.Tensor(tokens[s % len(tokens)][:, 1:])
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = model.loss(x, y)
+        loss.backward()
+        opt.step()
+        loss_value = loss.item()
+        times.append(time.perf_counter() - t0)
+    return times[0], times[1:], loss_value
+
+
+class TorchGPT(torch.nn.Module):
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        self.c = c
+        self.tok, self.pos = torch.nn.Embedding(c.vocab, c.dim), torch.nn.Embedding(c.block, c.dim)
+        self.blocks = torch.nn.ModuleList()
+        for _ in range(c.n_layer):
+            d = c.dim
+            self.blocks.append(torch.nn.ModuleDict(dict(
+                ln1=torch.nn.LayerNorm(d), qkv=torch.nn.Linear(d, 3 * d), proj=torch.nn.Linear(d, d),
+                ln2=torch.nn.LayerNorm(d), fc=torch.nn.Linear(d, 4 * d), out=torch.nn.Linear(4 * d, d))))
+        self.ln, self.head = torch.nn.LayerNorm(c.dim), torch.nn.Linear(c.dim, c.vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor, sdpa: bool) -> torch.Tensor:
+        b, t = idx.shape
+        h = self.c.n_head
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        for blk in self.blocks:
+            q, k, v = blk["qkv"](blk["ln1"](x)).split(self.c.dim, -1)
+            q, k, v = (z.view(b, t, h, -1).transpose(1, 2) for z in (q, k, v))
+            if sdpa:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                s = (q @ k.transpose(-1, -2)) / (q.shape[-1] ** 0.5)
+                s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=idx.device).triu(1), float("-inf"))
+                y = s.softmax(-1) @ v
+            x = x + blk["proj"](y.transpose(1, 2).reshape(b, t, -1))
+            x = x + blk["out"](F.gelu(blk["fc"](blk["ln2"](x)), approximate="tanh"))
+        return self.head(self.ln(x))
+
+
+def torch_steps(c: GPTConfig, steps: int, tokens: np.ndarray, bf16: bool) -> list[float]:
+    model = TorchGPT(c).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    times = []
+    for s in range(steps):
+        batch = torch.from_numpy(tokens[s % len(tokens)]).long().cuda()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(batch[:, :-1], sdpa=bf16)
+            loss = F.cross_entropy(logits.reshape(-1, c.vocab).float(), batch[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        loss.item()
+        times.append(time.perf_counter() - t0)
+    return times[1:]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dim", type=int, default=768)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--block", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--device", default="cuda", help="where Ember runs (PyTorch runs only on cuda)")
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    c = GPTConfig(vocab=256, block=args.block, dim=args.dim, n_layer=args.layers, n_head=max(1, args.dim // 64))
+    tokens = np.random.default_rng(0).integers(0, 256, (4, args.batch, args.block + 1)).astype(np.int32)
+    per_step = args.batch * args.block
+    print(f"GPT {args.layers} layers, dim {args.dim}, context {args.block}, batch {args.batch}: "
+          f"{per_step} tokens a step")
+    first, rest, loss = ember_steps(c, args.steps, tokens, args.device)
+    ember_tps = per_step / statistics.median(rest)
+    print(f"Ember f32        {ember_tps:10.0f} tok/s   step {statistics.median(rest) * 1e3:8.1f} ms   "
+          f"first step {first:6.1f} s   loss {loss:.3f}", flush=True)
+    for name, bf16 in (("PyTorch eager f32", False), ("PyTorch bf16+SDPA", True)) if torch.cuda.is_available() else ():
+        tps = per_step / statistics.median(torch_steps(c, args.steps, tokens, bf16))
+        print(f"{name:17s}{tps:10.0f} tok/s   Ember/PyTorch {ember_tps / tps:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
