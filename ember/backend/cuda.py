@@ -17,6 +17,7 @@ import functools
 import hashlib
 import math
 import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -404,6 +405,8 @@ class CUDAProgram:
         self.module = _check(cu.cuModuleLoadData(compile_cubin(self.source, dev[1], ptxas_o0)))
         self.functions = [_check(cu.cuModuleGetFunction(self.module, k.name.encode())) for k in self.sched.kernels]
         self.configs = [launch_config(k) for k in self.sched.kernels]
+        self._ptr: dict[int, int] | None = None  # the program's device memory (see _arena)
+        self._launches: list = []
         for fn, (_, _, smem) in zip(self.functions, self.configs):
             if smem > 48 * 1024:  # above 48 KB, dynamic shared memory is opt-in per function
                 attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -413,40 +416,38 @@ class CUDAProgram:
                      f"nvrtc+load {self.compile_seconds[1] * 1e3:.1f} ms")
         debug.log(2, self.source)
 
+    def _arena(self) -> dict[int, int]:
+        """Device memory for every buffer of the program, allocated at its first run and kept:
+        later runs allocate nothing (temps share slots as schedule.plan_memory decided)."""
+        if self._ptr is None:
+            cu, sched = self.cu, self.sched
+            ptr: dict[int, int] = {}
+            for buf in [*sched.inputs.values(), *sched.outputs]:
+                if buf.id not in ptr:
+                    ptr[buf.id] = int(_check(cu.cuMemAlloc(max(buf.nbytes, 1))))
+            slot_ptr: dict[int, int] = {}
+            for buf in sched.temps:
+                s = sched.slots[buf.id]
+                if s not in slot_ptr:
+                    size = max(b.nbytes for b in sched.temps if sched.slots[b.id] == s)
+                    slot_ptr[s] = int(_check(cu.cuMemAlloc(max(size, 1))))
+                ptr[buf.id] = slot_ptr[s]
+            self._ptr = ptr
+            self._launches = []
+            for k, fn, (grid, block, smem) in zip(sched.kernels, self.functions, self.configs):
+                bufs = [k.out] + [b for b in k.reads if b.id != k.out.id]
+                args = [np.array([ptr[b.id]], dtype=np.uint64) for b in bufs]
+                addrs = np.array([a.ctypes.data for a in args], dtype=np.uint64)
+                self._launches.append((k.name, fn, grid, block, smem, args, addrs))
+        return self._ptr
+
     def bind(self, inputs: dict[Node, np.ndarray]) -> tuple[Callable[[], None], Callable[[], list[np.ndarray]]]:
         """Copy inputs to the device; returns (launch all kernels, copy the outputs back)."""
         cu, sched = self.cu, self.sched
-        ptr: dict[int, int] = {}
-        self._allocs = allocs = []
-
-        def alloc(nbytes: int) -> int:
-            p = _check(cu.cuMemAlloc(max(nbytes, 1)))
-            allocs.append(p)
-            return int(p)
+        ptr = self._arena()
         for node, buf in sched.inputs.items():
             arr = np.ascontiguousarray(inputs[node], dtype=np.dtype(buf.dtype.np_name))
-            ptr[buf.id] = alloc(arr.nbytes)
             _check((cu.cuMemcpyHtoD(ptr[buf.id], arr.ctypes.data, arr.nbytes)[0], None))
-        for buf in sched.outputs:
-            ptr.setdefault(buf.id, alloc(buf.nbytes))
-        slot_ptr: dict[int, int] = {}
-        for buf in sched.temps:
-            s = sched.slots[buf.id]
-            size = max(b.nbytes for b in sched.temps if sched.slots[b.id] == s)
-            if s not in slot_ptr:
-                slot_ptr[s] = alloc(size)
-            ptr[buf.id] = slot_ptr[s]
-        launches = []
-        for k, fn, (grid, block, smem) in zip(sched.kernels, self.functions, self.configs):
-            args = [np.array([ptr[b.id]], dtype=np.uint64) for b in [k.out] + [b for b in k.reads if b.id != k.out.id]]
-            addrs = np.array([a.ctypes.data for a in args], dtype=np.uint64)
-            launches.append((fn, grid, block, smem, args, addrs))
-
-        def run() -> None:
-            for fn, (gx, gy, gz), block, smem, _args, addrs in launches:
-                _check((cu.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, smem, 0, addrs.ctypes.data, 0)[0], None))
-            if debug.level() >= 1:
-                _check((cu.cuCtxSynchronize()[0], None))
 
         def fetch() -> list[np.ndarray]:
             _check((cu.cuCtxSynchronize()[0], None))
@@ -456,42 +457,99 @@ class CUDAProgram:
                 _check((cu.cuMemcpyDtoH(arr.ctypes.data, ptr[buf.id], arr.nbytes)[0], None))
                 outs.append(arr.reshape(buf.node.shape))
             return outs
-        return run, fetch
+        return self.run, fetch
+
+    def run(self) -> None:
+        """Launch every kernel on the stream (EMBER_PROFILE=1: timed one by one with events)."""
+        cu = self.cu
+        profile = PROFILE.enabled
+        for name, fn, (gx, gy, gz), block, smem, _args, addrs in self._launches:
+            if profile:
+                start, end = PROFILE.events()
+                _check((cu.cuEventRecord(start, 0)[0], None))
+            _check((cu.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, smem, 0, addrs.ctypes.data, 0)[0], None))
+            if profile:
+                _check((cu.cuEventRecord(end, 0)[0], None))
+                PROFILE.pending.append((name, gx * gy * gz, start, end))
+        if debug.level() >= 1 or profile:
+            _check((cu.cuCtxSynchronize()[0], None))
+            PROFILE.collect()
 
     def timed(self, inputs: dict[Node, np.ndarray], runs: int) -> tuple[list[np.ndarray], list[float]]:
         """The outputs of one run, then the milliseconds of each of `runs` more, from CUDA events
         recorded on the stream around each run (inputs already on the device)."""
         cu = self.cu
         run, fetch = self.bind(inputs)
-        try:
+        run()
+        outputs = fetch()
+        events = [(_check(cu.cuEventCreate(0)), _check(cu.cuEventCreate(0))) for _ in range(runs)]
+        for start, end in events:
+            _check((cu.cuEventRecord(start, 0)[0], None))
             run()
-            outputs = fetch()
-            events = [(_check(cu.cuEventCreate(0)), _check(cu.cuEventCreate(0))) for _ in range(runs)]
-            for start, end in events:
-                _check((cu.cuEventRecord(start, 0)[0], None))
-                run()
-                _check((cu.cuEventRecord(end, 0)[0], None))
-            _check((cu.cuCtxSynchronize()[0], None))
-            times = [float(_check(cu.cuEventElapsedTime(start, end))) for start, end in events]
-            for pair in events:
-                for ev in pair:
-                    cu.cuEventDestroy(ev)
-            return outputs, times
-        finally:
-            self.free()
+            _check((cu.cuEventRecord(end, 0)[0], None))
+        _check((cu.cuCtxSynchronize()[0], None))
+        times = [float(_check(cu.cuEventElapsedTime(start, end))) for start, end in events]
+        for pair in events:
+            for ev in pair:
+                cu.cuEventDestroy(ev)
+        return outputs, times
 
     def free(self) -> None:
-        for p in getattr(self, "_allocs", []):
+        """Give the program's device memory back (it is allocated again at the next run)."""
+        for p in set((self._ptr or {}).values()):
             self.cu.cuMemFree(p)
-        self._allocs = []
+        self._ptr = None
 
     def __call__(self, inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
         run, fetch = self.bind(inputs)
+        run()
+        return fetch()
+
+    def __del__(self) -> None:
         try:
-            run()
-            return fetch()
-        finally:
             self.free()
+        except Exception:  # the driver may already be gone at interpreter exit
+            pass
+
+
+class _Profile:
+    """EMBER_PROFILE=1: every kernel launch timed with CUDA events; at exit, the kernels that
+    took the most time in total, with their launch counts and blocks."""
+
+    def __init__(self) -> None:
+        self.enabled = os.environ.get("EMBER_PROFILE") == "1"
+        self.pending: list = []
+        self.totals: dict[str, list] = {}
+        self.free_events: list = []
+        if self.enabled:
+            import atexit
+            atexit.register(self.report)
+
+    def events(self) -> tuple:
+        from cuda.bindings import driver as cu
+        while len(self.free_events) < 2:
+            self.free_events.append(_check(cu.cuEventCreate(0)))
+        return self.free_events.pop(), self.free_events.pop()
+
+    def collect(self) -> None:
+        from cuda.bindings import driver as cu
+        for name, blocks, start, end in self.pending:
+            ms = float(_check(cu.cuEventElapsedTime(start, end)))
+            entry = self.totals.setdefault(name, [0.0, 0, blocks])
+            entry[0] += ms
+            entry[1] += 1
+            self.free_events += [start, end]
+        self.pending = []
+
+    def report(self) -> None:
+        total = sum(v[0] for v in self.totals.values())
+        print(f"ember profile: {total:.1f} ms in kernels; the most expensive:", file=sys.stderr)
+        for name, (ms, n, blocks) in sorted(self.totals.items(), key=lambda kv: -kv[1][0])[:25]:
+            print(f"  {name:24s} {ms:9.2f} ms {100 * ms / max(total, 1e-9):5.1f}%  {n:5d} launches  {blocks} blocks",
+                  file=sys.stderr)
+
+
+PROFILE = _Profile()
 
 
 compile = cached(CUDAProgram)
