@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .. import dtype as dt
 from ..dtype import DType
 from ..ir import Node, Op, toposort
 from . import symbolic as sym
@@ -75,6 +76,7 @@ class Kernel:
     stages: list["Stage"] = field(default_factory=list)    # loads copied to a local/shared array (optimize)
     problems: set[Node] = field(default_factory=set)       # reductions lowering found need a buffer
     contraction: tuple | None = None   # (Contraction, its plan): tensor cores or packed panels, see contraction.py
+    origin: dict[Node, Node] = field(default_factory=dict)  # kernel node -> tensor node (lowering)
 
     @property
     def value(self) -> Node:
@@ -126,6 +128,7 @@ class Lowerer:
         self.counter = 0
         self.reduce_ranges: set[Node] = set()   # every range a reduction of this kernel opened
         self.problems: set[Node] = set()        # reductions met inside a reduction whose loop they use
+        self.origin: dict[Node, Node] = {}       # kernel node -> the tensor node it computes (the first)
 
     def new_range(self, size: int) -> Node:
         self.counter += 1
@@ -152,7 +155,8 @@ class Lowerer:
             if missing:
                 stack.extend(missing)
                 continue
-            self.memo[req] = self.combine(req, [self.memo[k] for k in kids], req is top)
+            self.memo[req] = node = self.combine(req, [self.memo[k] for k in kids], req is top)
+            self.origin.setdefault(node, req[0])
             stack.pop()
         return self.memo[top]
 
@@ -245,35 +249,54 @@ class Lowerer:
         return Node(op, t.dtype, tuple(kids))
 
 
+def _selector(w: Node, v: Node, deps: dict[Node, frozenset[Node]]) -> Node | None:
+    """e when w is where(v == e, x, constant) with e an integer free of v."""
+    if w.op is not Op.WHERE or w.srcs[0].op is not Op.CMPEQ or w.srcs[2].op is not Op.CONST:
+        return None
+    a, b = (s.srcs[0] if s.op is Op.CAST and s.srcs[0] is v else s for s in w.srcs[0].srcs)
+    e = b if a is v else a if b is v else None
+    return e if e is not None and e.dtype.is_int and v not in deps[e] else None
+
+
 def selections_to_loads(value: Node) -> Node:
-    """A reduction that picks one element, max or sum over v of where(v == e, x, identity) with e
-    free of v, is how the IR indexes by data (embeddings, gather_rows, a cross-entropy's target
-    logit). It is x at v = e, loaded only when 0 <= e < |v| (else the identity): the loop over v
-    goes, and an embedding costs a read of its rows, not of its whole table per token."""
+    """A reduction over v whose body uses v only through one where(v == e, x, c), e free of v,
+    is how the IR indexes by data (embeddings, gather_rows, a cross-entropy's target logit, the
+    tie count in the gradient of such a max). Every step but v = e sees c, so the result is
+    f(x at v = e) combined with f(c) for the other |v| - 1 steps (max: once; sum: times |v| - 1),
+    x loaded only when 0 <= e < |v|: the loop over v goes, and an embedding costs a read of its
+    rows, not of its whole table per token."""
     mapping: dict[Node, Node] = {}
     deps = free_ranges(value)
     for n in toposort([value]):
-        if n.op is not Op.REDUCE or len(n.arg[1]) != 1 or n.srcs[0].op is not Op.WHERE:
+        if n.op is not Op.REDUCE or len(n.arg[1]) != 1:
             continue
-        (v,), (cond, x, other) = n.arg[1], n.srcs[0].srcs
-        d = n.dtype
-        identity = 0 if n.arg[0] is Op.SUM else -math.inf if d.is_float else d.min
-        if other.op is not Op.CONST or other.arg != identity or cond.op is not Op.CMPEQ:
+        (v,), body, d = n.arg[1], n.srcs[0], n.dtype
+        picks = [w for w in toposort([body]) if _selector(w, v, deps) is not None]
+        if len(picks) != 1 or d is dt.bool_:
             continue
-        a, b = (s.srcs[0] if s.op is Op.CAST and s.srcs[0] is v else s for s in cond.srcs)
-        e = b if a is v else a if b is v else None
-        if e is None or not e.dtype.is_int or v in deps[e]:
+        (w,) = picks
+        e, (_, x, c) = _selector(w, v, deps), w.srcs
+        (rest,) = substitute([body], {w: c})
+        if v in free_ranges(rest)[rest]:  # v is used elsewhere too
             continue
         below = sym.lt(e, sym.const(v.arg[1], e.dtype))
         valid = sym.and_(sym.lt(sym.const(-1, e.dtype), e), below) if e.dtype.is_signed else below
         at = e if e.dtype is sym.INDEX else Node(Op.CAST, sym.INDEX, (e,))
-        (picked,) = substitute([x], {v: at})
-        loads = [ld for ld in toposort([picked]) if ld.op is Op.LOAD and at in toposort([ld.srcs[1]])]
+        (x_at,) = substitute([x], {v: at})
+        loads = [ld for ld in toposort([x_at]) if ld.op is Op.LOAD and at in toposort([ld.srcs[1]])]
         guarded = {ld: Node(Op.LOAD, ld.dtype, (*ld.srcs[:2], sym.and_(ld.srcs[2] if ld.srcs[2:] else None, valid)))
                    for ld in loads}
-        if guarded:
-            (picked,) = substitute([picked], guarded)
-        mapping[n] = Node(Op.WHERE, d, (valid, picked, other))
+        (picked,) = substitute([body], {w: substitute([x_at], guarded)[0] if guarded else x_at})
+        identity = 0 if n.arg[0] is Op.SUM else -math.inf if d.is_float else d.min
+        size = v.arg[1]
+        if rest.op is Op.CONST and rest.arg == identity:  # the others add nothing
+            combined, alone = picked, rest
+        elif n.arg[0] is Op.SUM:
+            combined = Node(Op.ADD, d, (picked, Node(Op.MUL, d, (rest, Node(Op.CONST, d, (), size - 1)))))
+            alone = Node(Op.MUL, d, (rest, Node(Op.CONST, d, (), size)))
+        else:
+            combined, alone = (Node(Op.MAX, d, (picked, rest)) if size > 1 else picked), rest
+        mapping[n] = Node(Op.WHERE, d, (valid, combined, alone))
     return substitute([value], mapping)[0] if mapping else value
 
 
@@ -286,7 +309,8 @@ def lower_kernel(name: str, root: Node, out: Buffer, realized: dict[Node, Buffer
     lw.reduces = {r: t for r, t in lw.reduces.items() if r in present}
     (index,) = sym.simplify([flat_index(idx, root.shape)])
     store = Node(Op.STORE, root.dtype, (out.ref(), index, value))
-    return Kernel(name, out, [r for r in ranges if r.arg[1] > 1], store, lw.reads, lw.reduces, problems=lw.problems)
+    return Kernel(name, out, [r for r in ranges if r.arg[1] > 1], store, lw.reads, lw.reduces, problems=lw.problems,
+                  origin=lw.origin)
 
 
 # ------------------------------------------------------------------------------- loop facts
@@ -313,6 +337,44 @@ def enclosing_reduces(kernel_value: Node) -> dict[Node, list[Node]]:
             if m.op is Op.REDUCE:
                 inside.setdefault(m, []).append(red)
     return inside
+
+
+def _cost(n: Node) -> int:
+    """Value ops in n's expression (index arithmetic and loads' addresses not counted)."""
+    seen: set[Node] = set()
+    stack, count = [n], 0
+    while stack:
+        x = stack.pop()
+        if x in seen or x.op in (Op.RANGE, Op.CONST):
+            continue
+        seen.add(x)
+        count += x.dtype is not sym.INDEX
+        if x.op is not Op.LOAD and x.op is not Op.REDUCE:
+            stack.extend(x.srcs)
+    return count
+
+
+def recomputed_operands(k: Kernel) -> set[Node]:
+    """Tensor values this kernel would compute again for every value of an output range they do
+    not depend on: inside a reduction's loop, an expression free of output range o is evaluated
+    once per o. A contraction's computed operand (a layernorm feeding a linear layer, once per
+    output feature), an embedding's incoming gradient (once per vocabulary row). Those of more
+    than two ops get buffers: one write and one read instead, and a contraction keeps plain
+    loads for the tensor-core and packed paths."""
+    deps = free_ranges(k.store)
+    outputs = frozenset(k.ranges)
+    found: set[Node] = set()
+    for red in [n for n in toposort([k.store]) if n.op is Op.REDUCE]:
+        own, outer = frozenset(red.arg[1]), deps[red] & outputs
+        for n in toposort([red.srcs[0]]):
+            d = deps[n]
+            if n.op in (Op.LOAD, Op.REDUCE) or not (d & own) or not (outer - d) or _cost(n) < 3:
+                continue
+            t = k.origin.get(n)
+            if t is not None and t.op not in (Op.PARAM, Op.CONST, Op.IOTA) and t.shape:
+                found.add(t)
+    inner = {x for t in found for x in toposort(list(t.srcs))}
+    return found - inner   # the outermost ones: their buffers hold the inner ones' work
 
 
 def recompute_problems(k: Kernel) -> set[Node]:

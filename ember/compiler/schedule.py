@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from .. import debug
 from ..ir import Node, Op, toposort
 from . import autodiff, simplify
-from .lower import Buffer, Kernel, lower_kernel, recompute_problems
+from .lower import Buffer, Kernel, lower_kernel, recompute_problems, recomputed_operands
 
 
 @dataclass
@@ -55,10 +55,9 @@ def schedule(outputs: list[Node]) -> Schedule:
         more: set[Node] = set()
         users: dict[Node, int] = {}
         for k in kernels:
-            more |= k.problems | recompute_problems(k)
+            more |= k.problems | recompute_problems(k) | recomputed_operands(k)
             for t in set(k.reduces.values()):
                 users[t] = users.get(t, 0) + 1
-                more |= set(contraction_operands(t))
         more |= {t for t, n in users.items() if n > 1}
         more -= set(realized)
         if not more:
@@ -72,32 +71,6 @@ def schedule(outputs: list[Node]) -> Schedule:
     sched.slots = plan_memory(sched)
     debug.kernels(3, "after scheduling and lowering", kernels)
     return sched
-
-
-MOVEMENT = (Op.RESHAPE, Op.EXPAND, Op.PERMUTE)
-REUSE = 16  # an operand read this many times per element is worth a buffer
-
-
-def contraction_operands(t: Node) -> list[Node]:
-    """Computed operands of a contraction (a sum of products of expanded tensors): each value of
-    an operand is used by every output along the axis it is expanded over, so inlined it would
-    be recomputed that many times (a layernorm feeding a linear layer, once per output
-    feature), and a computed operand keeps the tensor-core and packed paths from taking the
-    kernel. They get buffers: one write and one read instead."""
-    if t.op is not Op.SUM or t.srcs[0].op is not Op.MUL:
-        return []
-    out = []
-    for x in t.srcs[0].srcs:
-        reuse = 1
-        while x.op in MOVEMENT:
-            if x.op is Op.EXPAND:
-                reuse *= x.numel // x.srcs[0].numel
-            x = x.srcs[0]
-        if x.op is Op.CAST and x.srcs[0].op is Op.PARAM:  # a widened input is read as it is
-            continue
-        if reuse >= REUSE and x.op not in (Op.PARAM, Op.CONST, Op.IOTA):
-            out.append(x)
-    return out
 
 
 def plan_memory(sched: Schedule) -> dict[int, int]:
