@@ -377,6 +377,29 @@ def recomputed_operands(k: Kernel) -> set[Node]:
     return found - inner   # the outermost ones: their buffers hold the inner ones' work
 
 
+def gathered_operands(k: Kernel) -> set[Node]:
+    """Operands of a sum of products that reach their buffer through index arithmetic no
+    stride describes (a permute and reshape that merge axes: attention's heads put back side by
+    side, read as (c // 64, c % 64)). A contiguous copy costs one pass over memory and lets the
+    tensor-core and packed paths take the product."""
+    found: set[Node] = set()
+    for red, t in k.reduces.items():
+        body = red.srcs[0]
+        if t.op is not Op.SUM or t.srcs[0].op is not Op.MUL or body.op is not Op.MUL:
+            continue
+        for x, ld in zip(t.srcs[0].srcs, body.srcs):
+            while x.op is Op.EXPAND or x.op is Op.CAST:
+                x = x.srcs[0]
+            if ld.op is Op.CAST:
+                ld = ld.srcs[0]
+            if ld.op is not Op.LOAD or x.op not in (Op.RESHAPE, Op.PERMUTE):
+                continue
+            terms, _ = sym.linear(ld.srcs[1])
+            if any(term.op is not Op.RANGE for term in terms):
+                found.add(x)
+    return found
+
+
 def recompute_problems(k: Kernel) -> set[Node]:
     """Tensor reductions that this kernel would compute more than once per value it needs:
     those must be realized in a buffer of their own instead of fused here."""

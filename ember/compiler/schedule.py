@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from .. import debug
 from ..ir import Node, Op, toposort
 from . import autodiff, simplify
-from .lower import Buffer, Kernel, lower_kernel, recompute_problems, recomputed_operands
+from .lower import Buffer, Kernel, gathered_operands, lower_kernel, recompute_problems, recomputed_operands
 
 
 @dataclass
@@ -55,7 +55,7 @@ def schedule(outputs: list[Node]) -> Schedule:
         more: set[Node] = set()
         users: dict[Node, int] = {}
         for k in kernels:
-            more |= k.problems | recompute_problems(k) | recomputed_operands(k)
+            more |= k.problems | recompute_problems(k) | recomputed_operands(k) | gathered_operands(k)
             for t in set(k.reduces.values()):
                 users[t] = users.get(t, 0) + 1
         more |= {t for t, n in users.items() if n > 1}
