@@ -117,6 +117,11 @@ class Tensor:
         if isinstance(value, Node):
             self.node = value
             self._value = None
+        elif hasattr(value, "ptr"):  # a DeviceArray: a value that stays on the GPU
+            self.node = ir.param(f"t{next(_ids)}", value.dtype, tuple(value.shape))
+            self._value = None
+            _DATA[self.node] = value
+            _LEAVES[self.node] = self
         else:
             arr = np.asarray(value)
             d = as_dtype(dtype) if dtype is not None else (as_dtype(arr.dtype) if arr.dtype.kind in "iub" else dt.f32)
@@ -167,7 +172,7 @@ class Tensor:
         realize(self)
         v = self.value()
         assert v is not None
-        return v.copy()
+        return _host(v).copy()
 
     def item(self) -> float | int:
         if self.numel() != 1:
@@ -1548,8 +1553,14 @@ def where(cond: Tensor, x: Any, y: Any) -> Tensor:
 
 
 
+def _host(v: Any) -> np.ndarray:
+    """A value on the host: device values (cuda.DeviceArray) are copied back."""
+    return v if isinstance(v, np.ndarray) else v.numpy()
+
+
 def realize(*tensors: Tensor) -> None:
-    """Compute the tensors in one compiled program and attach their values."""
+    """Compute the tensors in one compiled program and attach their values. On "cuda" the
+    values stay on the GPU (a step's new weights feed the next step without a copy)."""
     todo = [t for t in tensors if t.value() is None]
     if not todo:
         return
@@ -1561,10 +1572,18 @@ def realize(*tensors: Tensor) -> None:
     canonical = substitute(outputs, slots)  # same structure, same program: compiled once
     values = {slots[p]: _DATA[p] for p in params}
     context.python_s += time.perf_counter() - t0
-    results = backends.RUNNERS[default_device()](canonical, values)
+    device = default_device()
+    if device == "cuda":
+        from .backend import cuda
+        try:
+            results = cuda.run_device(canonical, values)
+        except (RuntimeError, NotImplementedError) as e:
+            raise backends.BackendError(str(e)) from None
+    else:
+        results = [np.asarray(v) for v in backends.RUNNERS[device](canonical, {k: _host(v) for k, v in values.items()})]
     context.runs += 1
     for t, v in zip(todo, results):
-        t._value = np.asarray(v)  # the node stays: gradients can still flow through t
+        t._value = v  # the node stays: gradients can still flow through t
 
 
 # ----------------------------------------------------------------------------- creation

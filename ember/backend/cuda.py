@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import debug
+from .. import data, debug
 from ..compiler import optimize
 from ..compiler.lower import Kernel
 from ..compiler.schedule import Schedule, schedule
@@ -505,11 +505,106 @@ class CUDAProgram:
         run()
         return fetch()
 
+    def run_device(self, values: dict[Node, "np.ndarray | DeviceArray"]) -> list[DeviceArray]:
+        """One run with inputs taken where they are (host values are uploaded) and outputs left
+        on the GPU: the training loop's path, where a step's new weights are the next step's
+        inputs and nothing crosses PCIe but the batch and the loss."""
+        sched = self.sched
+        temps = self._arena()
+        ptr: dict[int, int] = {}
+        keep = []
+        for node, buf in sched.inputs.items():
+            v = values[node]
+            if not isinstance(v, DeviceArray):
+                v = DeviceArray.upload(v, buf.dtype)
+            elif v.dtype is not buf.dtype or v.nbytes != buf.nbytes:
+                raise RuntimeError(f"a device value of {v.dtype}{list(v.shape)} given for "
+                                   f"{buf.dtype}{list(buf.node.shape)}")
+            keep.append(v)
+            ptr[buf.id] = v.ptr
+        results = []
+        for buf in sched.outputs:
+            if buf.id not in ptr:
+                out = DeviceArray(buf.node.shape, buf.dtype)
+                ptr[buf.id] = out.ptr
+                keep.append(out)
+            results.append(next(a for a in keep if a.ptr == ptr[buf.id]))
+        for buf in sched.temps:
+            ptr[buf.id] = temps[buf.id]
+        launches = []
+        for (name, fn, grid, block, smem, _, _), k in zip(self._launches, sched.kernels):
+            bufs = [k.out] + [b for b in k.reads if b.id != k.out.id]
+            args = [np.array([ptr[b.id]], dtype=np.uint64) for b in bufs]
+            launches.append((name, fn, grid, block, smem, args, np.array([a.ctypes.data for a in args], np.uint64)))
+        self._launches, saved = launches, self._launches
+        try:
+            self.run()
+        finally:
+            self._launches = saved
+        return results
+
     def __del__(self) -> None:
         try:
             self.free()
         except Exception:  # the driver may already be gone at interpreter exit
             pass
+
+
+class _Pool:
+    """Device memory blocks by size, reused: a training step's values come and go with the same
+    sizes every step, so after the first step nothing is allocated (cuMemAlloc synchronizes
+    the device and costs milliseconds for large blocks)."""
+
+    def __init__(self) -> None:
+        self.free: dict[int, list[int]] = {}
+
+    def take(self, nbytes: int) -> int:
+        blocks = self.free.get(nbytes)
+        if blocks:
+            return blocks.pop()
+        from cuda.bindings import driver as cu
+        return int(_check(cu.cuMemAlloc(max(nbytes, 1))))
+
+    def give(self, ptr: int, nbytes: int) -> None:
+        self.free.setdefault(nbytes, []).append(ptr)
+
+
+POOL = _Pool()
+
+
+class DeviceArray:
+    """A value in GPU memory, in its storage type (what a realized tensor holds on "cuda").
+    Copied to the host only when asked: numpy() (printing, .item(), checkpoints)."""
+
+    __slots__ = ("ptr", "nbytes", "shape", "dtype", "__weakref__")
+
+    def __init__(self, shape: tuple[int, ...], dtype: DType):
+        self.shape, self.dtype = shape, dtype
+        self.nbytes = math.prod(shape) * dtype.itemsize
+        self.ptr = POOL.take(self.nbytes)
+
+    @classmethod
+    def upload(cls, values: np.ndarray, dtype: DType) -> "DeviceArray":
+        from cuda.bindings import driver as cu
+        arr = np.ascontiguousarray(data.to_storage(values, dtype))
+        out = cls(tuple(arr.shape), dtype)
+        _check((cu.cuMemcpyHtoD(out.ptr, arr.ctypes.data, arr.nbytes)[0], None))
+        return out
+
+    def numpy(self) -> np.ndarray:
+        """The values, as the reference evaluator holds them (f16/bf16 as f32)."""
+        from cuda.bindings import driver as cu
+        arr = np.empty(self.shape, dtype=np.dtype(self.dtype.np_name))
+        _check((cu.cuMemcpyDtoH(arr.ctypes.data, self.ptr, self.nbytes)[0], None))  # waits for the stream
+        return data.from_storage(arr, self.dtype)
+
+    def __del__(self) -> None:
+        POOL.give(self.ptr, self.nbytes)
+
+
+def run_device(outputs: list[Node], values: dict[Node, "np.ndarray | DeviceArray"]) -> list[DeviceArray]:
+    """Run the program on values that may already be on the GPU; the results stay there."""
+    return compile(outputs).run_device(values)
 
 
 class _Profile:
