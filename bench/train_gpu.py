@@ -26,8 +26,9 @@ from ember import tensor as T  # noqa: E402
 from ember.models.gpt import GPT, GPTConfig  # noqa: E402
 
 
-def ember_steps(c: GPTConfig, steps: int, tokens: np.ndarray, device: str) -> tuple[float, list[float], float]:
-    """(first step seconds, the other steps' seconds, last loss)."""
+def ember_steps(c: GPTConfig, steps: int, tokens: np.ndarray, device: str,
+                low: str | None = None) -> tuple[float, list[float], float]:
+    """(first step seconds, the other steps' seconds, last loss); low: autocast's dtype."""
     T.set_default_device(device)
     model = GPT(c)
     opt = optim.AdamW(model.parameters(), lr=3e-4)
@@ -37,7 +38,8 @@ def ember_steps(c: GPTConfig, steps: int, tokens: np.ndarray, device: str) -> tu
         y = T.Tensor(tokens[s % len(tokens)][:, 1:])
         t0 = time.perf_counter()
         opt.zero_grad()
-        loss = model.loss(x, y)
+        with T.autocast(low or "bfloat16", enabled=low is not None):
+            loss = model.loss(x, y)
         loss.backward()
         opt.step()
         loss_value = loss.item()
@@ -110,13 +112,16 @@ def main() -> None:
     per_step = args.batch * args.block
     print(f"GPT {args.layers} layers, dim {args.dim}, context {args.block}, batch {args.batch}: "
           f"{per_step} tokens a step")
-    first, rest, loss = ember_steps(c, args.steps, tokens, args.device)
-    ember_tps = per_step / statistics.median(rest)
-    print(f"Ember f32        {ember_tps:10.0f} tok/s   step {statistics.median(rest) * 1e3:8.1f} ms   "
-          f"first step {first:6.1f} s   loss {loss:.3f}", flush=True)
+    ember_tps = {}
+    for name, low in (("Ember f32", None), ("Ember bf16 autocast", "bfloat16")):
+        first, rest, loss = ember_steps(c, args.steps, tokens, args.device, low)
+        ember_tps[low] = per_step / statistics.median(rest)
+        print(f"{name:20s}{ember_tps[low]:10.0f} tok/s   step {statistics.median(rest) * 1e3:8.1f} ms   "
+              f"first step {first:6.1f} s   loss {loss:.3f}", flush=True)
     for name, bf16 in (("PyTorch eager f32", False), ("PyTorch bf16+SDPA", True)) if torch.cuda.is_available() else ():
         tps = per_step / statistics.median(torch_steps(c, args.steps, tokens, bf16))
-        print(f"{name:17s}{tps:10.0f} tok/s   Ember/PyTorch {ember_tps / tps:.3f}", flush=True)
+        mine = ember_tps["bfloat16" if bf16 else None]
+        print(f"{name:20s}{tps:10.0f} tok/s   Ember ({'bf16' if bf16 else 'f32'})/PyTorch {mine / tps:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,3 +6,9 @@ def set_default_device(device: str) -> None:
     """Where programs run: "cpu", "cuda" or "ref" (ember.tensor.set_default_device)."""
     from .tensor import set_default_device as set_device
     set_device(device)
+
+
+def autocast(dtype: str = "bfloat16", enabled: bool = True):  # noqa: ANN201
+    """Mixed precision for matmuls (ember.tensor.autocast)."""
+    from .tensor import autocast as cast_context
+    return cast_context(dtype, enabled)

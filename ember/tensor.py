@@ -50,9 +50,30 @@ class Context:
     runs: int = 0                      # realize calls that ran a program
     python_s: float = 0.0              # Python time those calls spent before running
     pending_loss: "Tensor | None" = None
+    autocast: "DType | None" = None    # matmuls run in this dtype (ember.autocast)
 
 
 context = Context()
+
+
+class autocast:
+    """`with ember.autocast("bfloat16"):` matmuls of f32 tensors run on bf16 (or f16) inputs,
+    like torch.autocast: their products go to tensor cores with f32 accumulation, the result is
+    rounded to the low dtype and given back as f32, so everything else (norms, softmax, losses,
+    the weights and the optimizer) stays f32. Gradients flow through the casts, so the backward
+    pass's matmuls run in the low dtype too."""
+
+    def __init__(self, dtype: Any = "bfloat16", enabled: bool = True):
+        self.dtype = as_dtype(dtype) if enabled else None
+        if self.dtype is not None and self.dtype not in (dt.bf16, dt.f16):
+            raise ValueError(f"autocast: dtype must be bfloat16 or float16, got {self.dtype}")
+
+    def __enter__(self) -> "autocast":
+        self.saved, context.autocast = context.autocast, self.dtype
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        context.autocast = self.saved
 
 
 def default_device() -> str:
@@ -1340,6 +1361,9 @@ class Tensor:
         if a.shape[-1] != b.shape[-2]:
             raise ShapeError(f"matmul: {list(a.shape)} @ {list(b.shape)}: "
                              f"inner dims {a.shape[-1]} and {b.shape[-2]} differ")
+        low = context.autocast
+        if low is not None and a.dtype.is_float and a.dtype.bits > low.bits:
+            return a.cast(low).matmul(b.cast(low)).cast(a.dtype)
         batch = _broadcast_shape(a.shape[:-2], b.shape[:-2], "matmul")
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         ae = a._broadcast_to(batch + (m, k)).unsqueeze(-1)._broadcast_to(batch + (m, k, n))

@@ -368,7 +368,8 @@ def recomputed_operands(k: Kernel) -> set[Node]:
         own, outer = frozenset(red.arg[1]), deps[red] & outputs
         for n in toposort([red.srcs[0]]):
             d = deps[n]
-            if n.op in (Op.LOAD, Op.REDUCE) or not (d & own) or not (outer - d) or _cost(n) < 3:
+            narrowed = n.op is Op.CAST and n.dtype in (dt.f16, dt.bf16) and n.srcs[0].dtype.bits > 16  # autocast
+            if n.op in (Op.LOAD, Op.REDUCE) or not (d & own) or not (outer - d) or (_cost(n) < 3 and not narrowed):
                 continue
             t = k.origin.get(n)
             if t is not None and t.op not in (Op.PARAM, Op.CONST, Op.IOTA) and t.shape:
