@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from .. import data, ir
+from .. import dtype as dt
 from ..ir import Node, Op, toposort
 from .rewrite import P, RuleSet, rewrite
 
@@ -46,8 +47,10 @@ def vjp(n: Node, g: Node) -> list[tuple[Node, Node]]:
         return [(s[0], _mul(g, _mul(n, full(LN2, n))))]
     if op is Op.LOG2:
         return [(s[0], ir.binary(Op.DIV, g, _mul(s[0], full(LN2, n))))]
-    if op is Op.SIN:  # cos x = sin(x + pi/2)
-        return [(s[0], _mul(g, ir.unary(Op.SIN, ir.binary(Op.ADD, s[0], full(math.pi / 2, n)))))]
+    if op is Op.SIN:  # cos x = sin(x + pi/2), the shift in f32 at least: in bf16, x + pi/2 rounds
+        x = s[0] if s[0].dtype.bits >= 32 else ir.unary(Op.CAST, s[0], dt.f32)  # by up to 1 at |x| ~ 256
+        cos = ir.unary(Op.SIN, ir.binary(Op.ADD, x, full(math.pi / 2, x)))
+        return [(s[0], _mul(g, cos if cos.dtype is n.dtype else ir.unary(Op.CAST, cos, n.dtype)))]
     if op is Op.CAST:
         return [(s[0], ir.unary(Op.CAST, g, s[0].dtype))] if s[0].dtype.is_float else []
     if op is Op.ADD:
