@@ -438,7 +438,7 @@ class CUDAProgram:
                 bufs = [k.out] + [b for b in k.reads if b.id != k.out.id]
                 args = [np.array([ptr[b.id]], dtype=np.uint64) for b in bufs]
                 addrs = np.array([a.ctypes.data for a in args], dtype=np.uint64)
-                self._launches.append((k.name, fn, grid, block, smem, args, addrs))
+                self._launches.append((k, fn, grid, block, smem, args, addrs))
         return self._ptr
 
     def bind(self, inputs: dict[Node, np.ndarray]) -> tuple[Callable[[], None], Callable[[], list[np.ndarray]]]:
@@ -463,14 +463,16 @@ class CUDAProgram:
         """Launch every kernel on the stream (EMBER_PROFILE=1: timed one by one with events)."""
         cu = self.cu
         profile = PROFILE.enabled
-        for name, fn, (gx, gy, gz), block, smem, _args, addrs in self._launches:
+        for k, fn, (gx, gy, gz), block, smem, args, addrs in self._launches:
             if profile:
                 start, end = PROFILE.events()
                 _check((cu.cuEventRecord(start, 0)[0], None))
+            if k.atomic:  # a scatter adds into its output
+                _check((cu.cuMemsetD8Async(int(args[0][0]), 0, k.out.nbytes, 0)[0], None))
             _check((cu.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, smem, 0, addrs.ctypes.data, 0)[0], None))
             if profile:
                 _check((cu.cuEventRecord(end, 0)[0], None))
-                PROFILE.pending.append((name, gx * gy * gz, start, end))
+                PROFILE.pending.append((k.name, gx * gy * gz, start, end))
         if debug.level() >= 1 or profile:
             _check((cu.cuCtxSynchronize()[0], None))
             PROFILE.collect()
@@ -532,10 +534,10 @@ class CUDAProgram:
         for buf in sched.temps:
             ptr[buf.id] = temps[buf.id]
         launches = []
-        for (name, fn, grid, block, smem, _, _), k in zip(self._launches, sched.kernels):
+        for (k, fn, grid, block, smem, _, _) in self._launches:
             bufs = [k.out] + [b for b in k.reads if b.id != k.out.id]
             args = [np.array([ptr[b.id]], dtype=np.uint64) for b in bufs]
-            launches.append((name, fn, grid, block, smem, args, np.array([a.ctypes.data for a in args], np.uint64)))
+            launches.append((k, fn, grid, block, smem, args, np.array([a.ctypes.data for a in args], np.uint64)))
         self._launches, saved = launches, self._launches
         try:
             self.run()

@@ -326,7 +326,9 @@ class KernelWriter:
         v = self.value(value, scope)
         i = self.value(idx, scope)
         stored = self.r.store_value(self.ref(v, value), value.dtype)
-        scope.put(self.store_guard(scope) + f"{self.buf(buf)}[{i}] = {stored};")
+        target = f"{self.buf(buf)}[{i}]"
+        scope.put(self.store_guard(scope) + (f"atomicAdd(&{target}, {stored});" if self.k.atomic else
+                                             f"{target} = {stored};"))
         return self.signature() + " {\n" + self.print_scope(root, 1) + "}\n"
 
     def open_outputs(self, root: Scope) -> Scope:

@@ -77,6 +77,7 @@ class Kernel:
     problems: set[Node] = field(default_factory=set)       # reductions lowering found need a buffer
     contraction: tuple | None = None   # (Contraction, its plan): tensor cores or packed panels, see contraction.py
     origin: dict[Node, Node] = field(default_factory=dict)  # kernel node -> tensor node (lowering)
+    atomic: bool = False               # GPU: the store adds into a zeroed output (a scatter, optimize.py)
 
     @property
     def value(self) -> Node:

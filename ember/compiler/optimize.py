@@ -227,9 +227,40 @@ def gpu_contraction(k: Kernel, arch: str) -> bool:
     return True
 
 
+def gpu_scatter(k: Kernel) -> bool:
+    """out[v, ..] = sum over k of where(e(k) == v, h(k, v, ..), 0), e free of the outputs: the
+    gradient of a selection by data (an embedding's weights). As written every output visits
+    every k; instead each k adds h(k, e(k), ..) into out[e(k), ..] with an atomic add, onto an
+    output the runtime zeroes first: |v| times less work. f32/f64 outputs (hardware atomics);
+    the order of the sum is unspecified, as the spec allows."""
+    buf, idx, value = k.store.srcs
+    if k.out.dtype not in (dt.f32, dt.f64) or value.op is not Op.REDUCE or value.arg[0] is not Op.SUM:
+        return False
+    own, body = value.arg[1], value.srcs[0]
+    if body.op is not Op.WHERE or body.srcs[2].op is not Op.CONST or body.srcs[2].arg != 0 \
+            or body.srcs[0].op is not Op.CMPEQ:
+        return False
+    deps = free_ranges(k.store)
+    a, b = (x.srcs[0] if x.op is Op.CAST and x.srcs[0].op is Op.RANGE else x for x in body.srcs[0].srcs)
+    v = a if a in k.ranges else b if b in k.ranges else None
+    e = b if v is a else a
+    if v is None or v.arg[1] < 8 or not e.dtype.is_int or not deps[e] or not deps[e] <= frozenset(own):
+        return False
+    valid = sym.and_(sym.lt(sym.const(-1, e.dtype), e), sym.lt(e, sym.const(v.arg[1], e.dtype)))
+    at = e if e.dtype is sym.INDEX else Node(Op.CAST, sym.INDEX, (e,))
+    from .rewrite import substitute
+    h, where_at = substitute([body.srcs[1], idx], {v: Node(Op.WHERE, sym.INDEX, (valid, at, sym.const(0)))})
+    zero = Node(Op.CONST, value.dtype, (), 0.0)
+    k.store = Node(Op.STORE, k.store.dtype, (buf, where_at, Node(Op.WHERE, value.dtype, (valid, h, zero))))
+    k.ranges = [*own, *(r for r in k.ranges if r is not v)]
+    k.reduces, k.atomic = {}, True
+    return True
+
+
 def gpu_plan(k: Kernel, arch: str) -> None:
     if gpu_contraction(k, arch) or gpu_matmul_tile(k) or gpu_transpose_tile(k):
         return
+    gpu_scatter(k)
     k.rows = block_rows(k)
     if k.rows is None:
         # a thread per GPU_LANES consecutive outputs, unless that leaves too few threads to fill the GPU

@@ -67,3 +67,11 @@ def test_long_1d_full_reduction_is_split_across_blocks() -> None:
     assert split is not out and len(cuda.prepare([out]).kernels) == 2
     v = np.random.default_rng(0).standard_normal(1 << 20)
     np.testing.assert_allclose(ref.evaluate([split], {x: v})[0], ref.evaluate([out], {x: v})[0], rtol=1e-12)
+
+
+def test_embedding_gradient_is_a_scatter() -> None:
+    from .test_gpu_plans import embedding_grad
+    kernels = cuda.prepare([embedding_grad()], "sm_90a").kernels
+    (scatter,) = [k for k in kernels if k.atomic]
+    assert "atomicAdd(&" in cuda.CUDARenderer().render_kernel(scatter)
+    assert [r.arg[1] for r in scatter.ranges[:2]] == [5, 7]  # a thread per gathered row, not per table row

@@ -26,6 +26,17 @@ def softmax(x: ir.Node) -> ir.Node:
     return ir.binary(Op.DIV, e, ir.expand(ir.reduce(Op.SUM, e, (1,)), x.shape))
 
 
+def embedding_grad() -> ir.Node:
+    """d/d table of sum(w * table[idx]), the gather written as the IR writes it (a max over
+    rows of where(row == idx, table, -inf)); idx has an out-of-range entry."""
+    table, idx, w = ir.param("table", dt.f32, (300, 24)), ir.param("idx", dt.i32, (5, 7)), ir.param("w", dt.f32, (5, 7, 24))
+    hit = ir.binary(Op.CMPEQ, ir.expand(ir.reshape(idx, (5, 7, 1, 1)), (5, 7, 300, 24)), ir.iota(dt.i32, (5, 7, 300, 24), 2))
+    rows = ir.where(hit, ir.expand(ir.reshape(table, (1, 1, 300, 24)), (5, 7, 300, 24)),
+                    ir.const(-float("inf"), dt.f32, (5, 7, 300, 24)))
+    y = ir.reduce(Op.SUM, ir.binary(Op.MUL, ir.reduce(Op.RMAX, rows, (2,)), ir.reshape(w, (5, 7, 1, 24))), (0, 1, 2, 3))
+    return ir.grad(y, table)
+
+
 def case(name: str) -> list[ir.Node]:
     f = lambda n, s: ir.param(n, dt.f32, s)  # noqa: E731
     if name == "transpose":
@@ -39,18 +50,21 @@ def case(name: str) -> list[ir.Node]:
         return [ir.binary(Op.MAX, c, ir.const(0.0, dt.f32, c.shape))]
     if name == "softmax_long_rows":
         return [softmax(f("x", (4, 8192)))]
+    if name == "embedding_grad":  # a scatter: atomic adds into a zeroed output
+        return [embedding_grad()]
     if name == "column_sum_two_stage":
         return [ir.reduce(Op.SUM, f("x", (4096, 40)), (0,))]
     raise KeyError(name)
 
 
 @pytest.mark.parametrize("name", ["transpose", "permute3d", "matmul", "matmul_epilogue", "softmax_long_rows",
-                                  "column_sum_two_stage"])
+                                  "column_sum_two_stage", "embedding_grad"])
 def test_gpu_plan_matches_reference(name: str) -> None:
     outputs = case(name)
     rng = np.random.default_rng(0)
     params = [n for n in ir.toposort(outputs) if n.op is Op.PARAM]
-    inputs = {p: rng.standard_normal(p.shape).astype(np.float32) for p in params}
+    inputs = {p: rng.standard_normal(p.shape).astype(np.float32) if p.dtype is dt.f32
+              else rng.integers(0, 301, p.shape).astype(np.int32) for p in params}
     got = backends.RUNNERS["cuda"](outputs, inputs)
     assert compare(outputs, got, ref.evaluate(outputs, inputs)) is None
 
