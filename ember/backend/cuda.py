@@ -411,6 +411,7 @@ class CUDAProgram:
         self._launches: list = []
         self._graphs: collections.OrderedDict = collections.OrderedDict()  # buffers -> captured run
         self._stream: Any = None
+        self._seen: dict[tuple, int] = {}   # runs per set of buffers (graphs are captured on the second)
         for fn, (_, _, smem) in zip(self.functions, self.configs):
             if smem > 48 * 1024:  # above 48 KB, dynamic shared memory is opt-in per function
                 attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -552,8 +553,11 @@ class CUDAProgram:
             launches.append((k, fn, grid, block, smem, args, np.array([a.ctypes.data for a in args], np.uint64)))
         self._launches, saved = launches, self._launches
         try:
-            if GRAPHS and not PROFILE.enabled and debug.level() == 0:
-                self._capture(key)
+            self._seen[key] = self._seen.get(key, 0) + 1
+            if len(self._seen) > 64:  # buffers that never come back
+                self._seen.clear()
+            if GRAPHS and self._seen[key] >= 2 and not PROFILE.enabled and debug.level() == 0:
+                self._capture(key)  # the second run on these buffers: they will likely recur
             else:
                 self.run()
         finally:
