@@ -653,7 +653,10 @@ class DeviceArray:
         return data.from_storage(arr, self.dtype)
 
     def __del__(self) -> None:
-        POOL.give(self.ptr, self.nbytes)
+        try:
+            POOL.give(self.ptr, self.nbytes)
+        except (AttributeError, TypeError):  # at interpreter exit the module may be gone first
+            pass
 
 
 def run_device(outputs: list[Node], values: dict[Node, "np.ndarray | DeviceArray"]) -> list[DeviceArray]:
