@@ -75,3 +75,17 @@ def test_embedding_gradient_is_a_scatter() -> None:
     (scatter,) = [k for k in kernels if k.atomic]
     assert "atomicAdd(&" in cuda.CUDARenderer().render_kernel(scatter)
     assert [r.arg[1] for r in scatter.ranges[:2]] == [5, 7]  # a thread per gathered row, not per table row
+
+
+@pytest.mark.skipif(COMPILER is None, reason="neither nvcc nor NVRTC is installed")
+def test_program_units_compile_on_their_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDAProgram compiles its kernels as several units at once: each unit stands alone."""
+    import os
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    programs = [text.parse_file(str(p)).output_nodes for p in CORPUS[:40]]
+    outputs = [o for outputs in programs for o in outputs]
+    kernels = cuda.prepare(outputs, "sm_86").kernels
+    units = cuda.render_units(kernels)
+    assert len(units) == min(3, len(kernels) // 8) and sum(len(ks) for _, ks in units) == len(kernels)
+    for i, (src, _) in enumerate(units):
+        assert compile_cuda(src, "sm_86", tmp_path) is None, f"unit {i}"
