@@ -353,6 +353,20 @@ class Dropout(Module):
         return T.where(keep, x * (1 / (1 - self.p)), 0.0)
 
 
+def clip_grad_norm_(parameters: Any, max_norm: float, eps: float = 1e-6) -> Tensor:
+    """torch.nn.utils.clip_grad_norm_: scale every gradient by min(1, max_norm / (norm + eps)),
+    the norm taken over all of them together; returns that norm. Lazy like the gradients: the
+    next optimizer step computes the norm and the scaled updates in its one program."""
+    grads = [p for p in parameters if p.grad is not None]
+    if not grads:
+        return Tensor(np.array(0.0, np.float32))
+    total = T.stack([(p.grad.float() * p.grad.float()).sum() for p in grads]).sum().sqrt()
+    scale = (max_norm / (total + eps)).clamp(max=1.0)
+    for p in grads:
+        p.grad = p.grad * scale.to(p.grad.dtype)
+    return total
+
+
 def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """softmax(q k^T / sqrt(d), masked so a position sees itself and the past) v; [..., T, d]."""
     t, d = q.shape[-2], q.shape[-1]

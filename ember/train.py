@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from . import nn, optim
+from . import ir, nn, optim
 from . import tensor as T
 from .models.gpt import GPT, GPTConfig
 
@@ -117,7 +117,15 @@ def train(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda with a GPU, else cpu")
     ap.add_argument("--max-bytes", type=int, default=4_000_000, help="use at most this many bytes of text")
     ap.add_argument("--fresh", action="store_true", help="start over even if the run folder has a checkpoint")
+    ap.add_argument("--autocast", choices=["none", "bf16", "f16"], default="none",
+                    help="mixed precision: matmuls on bf16/f16 inputs (tensor cores), weights and the rest f32")
+    ap.add_argument("--clip", type=float, default=0.0, help="clip gradients to this global norm (0: off)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="build and compile one step for the device, print each phase's time and the kernel "
+                         "count, train nothing (CUDA source is generated without a GPU, compiled where NVRTC is)")
     args = ap.parse_args(argv)
+    if args.dry_run:
+        return dry_run(args)
     if args.device == "cuda":
         from . import backends
         from .backend import cuda
@@ -179,6 +187,73 @@ def train(argv: list[str] | None = None) -> int:
     return 0
 
 
+LOW = {"bf16": "bfloat16", "f16": "float16"}
+
+
+def dry_run(args: argparse.Namespace) -> int:
+    """Build one training step (forward, backward, AdamW) and compile it for the device, timing
+    each phase; nothing is trained or written."""
+    import time as clock
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .backend import c as cbackend
+    from .backend import cuda
+    from .compiler.rewrite import substitute
+    device = args.device or ("cuda" if cuda.available() else "cpu")
+    times: dict[str, float] = {}
+    t = clock.perf_counter()
+    T.manual_seed(args.seed)
+    model = GPT(GPTConfig(block=args.block, dim=args.dim, n_layer=args.layers, n_head=args.heads))
+    opt = optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    times["init"] = clock.perf_counter() - t
+    t = clock.perf_counter()
+    x = T.Tensor(np.zeros((args.batch, args.block), np.int32))
+    with T.autocast(LOW.get(args.autocast, "bfloat16"), enabled=args.autocast != "none"):
+        loss = model.loss(x, x)
+    loss.backward()
+    if args.clip:
+        nn.clip_grad_norm_(model.parameters(), args.clip)
+    opt.steps += 1
+    outputs = [loss.node] + [new.node for _, new in opt.updates()]
+    params = [n for n in ir.toposort(outputs) if n.op is ir.Op.PARAM]
+    outputs = substitute(outputs, {p: ir.param(f"s{i}", p.dtype, p.shape) for i, p in enumerate(params)})
+    times["graph"] = clock.perf_counter() - t
+    t = clock.perf_counter()
+    if device == "cuda":
+        arch = cuda.target_arch()
+        sched = cuda.prepare(outputs, arch)
+        times["schedule"] = clock.perf_counter() - t
+        t = clock.perf_counter()
+        units = cuda.render_units(sched.kernels)
+        times["codegen"] = clock.perf_counter() - t
+        t = clock.perf_counter()
+        try:
+            with ThreadPoolExecutor(len(units)) as pool:
+                list(pool.map(lambda u: cuda.compile_cubin(u[0], arch), units))
+            times[f"nvrtc ({len(units)} units, {arch})"] = clock.perf_counter() - t
+        except ImportError:
+            print("ember train --dry-run: cuda-python (NVRTC) is not installed: CUDA source generated, not compiled",
+                  file=sys.stderr)
+    else:
+        from .compiler import optimize
+        from .compiler.schedule import schedule
+        sched = schedule(outputs)
+        optimize.optimize(sched, target="c")
+        times["schedule"] = clock.perf_counter() - t
+        t = clock.perf_counter()
+        source = cbackend.render(sched)
+        times["codegen"] = clock.perf_counter() - t
+        t = clock.perf_counter()
+        cbackend.build(source)
+        times[f"cc ({os.cpu_count()} cores)"] = clock.perf_counter() - t
+    contractions = sum(k.contraction is not None for k in sched.kernels)
+    print(f"ember train --dry-run: device {device}, {len(sched.kernels)} kernels ({contractions} contractions), "
+          f"{sum(p.numel() for p in model.parameters()):,} parameters")
+    for phase, seconds in times.items():
+        print(f"  {phase:28s} {seconds:8.2f} s")
+    return 0
+
+
 @dataclass
 class Run:
     """One training run's state: what a step changes, and what a checkpoint saves."""
@@ -202,9 +277,12 @@ class Run:
         a = self.args
         t = time.perf_counter()
         x, y = batch(self.train_data, self.rng, a.batch, a.block)
-        loss = self.model.loss(x, y)
         self.opt.zero_grad()
+        with T.autocast(LOW.get(a.autocast, "bfloat16"), enabled=a.autocast != "none"):
+            loss = self.model.loss(x, y)
         loss.backward()
+        if a.clip:
+            nn.clip_grad_norm_(self.model.parameters(), a.clip)
         self.opt.step()
         value = loss.item()
         if step == self.start:

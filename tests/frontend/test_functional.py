@@ -206,3 +206,19 @@ def test_adaptive_pools_and_interpolate() -> None:
                {"scale_factor": 0.5, "mode": "bilinear", "align_corners": False}):
         close(F.interpolate(et.tensor(x), **kw), TF.interpolate(torch.tensor(x), **kw), 1e-5)
     close(F.interpolate(et.tensor(x[:, :, 0]), size=11, mode="linear"), TF.interpolate(torch.tensor(x[:, :, 0]), size=11, mode="linear"), 1e-5)
+
+
+@pytest.mark.parametrize("max_norm", [0.1, 100.0])
+def test_clip_grad_norm_matches_torch(max_norm: float) -> None:
+    from ember import nn
+    rng = np.random.default_rng(0)
+    w, b, x = rng.standard_normal((5, 3), np.float32), rng.standard_normal(3, np.float32), rng.standard_normal((4, 5), np.float32)
+    ew, eb = et.Tensor(w, requires_grad=True), et.Tensor(b, requires_grad=True)
+    ((et.Tensor(x) @ ew + eb) ** 2).sum().backward()
+    norm = nn.clip_grad_norm_([ew, eb], max_norm)
+    tw, tb = torch.tensor(w, requires_grad=True), torch.tensor(b, requires_grad=True)
+    ((torch.tensor(x) @ tw + tb) ** 2).sum().backward()
+    tnorm = torch.nn.utils.clip_grad_norm_([tw, tb], max_norm)
+    np.testing.assert_allclose(norm.item(), float(tnorm), rtol=1e-6)
+    np.testing.assert_allclose(ew.grad.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(eb.grad.numpy(), tb.grad.numpy(), rtol=1e-5, atol=1e-6)

@@ -72,3 +72,25 @@ def test_cuda_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> N
     assert main(["train", "--device", "cuda", "--steps", "1"]) == 3
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--device cuda" in err
+
+
+def test_train_with_autocast_and_clipping(tmp_path: Path) -> None:
+    assert main(["train", "--steps", "3", "--out", str(tmp_path / "m"), "--autocast", "bf16", "--clip", "1.0",
+                 *TINY]) == 0
+    losses = [loss for _, loss in history(tmp_path / "m")["train"]]
+    assert len(losses) == 3 and all(4.0 < x < 6.0 for x in losses)
+
+
+def test_dry_run_compiles_one_step_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--dry-run", "--out", str(tmp_path / "d"), *TINY]) == 0
+    out = capsys.readouterr().out
+    assert "kernels" in out and "schedule" in out and "codegen" in out and " s\n" in out
+    assert not (tmp_path / "d").exists()
+
+
+def test_dry_run_generates_cuda_without_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("cuda.bindings")
+    args = [*TINY]
+    args[args.index("--device") + 1] = "cuda"
+    assert main(["train", "--dry-run", "--autocast", "bf16", *args]) == 0
+    assert "nvrtc" in capsys.readouterr().out
