@@ -63,10 +63,11 @@ def chain8(n: int) -> tuple[list[Node], list[Node], Callable]:
     return [x], [y], ref
 
 
-def softmax(n: int, m: int) -> tuple[list[Node], list[Node], Callable]:
-    x = ir.param("x", F32, (n, m))
+def softmax(n: int, m: int, dtype: dt.DType = F32) -> tuple[list[Node], list[Node], Callable]:
+    x = ir.param("x", dtype, (n, m))
     mx = bcast(ir.reduce(Op.RMAX, x, (1,)), (n, m))
-    e = ir.unary(Op.EXP2, ir.binary(Op.MUL, ir.binary(Op.SUB, x, mx), const(1.4426950408889634, (n, m))))
+    log2e = ir.const(float(np.float32(1.4426950408889634)), dtype, (n, m))
+    e = ir.unary(Op.EXP2, ir.binary(Op.MUL, ir.binary(Op.SUB, x, mx), log2e))
     p = ir.binary(Op.DIV, e, bcast(ir.reduce(Op.SUM, e, (1,)), (n, m)))
 
     def ref(x: np.ndarray) -> np.ndarray:

@@ -151,6 +151,13 @@ def block_rows(k: Kernel) -> list[Node] | None:
 
 
 GPU_LANES = 4  # elements per thread: four independent loads or accumulators in flight
+
+
+def gpu_lanes(k: Kernel) -> int:
+    """Elements per thread: 4, or as many as make one 16-byte load of the narrowest type loaded
+    (8 for f16/bf16: 4 lanes of 2 bytes were 8-byte loads, and bf16 softmax ran at 19% of copy)."""
+    sizes = [n.dtype.itemsize for n in toposort([k.store]) if n.op is Op.LOAD]
+    return max(GPU_LANES, 16 // min(sizes)) if sizes and min(sizes) == 2 else GPU_LANES
 GPU_MIN_THREADS = 1 << 17  # 132 SMs x 1024 resident threads: fewer leaves the GPU partly idle
 
 
@@ -263,18 +270,20 @@ def gpu_plan(k: Kernel, arch: str) -> None:
     gpu_scatter(k)
     k.rows = block_rows(k)
     if k.rows is None:
-        # a thread per GPU_LANES consecutive outputs, unless that leaves too few threads to fill the GPU
+        # a thread per `lanes` consecutive outputs, unless that leaves too few threads to fill the GPU
+        lanes = gpu_lanes(k)
         has_reduce = any(n.op is Op.REDUCE for n in toposort([k.store]))
-        threads = math.prod(r.arg[1] for r in k.ranges) // GPU_LANES
-        if k.ranges and k.ranges[-1].arg[1] % GPU_LANES == 0 and stride(k.store, k.ranges[-1]) == 1 \
+        threads = math.prod(r.arg[1] for r in k.ranges) // lanes
+        if k.ranges and k.ranges[-1].arg[1] % lanes == 0 and stride(k.store, k.ranges[-1]) == 1 \
                 and (not has_reduce or threads >= GPU_MIN_THREADS):
-            split_range(k, k.ranges[-1], GPU_LANES)
+            split_range(k, k.ranges[-1], lanes)
         return
-    # each thread keeps GPU_LANES partial results of a shared reduction over a contiguous axis
+    # each thread keeps `lanes` partial results of a shared reduction over a contiguous axis
+    lanes = gpu_lanes(k)
     reduces = [n for n in toposort([k.store]) if n.op is Op.REDUCE]
     for r in {n.arg[1][-1] for n in reduces}:
-        if r.arg[1] % GPU_LANES == 0 and r.arg[1] >= 32 * GPU_LANES:
-            split_range(k, r, GPU_LANES)
+        if r.arg[1] % lanes == 0 and r.arg[1] >= 32 * lanes:
+            split_range(k, r, lanes)
 
 
 def optimize(sched: Schedule, target: str, arch: str = "") -> None:
