@@ -93,9 +93,9 @@ def main() -> None:
     for key, name, (params, outputs, _ref) in cases:
         if args.only and args.only not in name:
             continue
-        inputs = {p: rng.standard_normal(p.shape, dtype=np.float32) for p in params}
+        inputs = {p: data.round_float(rng.standard_normal(p.shape, dtype=np.float32), p.dtype) for p in params}
         prog, cold, cached = compile_times(cuda.CUDAProgram, outputs)
-        run, fetch = prog.bind(inputs)
+        run, fetch = prog.bind({p: data.to_storage(v, p.dtype) for p, v in inputs.items()})
         run()
         got = fetch()[0]
         low = params[0].dtype is dt.bf16
