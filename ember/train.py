@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import sys
@@ -111,7 +112,10 @@ def train(argv: list[str] | None = None) -> int:
     ap.add_argument("--dim", type=int, default=96, help="model width")
     ap.add_argument("--layers", type=int, default=2, help="transformer blocks")
     ap.add_argument("--heads", type=int, default=4, help="attention heads")
-    ap.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    ap.add_argument("--lr", type=float, default=3e-3, help="AdamW peak learning rate")
+    ap.add_argument("--warmup", type=int, default=0,
+                    help="steps of linear warmup; then the rate decays along a cosine to a tenth at the last step")
+    ap.add_argument("--accum", type=int, default=1, help="micro-batches of --batch sequences per optimizer step")
     ap.add_argument("--seed", type=int, default=0, help="seed of the initialization and the batches")
     ap.add_argument("--eval-every", type=int, default=50, help="steps between validation losses")
     ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda with a GPU, else cpu")
@@ -178,7 +182,8 @@ def train(argv: list[str] | None = None) -> int:
     summary = {"steps": args.steps, "final_train_loss": history["train"][-1][1] if history["train"] else None,
                "final_val_loss": history["val"][-1][1] if history["val"] else None,
                "first_step_s": round(run.t_first, 2),
-               "tokens_per_s": round(args.batch * args.block * (steps_run - 1) / run.t_rest, 1) if run.t_rest else None,
+               "tokens_per_s": round(args.batch * args.accum * args.block * (steps_run - 1) / run.t_rest, 1)
+               if run.t_rest else None,
                "python_overhead_ms_per_step": round(1e3 * T.context.python_s / max(T.context.runs, 1), 2),
                "device": T.default_device(),
                "files": [str(p) for p in (ckpt, out / "loss.png") if p.exists()]}  # only what was written
@@ -188,6 +193,18 @@ def train(argv: list[str] | None = None) -> int:
 
 
 LOW = {"bf16": "bfloat16", "f16": "float16"}
+
+
+def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
+    """Linear warmup over `warmup` steps, then a cosine from the peak down to a tenth of it at
+    the last step (no warmup and one step: the peak). A function of the step: a resumed run
+    continues the same schedule."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    if warmup == 0 and steps <= 1:
+        return peak
+    progress = (step - warmup) / max(1, steps - 1 - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
 def dry_run(args: argparse.Namespace) -> int:
@@ -276,11 +293,17 @@ class Run:
         the checkpoint and the plot."""
         a = self.args
         t = time.perf_counter()
-        x, y = batch(self.train_data, self.rng, a.batch, a.block)
+        self.opt.lr = learning_rate(step, a.steps, a.lr, a.warmup)
         self.opt.zero_grad()
-        with T.autocast(LOW.get(a.autocast, "bfloat16"), enabled=a.autocast != "none"):
-            loss = self.model.loss(x, y)
-        loss.backward()
+        total = None
+        for _ in range(a.accum):  # gradients add up lazily: all micro-batches run as one program
+            x, y = batch(self.train_data, self.rng, a.batch, a.block)
+            with T.autocast(LOW.get(a.autocast, "bfloat16"), enabled=a.autocast != "none"):
+                loss = self.model.loss(x, y) * (1.0 / a.accum)
+            loss.backward()
+            total = loss if total is None else total + loss
+        loss = total
+        T.context.pending_loss = loss  # the step's program computes the mean loss of all micro-batches
         if a.clip:
             nn.clip_grad_norm_(self.model.parameters(), a.clip)
         self.opt.step()
@@ -290,7 +313,7 @@ class Run:
         else:
             self.t_rest += time.perf_counter() - t
         self.history["train"].append((step + 1, value))
-        tps = a.batch * a.block * max(step - self.start, 1) / self.t_rest if self.t_rest else 0.0
+        tps = a.batch * a.accum * a.block * max(step - self.start, 1) / self.t_rest if self.t_rest else 0.0
         if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
             self.history["val"].append((step + 1, evaluate(self.model, self.val_data, a.batch, a.block)))
             self.save(step + 1)

@@ -94,3 +94,22 @@ def test_dry_run_generates_cuda_without_a_gpu(capsys: pytest.CaptureFixture[str]
     args[args.index("--device") + 1] = "cuda"
     assert main(["train", "--dry-run", "--autocast", "bf16", *args]) == 0
     assert "nvrtc" in capsys.readouterr().out
+
+
+def test_learning_rate_schedule() -> None:
+    from ember.train import learning_rate
+    rates = [learning_rate(s, 10, 1.0, 3) for s in range(10)]
+    assert rates[:3] == pytest.approx([1 / 3, 2 / 3, 1.0]) and rates[-1] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(rates[2:], rates[3:]))  # decays after the warmup
+
+
+def test_gradient_accumulation_equals_one_big_batch(tmp_path: Path) -> None:
+    """--accum 2 with batch 2 takes the same steps as batch 4: the same sequences (one stream of
+    batch draws), the mean loss over them, one update per step."""
+    args = [*TINY]
+    args[args.index("--batch") + 1] = "2"
+    assert main(["train", "--steps", "2", "--out", str(tmp_path / "acc"), "--accum", "2", *args]) == 0
+    assert main(["train", "--steps", "2", "--out", str(tmp_path / "big"), *TINY]) == 0
+    a = [loss for _, loss in history(tmp_path / "acc")["train"]]
+    b = [loss for _, loss in history(tmp_path / "big")["train"]]
+    assert a == pytest.approx(b, rel=1e-4)
