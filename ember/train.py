@@ -113,8 +113,10 @@ def train(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=2, help="transformer blocks")
     ap.add_argument("--heads", type=int, default=4, help="attention heads")
     ap.add_argument("--lr", type=float, default=3e-3, help="AdamW peak learning rate")
-    ap.add_argument("--warmup", type=int, default=0,
-                    help="steps of linear warmup; then the rate decays along a cosine to a tenth at the last step")
+    ap.add_argument("--warmup", type=int, default=0, help="steps of linear warmup to the peak learning rate")
+    ap.add_argument("--cosine", action="store_true",
+                    help="after the warmup, decay along a cosine to a tenth of the peak at --steps (a run extended "
+                         "to more steps then follows another schedule)")
     ap.add_argument("--accum", type=int, default=1, help="micro-batches of --batch sequences per optimizer step")
     ap.add_argument("--seed", type=int, default=0, help="seed of the initialization and the batches")
     ap.add_argument("--eval-every", type=int, default=50, help="steps between validation losses")
@@ -195,13 +197,13 @@ def train(argv: list[str] | None = None) -> int:
 LOW = {"bf16": "bfloat16", "f16": "float16"}
 
 
-def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
-    """Linear warmup over `warmup` steps, then a cosine from the peak down to a tenth of it at
-    the last step (no warmup and one step: the peak). A function of the step: a resumed run
-    continues the same schedule."""
+def learning_rate(step: int, steps: int, peak: float, warmup: int, cosine: bool = True) -> float:
+    """Linear warmup over `warmup` steps, then the peak, or with cosine a decay from the peak
+    down to a tenth of it at the last step. A function of the step: a resumed run continues the
+    same schedule."""
     if step < warmup:
         return peak * (step + 1) / warmup
-    if warmup == 0 and steps <= 1:
+    if not cosine or steps <= 1:
         return peak
     progress = (step - warmup) / max(1, steps - 1 - warmup)
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
@@ -293,7 +295,7 @@ class Run:
         the checkpoint and the plot."""
         a = self.args
         t = time.perf_counter()
-        self.opt.lr = learning_rate(step, a.steps, a.lr, a.warmup)
+        self.opt.lr = learning_rate(step, a.steps, a.lr, a.warmup, a.cosine)
         self.opt.zero_grad()
         total = None
         for _ in range(a.accum):  # gradients add up lazily: all micro-batches run as one program
