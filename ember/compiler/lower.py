@@ -78,6 +78,7 @@ class Kernel:
     contraction: tuple | None = None   # (Contraction, its plan): tensor cores or packed panels, see contraction.py
     origin: dict[Node, Node] = field(default_factory=dict)  # kernel node -> tensor node (lowering)
     atomic: bool = False               # GPU: the store adds into a zeroed output (a scatter, optimize.py)
+    visited: frozenset = frozenset()   # the tensor nodes its lowering went through (schedule.py's cache)
 
     @property
     def value(self) -> Node:
@@ -311,7 +312,7 @@ def lower_kernel(name: str, root: Node, out: Buffer, realized: dict[Node, Buffer
     (index,) = sym.simplify([flat_index(idx, root.shape)])
     store = Node(Op.STORE, root.dtype, (out.ref(), index, value))
     return Kernel(name, out, [r for r in ranges if r.arg[1] > 1], store, lw.reads, lw.reduces, problems=lw.problems,
-                  origin=lw.origin)
+                  origin=lw.origin, visited=frozenset(t for t, _, _ in lw.memo))
 
 
 # ------------------------------------------------------------------------------- loop facts
@@ -375,8 +376,17 @@ def recomputed_operands(k: Kernel) -> set[Node]:
             t = k.origin.get(n)
             if t is not None and t.op not in (Op.PARAM, Op.CONST, Op.IOTA) and t.shape:
                 found.add(t)
-    inner = {x for t in found for x in toposort(list(t.srcs))}
-    return found - inner   # the outermost ones: their buffers hold the inner ones' work
+    # the outermost ones (their buffers hold the inner ones' work); the walk stays inside what
+    # this kernel fused, or it would cover the whole model's graph for every kernel
+    inner: set[Node] = set()
+    stack = [s for t in found for s in t.srcs]
+    while stack:
+        x = stack.pop()
+        if x in inner or x not in k.visited:
+            continue
+        inner.add(x)
+        stack.extend(x.srcs)
+    return found - inner
 
 
 def gathered_operands(k: Kernel) -> set[Node]:
