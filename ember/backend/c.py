@@ -76,6 +76,9 @@ static inline float ember_exp2f(float x) {
 """
 
 
+NEST = 128  # reductions of up to 128 elements may run inside others (attention's scores, unstored)
+
+
 class CRenderer(CLike):
     def render_kernel(self, k: Kernel, prefix: str = "") -> str:
         if k.contraction is not None:
@@ -198,7 +201,7 @@ class CProgram:
 
     def __init__(self, outputs: list[Node], opt: str = "-O3"):
         t0 = time.perf_counter()
-        self.sched = schedule(outputs)
+        self.sched = schedule(outputs, nest=NEST)
         optimize.optimize(self.sched, target="c")
         self.csource = render(self.sched)
         self.source = self.csource.text
@@ -268,7 +271,7 @@ compile = cached(CProgram)
 
 
 def source(outputs: list[Node]) -> str:
-    sched = schedule(outputs)
+    sched = schedule(outputs, nest=NEST)
     optimize.optimize(sched, target="c")
     return render(sched).text
 

@@ -119,8 +119,9 @@ Request = tuple[Node, tuple[Node, ...], "Node | None"]   # (tensor node, index v
 class Lowerer:
     """Lowers one kernel. `realized` maps tensor nodes that live in buffers to their buffers."""
 
-    def __init__(self, realized: dict[Node, Buffer], root: Node, prefix: str):
+    def __init__(self, realized: dict[Node, Buffer], root: Node, prefix: str, nest: int = 0):
         self.realized, self.root, self.prefix = realized, root, prefix
+        self.nest = nest  # a reduction of at most this many elements over plain inputs may run inside another
         self.memo: dict[Request, Node] = {}
         self.children_of: dict[Request, list[Request]] = {}
         self.reduce_of: dict[Request, tuple[Node, ...]] = {}
@@ -142,6 +143,23 @@ class Lowerer:
         """Whether idx uses the loop of an enclosing reduction (a reduction there would be
         recomputed on every step of that loop, and its subgraph lowered again each time)."""
         return any(n in self.reduce_ranges for n in toposort(list(idx)) if n.op is Op.RANGE)
+
+    def _may_nest(self, t: Node) -> bool:
+        """A short reduction of values read straight from buffers (attention's q.k over a head's
+        64 dims) may be recomputed inside the loop of an enclosing one: that is how scores are
+        used once each without being stored (O(S*D) memory attention on the CPU)."""
+        if math.prod(t.srcs[0].shape[a] for a in t.arg) > self.nest:
+            return False
+        stack, seen = [t.srcs[0]], set()
+        while stack:
+            x = stack.pop()
+            if x in seen or self._is_load(x, False) or x.op in (Op.CONST, Op.IOTA):
+                continue
+            seen.add(x)
+            if x.op in (Op.SUM, Op.RMAX) or len(seen) > 64:
+                return False
+            stack.extend(x.srcs)
+        return True
 
     def value(self, t: Node, idx: tuple[Node, ...], valid: Node | None) -> Node:
         """The scalar expression of t at idx (iterative: deep graphs are fine)."""
@@ -179,7 +197,7 @@ class Lowerer:
             src_idx, cond = self.move(t, idx)
             self.pad_cond[req] = cond
             kids = [(t.srcs[0], src_idx, sym.and_(valid, cond))]
-        elif op in (Op.SUM, Op.RMAX) and self._inside_its_reduction(idx):
+        elif op in (Op.SUM, Op.RMAX) and self._inside_its_reduction(idx) and not self._may_nest(t):
             self.problems.add(t)  # stop here: the scheduler gives it a buffer and lowers again
             kids = []
         elif op in (Op.SUM, Op.RMAX):
@@ -302,8 +320,8 @@ def selections_to_loads(value: Node) -> Node:
     return substitute([value], mapping)[0] if mapping else value
 
 
-def lower_kernel(name: str, root: Node, out: Buffer, realized: dict[Node, Buffer]) -> Kernel:
-    lw = Lowerer(realized, root, prefix=f"{name}_")
+def lower_kernel(name: str, root: Node, out: Buffer, realized: dict[Node, Buffer], nest: int = 0) -> Kernel:
+    lw = Lowerer(realized, root, prefix=f"{name}_", nest=nest)
     ranges = [sym.rng(f"{name}_o{d}", n) for d, n in enumerate(root.shape)]
     idx = tuple(r if r.arg[1] > 1 else sym.const(0) for r in ranges)
     value = selections_to_loads(lw.value(root, idx, None))
@@ -356,13 +374,14 @@ def _cost(n: Node) -> int:
     return count
 
 
-def recomputed_operands(k: Kernel) -> set[Node]:
+def recomputed_operands(k: Kernel, lanes: int = 0) -> set[Node]:
     """Tensor values this kernel would compute again for every value of an output range they do
     not depend on: inside a reduction's loop, an expression free of output range o is evaluated
     once per o. A contraction's computed operand (a layernorm feeding a linear layer, once per
     output feature), an embedding's incoming gradient (once per vocabulary row). Those of more
     than two ops get buffers: one write and one read instead, and a contraction keeps plain
-    loads for the tensor-core and packed paths."""
+    loads for the tensor-core and packed paths. lanes: output ranges of at most this many values
+    are left alone (the CPU makes them register lanes, computing the value once for all)."""
     deps = free_ranges(k.store)
     outputs = frozenset(k.ranges)
     found: set[Node] = set()
@@ -372,6 +391,8 @@ def recomputed_operands(k: Kernel) -> set[Node]:
             d = deps[n]
             narrowed = n.op is Op.CAST and n.dtype in (dt.f16, dt.bf16) and n.srcs[0].dtype.bits > 16  # autocast
             if n.op in (Op.LOAD, Op.REDUCE) or not (d & own) or not (outer - d) or (_cost(n) < 3 and not narrowed):
+                continue
+            if lanes and math.prod(r.arg[1] for r in outer - d) <= lanes:
                 continue
             t = k.origin.get(n)
             if t is not None and t.op not in (Op.PARAM, Op.CONST, Op.IOTA) and t.shape:
@@ -412,14 +433,18 @@ def gathered_operands(k: Kernel) -> set[Node]:
     return found
 
 
-def recompute_problems(k: Kernel) -> set[Node]:
+def recompute_problems(k: Kernel, nest: int = 0) -> set[Node]:
     """Tensor reductions that this kernel would compute more than once per value it needs:
-    those must be realized in a buffer of their own instead of fused here."""
+    those must be realized in a buffer of their own instead of fused here. nest: reductions
+    of up to this many elements that lowering let run inside others are meant to be recomputed
+    (attention's scores on the CPU, one per pass over a row)."""
     deps = free_ranges(k.value)
     inside = enclosing_reduces(k.value)
     bad: set[Node] = set()
     count: dict[Node, int] = {}
     for red, t in k.reduces.items():
+        if inside.get(red) and math.prod(r.arg[1] for r in red.arg[1]) <= nest:
+            continue
         count[t] = count.get(t, 0) + 1
         d = deps[red]
         if any(d & frozenset(outer.arg[1]) for outer in inside.get(red, [])):

@@ -75,7 +75,7 @@ def split_range(k: Kernel, r: Node, f: int) -> Node:
 def matmul_parts(k: Kernel) -> tuple[Node, Node, Node, Node, Node] | None:
     """(reduction, row range i, column range j, load of A, load of B) of a matmul-like kernel:
     one load ignores j and moves with i, the other ignores i and is contiguous in j."""
-    reduces = [n for n in toposort([k.store]) if n.op is Op.REDUCE]
+    reduces = _outer_reduces(k)
     if not reduces:
         return None
     deps = free_ranges(k.store)
@@ -99,8 +99,14 @@ def _divisor(n: int, choices: tuple[int, ...]) -> int | None:
     return next((f for f in choices if n % f == 0 and n > f), None)
 
 
+def _outer_reduces(k: Kernel) -> list[Node]:
+    """The reductions not inside another (the loops that shape the kernel)."""
+    inside = enclosing_reduces(k.store)
+    return [n for n in toposort([k.store]) if n.op is Op.REDUCE and n not in inside]
+
+
 def cpu_lanes(k: Kernel) -> None:
-    reduces = [n for n in toposort([k.store]) if n.op is Op.REDUCE]
+    reduces = _outer_reduces(k)
     if not reduces:
         return
     deps = free_ranges(k.store)

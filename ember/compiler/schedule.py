@@ -16,6 +16,8 @@ from ..ir import Node, Op, toposort
 from . import autodiff, simplify
 from .lower import Buffer, Kernel, gathered_operands, lower_kernel, recompute_problems, recomputed_operands
 
+LANES = 64  # with nesting on, values recomputed along an output range this short are left to lanes
+
 
 @dataclass
 class Schedule:
@@ -33,7 +35,8 @@ class Schedule:
         return list(seen.values())
 
 
-def schedule(outputs: list[Node]) -> Schedule:
+def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
+    """nest: the C backend's allowance for short reductions inside others (lower.Lowerer)."""
     expanded = autodiff.expand_grads(outputs)
     debug.graph(3, "after grad expansion", expanded)
     graph = simplify.simplify(expanded)
@@ -55,12 +58,13 @@ def schedule(outputs: list[Node]) -> Schedule:
         kernels = []
         for t in targets:
             if t not in lowered:
-                lowered[t] = lower_kernel("k", t, out_bufs.get(t) or temps[t], realized)
+                lowered[t] = lower_kernel("k", t, out_bufs.get(t) or temps[t], realized, nest)
             kernels.append(lowered[t])
         more: set[Node] = set()
         users: dict[Node, int] = {}
         for k in kernels:
-            more |= k.problems | recompute_problems(k) | recomputed_operands(k) | gathered_operands(k)
+            more |= k.problems | recompute_problems(k, nest) | recomputed_operands(k, nest and LANES)
+            more |= gathered_operands(k)
             for t in set(k.reduces.values()):
                 users[t] = users.get(t, 0) + 1
         more |= {t for t, n in users.items() if n > 1}
@@ -75,7 +79,7 @@ def schedule(outputs: list[Node]) -> Schedule:
         # the graph's size: a 12-layer GPT's step took 36 s when every iteration lowered all)
         lowered = {t: k for t, k in lowered.items() if not (k.visited & more)}
     # final names, in order (they name ranges and functions in the generated source)
-    kernels = [lower_kernel(f"k{i}", t, out_bufs.get(t) or temps[t], realized) for i, t in enumerate(targets)]
+    kernels = [lower_kernel(f"k{i}", t, out_bufs.get(t) or temps[t], realized, nest) for i, t in enumerate(targets)]
     in_order = [k.out for k in kernels if k.out.kind == "temp"]
     sched = Schedule(inputs, [out_bufs[o] for o in graph], kernels, in_order)
     sched.slots = plan_memory(sched)

@@ -70,3 +70,23 @@ def test_a_selection_by_data_is_a_load() -> None:
     got = backends.RUNNERS["c"](prog.output_nodes, inputs)[0]
     assert np.array_equal(got, ref.evaluate(prog.output_nodes, inputs)[0])
     assert np.all(got[3] == -np.inf)
+
+
+def test_attention_on_the_cpu_stores_no_scores() -> None:
+    """softmax(q k^T) v from the primitive graph, causal: on the C backend one kernel that
+    recomputes a row's scores on each pass over it, with no S x S buffer (issue 9)."""
+    import sys
+
+    import numpy as np
+
+    from ember import backends, ref
+    from ember.backend import c
+    sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
+    from attention_cpu import program
+    params, outputs = program(96, 64, causal=True)
+    sched = schedule(outputs, nest=c.NEST)
+    assert len(sched.kernels) == 1 and not sched.temps
+    rng = np.random.default_rng(0)
+    inputs = {p: rng.standard_normal(p.shape).astype(np.float32) for p in params}
+    got = backends.RUNNERS["c"](outputs, inputs)[0]
+    np.testing.assert_allclose(got, ref.evaluate(outputs, inputs)[0], rtol=1e-4, atol=1e-5)
