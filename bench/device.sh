@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# One device call: the GPU tests, a differential fuzz batch on the GPU, then the GPU benchmark.
+# One device call for everything GPU: the GPU tests, a differential fuzz batch, then the
+# benchmarks beside PyTorch (memory-bound kernels, matmuls, training), each printing its table.
 #   (on the device machine, from the repository root) bash bench/device.sh [--quick]
+# FUZZ=N programs (default 400), STEPS=N training steps (default 8).
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp}
+quick=${1:-}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 echo "== GPU tests"
-python3 -m pytest -q -p no:cacheprovider tests/test_corpus.py tests/compiler/test_differential.py tests/compiler/test_gpu_plans.py -k "cuda or gpu_plan" 2>&1 | tail -5
+python3 -m pytest -q -p no:cacheprovider tests/test_corpus.py tests/compiler/test_differential.py \
+  tests/compiler/test_gpu_plans.py tests/compiler/test_contractions.py tests/frontend/test_device_values.py \
+  tests/frontend/test_autocast.py -k "cuda or gpu or tensor_core or device or autocast" 2>&1 | tail -5
 echo "== differential fuzz, cuda vs ref"
-python3 tests/tools/fuzz_backends.py --backend cuda --count "${FUZZ:-400}" --start 100000 2>&1 | tail -8
-echo "== training, cpu vs cuda"
-python3 bench/train_compare.py --steps "${STEPS:-40}" 2>&1 | grep -v "^ *[0-9]*/[0-9]* \[" | tail -8
-echo "== benchmark"
-python3 bench/gpu.py "$@" 2>&1 | tee "$OUT/gpu_bench.txt"
+python3 tests/tools/fuzz_backends.py --backend cuda --count "${FUZZ:-400}" --start 100000 2>&1 | tail -2
+echo "== memory-bound kernels"
+python3 bench/gpu.py $quick 2>&1 | tee "$OUT/gpu_bench.txt"
+echo "== matmuls"
+python3 bench/matmul.py $quick 2>&1 | tee "$OUT/matmul_bench.txt"
+echo "== training"
+python3 bench/train_gpu.py --steps "${STEPS:-8}" 2>&1 | tee "$OUT/train_bench.txt"
