@@ -23,6 +23,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu import cuda_time  # noqa: E402
 
 from ember import data, ir  # noqa: E402
 from ember import dtype as dt  # noqa: E402
@@ -59,20 +62,6 @@ CASES = [  # name, batch, m, n, k, dtype, B transposed
     ("f32 4096 (no TF32)", 1, 4096, 4096, 4096, "f32", False),
 ]
 QUICK = {"bf16 4096", "gpt2 qkv 16384x2304x768", "bmm bf16 64x(1024x64 @ 64x1024)"}
-
-
-def cuda_time(fn, reps: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times)
 
 
 def main() -> None:

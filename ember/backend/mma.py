@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..compiler.contraction import Contraction, GpuPlan, Operand
 from ..compiler.lower import Kernel
-from .render import CLike, ElementWriter, KernelWriter
+from .render import CLike, ElementWriter, KernelWriter, operand_bases
 
 CHUNK = 8  # f16/bf16 elements per 16-byte chunk
 
@@ -191,6 +191,27 @@ def _fill(name: str, op: Operand, base: str, out_var: str, out_size: int, kr_siz
     return lines
 
 
+# the shared-memory row and column each lane gives ldmatrix.x4, by operand and by whether the
+# tile is K-major (read as is) or not (read transposed); see the fragment layouts of m16n8k16
+LANE_ADDRESS = {
+    ("a", True): "row = base + (lane & 15), col = kk + (lane >> 4) * 8",
+    ("a", False): "row = kk + ((lane >> 4) & 1) * 8 + (lane & 7), col = base + ((lane >> 3) & 1) * 8",
+    ("b", True): "row = base + ((lane >> 4) & 1) * 8 + (lane & 7), col = kk + ((lane >> 3) & 1) * 8",
+    ("b", False): "row = kk + ((lane >> 3) & 1) * 8 + (lane & 7), col = base + ((lane >> 4) & 1) * 8",
+}
+
+
+def _fragments(frag: str, var: str, count: int, base: str, operand: str, k_major: bool, tile: str,
+               width: int) -> list[str]:
+    """The loop loading one operand's fragments for a 16-deep K-step with ldmatrix.x4."""
+    load = "ember_ldmatrix4" if k_major else "ember_ldmatrix4_trans"
+    return [f"  #pragma unroll\n  for (int {var} = 0; {var} < {count}; {var}++) {{",
+            f"    int base = {base};",
+            f"    int {LANE_ADDRESS[operand, k_major]};",
+            f"    {load}({frag}[{var}], {tile} + row * {width} + {_swizzle('row', 'col / 8', width)} * 8);",
+            "  }"]
+
+
 def _mma_sync_step(c: Contraction, p: GpuPlan, aw: int, bw: int) -> tuple[list[str], list[str]]:
     """(accumulator declaration, the compute on tile slot (ta, tb)) for mma.sync: each warp owns
     a (block_m / warps_m) x (block_n / warps_n) tile of m16n8 fragments."""
@@ -203,26 +224,10 @@ def _mma_sync_step(c: Contraction, p: GpuPlan, aw: int, bw: int) -> tuple[list[s
             "acc[x][y][3] = 0.0f;"]
     step = [f"#pragma unroll\nfor (int kk = 0; kk < {p.block_k}; kk += 16) {{",
             f"  unsigned fa[{mi}][4], fb[{ni // 2}][4];"]
-    # A fragments: rows of 16 (i) by 16 (k); K-major tiles are [i][k], else [k][i] read transposed
-    step.append(f"  #pragma unroll\n  for (int x = 0; x < {mi}; x++) {{")
-    step.append(f"    int base = wm * {wtm} + x * 16;")
-    if c.a.k_major:
-        step.append("    int row = base + (lane & 15), col = kk + (lane >> 4) * 8;")
-        step.append(f"    ember_ldmatrix4(fa[x], ta + row * {aw} + {_swizzle('row', 'col / 8', aw)} * 8);")
-    else:
-        step.append("    int row = kk + ((lane >> 4) & 1) * 8 + (lane & 7), col = base + ((lane >> 3) & 1) * 8;")
-        step.append(f"    ember_ldmatrix4_trans(fa[x], ta + row * {aw} + {_swizzle('row', 'col / 8', aw)} * 8);")
-    step.append("  }")
-    # B fragments, two n8 tiles per ldmatrix.x4: K-major tiles are [j][k], else [k][j] read transposed
-    step.append(f"  #pragma unroll\n  for (int y = 0; y < {ni // 2}; y++) {{")
-    step.append(f"    int base = wn * {wtn} + y * 16;")
-    if c.b.k_major:
-        step.append("    int row = base + ((lane >> 4) & 1) * 8 + (lane & 7), col = kk + ((lane >> 3) & 1) * 8;")
-        step.append(f"    ember_ldmatrix4(fb[y], tb + row * {bw} + {_swizzle('row', 'col / 8', bw)} * 8);")
-    else:
-        step.append("    int row = kk + ((lane >> 3) & 1) * 8 + (lane & 7), col = base + ((lane >> 4) & 1) * 8;")
-        step.append(f"    ember_ldmatrix4_trans(fb[y], tb + row * {bw} + {_swizzle('row', 'col / 8', bw)} * 8);")
-    step.append("  }")
+    # A fragments: rows of 16 (i) by 16 (k); K-major tiles are [i][k], else [k][i] read transposed.
+    # B fragments, two n8 tiles per ldmatrix.x4: K-major tiles are [j][k], else [k][j] read transposed.
+    step += _fragments("fa", "x", mi, f"wm * {wtm} + x * 16", "a", c.a.k_major, "ta", aw)
+    step += _fragments("fb", "y", ni // 2, f"wn * {wtn} + y * 16", "b", c.b.k_major, "tb", bw)
     step += [f"  #pragma unroll\n  for (int x = 0; x < {mi}; x++)",
              f"    #pragma unroll\n    for (int y = 0; y < {ni}; y++) "
              f"ember_mma_{c.dtype.name}(acc[x][y], fa[x], &fb[y >> 1][(y & 1) * 2]);", "}"]
@@ -314,14 +319,7 @@ def render(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str) -> str:
     lines += [f"{et}* sb = sa + {p.stages * ar * aw};",
               "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;",
               f"const int m0 = blockIdx.y * {p.block_m}, n0 = blockIdx.x * {p.block_n};"]
-    stride = 1
-    for i, b in reversed(list(enumerate(c.batch))):
-        lines.append(f"const int z{i} = (blockIdx.z / {stride}) % {b.arg[1]};")
-        stride *= b.arg[1]
-    for op, var in ((c.a, "ga"), (c.b, "gb")):
-        off = " + ".join([str(op.offset)] + [f"(long long)z{i} * {op.strides[b]}"
-                                             for i, b in enumerate(c.batch) if b in op.strides])
-        lines.append(f"const {et}* {var} = b{op.load.srcs[0].arg} + {off};")
+    lines += operand_bases(c, "blockIdx.z", r)
     decl, step = _fma_step(p) if fma else _wgmma_step(c, p) if hopper else _mma_sync_step(c, p, aw, bw)
     lines += decl
     steps = -(-kk // p.block_k)

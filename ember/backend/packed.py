@@ -17,7 +17,7 @@ from __future__ import annotations
 from .. import dtype as dt
 from ..compiler.contraction import Contraction, PackedPlan
 from ..compiler.lower import Kernel
-from .render import CLike, ElementWriter, KernelWriter
+from .render import CLike, ElementWriter, KernelWriter, operand_bases
 
 HELPERS = r"""
 #include <stdlib.h>
@@ -98,14 +98,7 @@ def render(r: CLike, k: Kernel, c: Contraction, p: PackedPlan) -> str:
             "    const int m0 = (int)((tile / tiles_n) % tiles_m) * MC, n0 = (int)(tile % tiles_n) * NC;"]
     if c.batch:
         body.append("    const long long zf = tile / ((long long)tiles_m * tiles_n);")
-    stride = 1
-    for i, b in reversed(list(enumerate(c.batch))):
-        body.append(f"    const int z{i} = (int)((zf / {stride}) % {b.arg[1]});")
-        stride *= b.arg[1]
-    for op, var in ((c.a, "ga"), (c.b, "gb")):
-        off = " + ".join([str(op.offset)] + [f"(long long)z{i} * {op.strides[b]}"
-                                             for i, b in enumerate(c.batch) if b in op.strides])
-        body.append(f"    const {r.stype(op.load.dtype)}* {var} = b{op.load.srcs[0].arg} + {off};")
+    body += ["    " + x for x in operand_bases(c, "zf", r)]
     for name, op, base, o, size, rng, tile, micro in (("pa", c.a, "ga", "m0", m, c.i, "MC", "MR"),
                                                       ("pb", c.b, "gb", "n0", n, c.j, "NC", "NR")):
         pack = _pack(r, name, op, base, o, size, kk, op.strides[rng], op.strides[c.k], tile, micro, t)

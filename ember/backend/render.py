@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .. import dtype as dt
 from ..compiler import symbolic as sym
 from ..compiler.lower import Kernel, Stage, free_ranges
+
+if TYPE_CHECKING:
+    from ..compiler.contraction import Contraction
 from ..dtype import DType
 from ..ir import Node, Op
 
@@ -556,3 +560,17 @@ class ElementWriter(KernelWriter):
         i = self.value(idx, root)
         lines = [line for line in root.lines if isinstance(line, str)]
         return lines, self.r.store_value(self.ref(v, value), value.dtype), i
+
+
+def operand_bases(c: "Contraction", flat: str, r: CLike) -> list[str]:
+    """Statements decoding a contraction's batch ranges (z0, z1, ...) from the flat batch index
+    `flat`, then pointing ga and gb at the batch's A and B (the GPU and CPU paths share them)."""
+    lines, stride = [], 1
+    for i, b in reversed(list(enumerate(c.batch))):
+        lines.append(f"const int z{i} = (int)(({flat} / {stride}) % {b.arg[1]});")
+        stride *= b.arg[1]
+    for op, var in ((c.a, "ga"), (c.b, "gb")):
+        off = " + ".join([str(op.offset)] + [f"(long long)z{i} * {op.strides[b]}"
+                                             for i, b in enumerate(c.batch) if b in op.strides])
+        lines.append(f"const {r.stype(op.load.dtype)}* {var} = b{op.load.srcs[0].arg} + {off};")
+    return lines
