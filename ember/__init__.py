@@ -1,4 +1,9 @@
 """Ember: a tensor compiler from the Ember IR (.eir) and a Tensor API to C and CUDA."""
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from . import tensor
+
 __version__ = "0.1.0"
 
 
@@ -8,7 +13,7 @@ def set_default_device(device: str) -> None:
     set_device(device)
 
 
-def autocast(dtype: str = "bfloat16", enabled: bool = True):  # noqa: ANN201
+def autocast(dtype: str = "bfloat16", enabled: bool = True) -> "tensor.autocast":
     """Mixed precision for matmuls (ember.tensor.autocast)."""
     from .tensor import autocast as cast_context
     return cast_context(dtype, enabled)
