@@ -83,7 +83,14 @@ class CRenderer(CLike):
     def render_kernel(self, k: Kernel, prefix: str = "") -> str:
         if k.contraction is not None:
             return packed.render(self, k, *k.contraction)
-        return super().render_kernel(k, prefix)
+        text = super().render_kernel(k, prefix)
+        if k.lanes:
+            # GCC 12.2's loop vectorizer (-O2 and -O3) miscompiles lane loops (unrolled register
+            # tiles) inside short loops: a 2-row integer column sum over 16 columns in 8 lanes
+            # came out wrong (tests/compiler/toolchain/lanes_in_short_loop.eir). The lanes are
+            # the vector dimension already (SLP vectorizes them), so the loop vectorizer goes.
+            text = '__attribute__((optimize("no-tree-loop-vectorize"))) ' + text
+        return text
 
 
 def _bitcast_helpers(pairs: set[tuple[DType, DType]]) -> str:

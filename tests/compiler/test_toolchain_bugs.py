@@ -60,3 +60,9 @@ def test_nvvm_emits_no_16_bit_convert_for_i8(tmp_path: Path) -> None:
     subprocess.run(["nvcc", "-arch=sm_90", "-ptx", "-w", "-o", str(tmp_path / "k.ptx"), str(src)], check=True)
     ptx = (tmp_path / "k.ptx").read_text()
     assert "cvt.rn.f32.s16" not in ptx and ptx.count("cvt.s32.s8") == 28
+
+
+def test_c_kernels_with_lanes_skip_the_loop_vectorizer() -> None:
+    from ember.backend import c
+    text = c.render(c.compile(parse_file(str(HERE / "gcc12_lanes_in_short_loop.eir")).output_nodes).sched).text
+    assert 'optimize("no-tree-loop-vectorize")' in text
