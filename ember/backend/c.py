@@ -31,7 +31,7 @@ from ..compiler import optimize
 from ..compiler.lower import Kernel
 from ..compiler.schedule import Schedule, schedule
 from ..dtype import DType
-from ..ir import Node
+from ..ir import Node, Op, toposort
 from . import cache_dir, cached, packed
 from . import run_values as shared_run_values
 from .render import HALF_HELPERS, CLike
@@ -79,16 +79,24 @@ static inline float ember_exp2f(float x) {
 NEST = 128  # reductions of up to 128 elements may run inside others (attention's scores, unstored)
 
 
+def _short_loops(k: Kernel) -> bool:
+    """Whether a loop that is not a lane runs at most 16 times (GCC peels those completely)."""
+    reduced = [r for n in toposort([k.store]) if n.op is Op.REDUCE for r in n.arg[1]]
+    return any(r.arg[1] <= 16 for r in [*k.ranges, *reduced] if r not in k.lanes)
+
+
 class CRenderer(CLike):
     def render_kernel(self, k: Kernel, prefix: str = "") -> str:
         if k.contraction is not None:
             return packed.render(self, k, *k.contraction)
         text = super().render_kernel(k, prefix)
-        if k.lanes:
+        if k.lanes and _short_loops(k):
             # GCC 12.2's loop vectorizer (-O2 and -O3) miscompiles lane loops (unrolled register
             # tiles) inside short loops: a 2-row integer column sum over 16 columns in 8 lanes
-            # came out wrong (tests/compiler/toolchain/lanes_in_short_loop.eir). The lanes are
-            # the vector dimension already (SLP vectorizes them), so the loop vectorizer goes.
+            # came out wrong (tests/compiler/toolchain/gcc12_lanes_in_short_loop.eir). The lanes
+            # are the vector dimension already (SLP vectorizes them), so the loop vectorizer goes
+            # there. Elsewhere it stays: without it softmax rows ran 2x slower and column sums
+            # 1.4x (row and full sums ran 2.2x faster: a lead for later, bench/cpu.py).
             text = '__attribute__((optimize("no-tree-loop-vectorize"))) ' + text
         return text
 
