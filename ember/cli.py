@@ -369,7 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("source", help="print the generated source of a program", formatter_class=fmt)
     p.add_argument("file", help="the .eir file")
     p.add_argument("--backend", choices=["c", "cuda"], help="which source (default: cuda with a GPU, else c)")
-    p.add_argument("--arch", choices=["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"], default=None,
+    from .backend.cuda import ARCHS
+    p.add_argument("--arch", choices=ARCHS, default=None,
                    help="the GPU the CUDA source is for (default: this machine's GPU, else sm_86)")
     p.set_defaults(fn=cmd_source)
 

@@ -1582,6 +1582,15 @@ def _host(v: Any) -> np.ndarray:
     return v if isinstance(v, np.ndarray) else v.numpy()
 
 
+def canonical_program(outputs: list[Node]) -> tuple[list[Node], dict[Node, Node]]:
+    """The outputs with their params renamed to slots s0, s1, ... in order of appearance, and
+    the renaming: the same structure with new data is the same program, compiled once."""
+    from .compiler.rewrite import substitute
+    params = [n for n in ir.toposort(outputs) if n.op is Op.PARAM]
+    slots = {p: ir.param(f"s{i}", p.dtype, p.shape) for i, p in enumerate(params)}
+    return substitute(outputs, slots), slots
+
+
 def realize(*tensors: Tensor) -> None:
     """Compute the tensors in one compiled program and attach their values. On "cuda" the
     values stay on the GPU (a step's new weights feed the next step without a copy)."""
@@ -1589,12 +1598,8 @@ def realize(*tensors: Tensor) -> None:
     if not todo:
         return
     t0 = time.perf_counter()
-    outputs = [t.node for t in todo]
-    params = [n for n in ir.toposort(outputs) if n.op is Op.PARAM]
-    slots = {p: ir.param(f"s{i}", p.dtype, p.shape) for i, p in enumerate(params)}
-    from .compiler.rewrite import substitute
-    canonical = substitute(outputs, slots)  # same structure, same program: compiled once
-    values = {slots[p]: _DATA[p] for p in params}
+    canonical, slots = canonical_program([t.node for t in todo])
+    values = {slot: _DATA[p] for p, slot in slots.items()}
     context.python_s += time.perf_counter() - t0
     device = default_device()
     if device == "cuda":

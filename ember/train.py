@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import ir, nn, optim
+from . import nn, optim
 from . import tensor as T
 from .models.gpt import GPT, GPTConfig
 
@@ -194,7 +194,9 @@ def train(argv: list[str] | None = None) -> int:
     return 0
 
 
-LOW = {"bf16": "bfloat16", "f16": "float16"}
+def precision(args: argparse.Namespace) -> T.autocast:
+    """The autocast context --autocast asks for (off for "none")."""
+    return T.autocast({"f16": "float16"}.get(args.autocast, "bfloat16"), enabled=args.autocast != "none")
 
 
 def learning_rate(step: int, steps: int, peak: float, warmup: int, cosine: bool = True) -> float:
@@ -217,7 +219,6 @@ def dry_run(args: argparse.Namespace) -> int:
 
     from .backend import c as cbackend
     from .backend import cuda
-    from .compiler.rewrite import substitute
     device = args.device or ("cuda" if cuda.available() else "cpu")
     times: dict[str, float] = {}
     t = clock.perf_counter()
@@ -227,15 +228,13 @@ def dry_run(args: argparse.Namespace) -> int:
     times["init"] = clock.perf_counter() - t
     t = clock.perf_counter()
     x = T.Tensor(np.zeros((args.batch, args.block), np.int32))
-    with T.autocast(LOW.get(args.autocast, "bfloat16"), enabled=args.autocast != "none"):
+    with precision(args):
         loss = model.loss(x, x)
     loss.backward()
     if args.clip:
         nn.clip_grad_norm_(model.parameters(), args.clip)
     opt.steps += 1
-    outputs = [loss.node] + [new.node for _, new in opt.updates()]
-    params = [n for n in ir.toposort(outputs) if n.op is ir.Op.PARAM]
-    outputs = substitute(outputs, {p: ir.param(f"s{i}", p.dtype, p.shape) for i, p in enumerate(params)})
+    outputs, _ = T.canonical_program([loss.node] + [new.node for _, new in opt.updates()])
     times["graph"] = clock.perf_counter() - t
     t = clock.perf_counter()
     if device == "cuda":
@@ -300,7 +299,7 @@ class Run:
         total = None
         for _ in range(a.accum):  # gradients add up lazily: all micro-batches run as one program
             x, y = batch(self.train_data, self.rng, a.batch, a.block)
-            with T.autocast(LOW.get(a.autocast, "bfloat16"), enabled=a.autocast != "none"):
+            with precision(a):
                 loss = self.model.loss(x, y) * (1.0 / a.accum)
             loss.backward()
             total = loss if total is None else total + loss

@@ -135,8 +135,7 @@ def render(sched: Schedule) -> CSource:
     kernels = [r.render_kernel(k) for k in sched.kernels]
     entry = ["void ember_run(void** b) {"]
     for k in sched.kernels:
-        args = [k.out] + [b for b in k.reads if b.id != k.out.id]
-        entry.append(f"  {k.name}({', '.join(f'b[{b.id}]' for b in args)});")
+        entry.append(f"  {k.name}({', '.join(f'b[{b.id}]' for b in k.args)});")
     entry.append("}")
     return CSource(PRELUDE + packed.helpers(sched.kernels) + _bitcast_helpers(r.bitcasts), kernels,
                    "\n".join(entry) + "\n")
@@ -274,10 +273,9 @@ class CProgram:
 
     def _run_timed(self, ptrs: ctypes.Array) -> None:
         for k in self.sched.kernels:
-            args = [k.out] + [b for b in k.reads if b.id != k.out.id]
             fn = getattr(self.lib, k.name)
             t = time.perf_counter()
-            fn(*[ctypes.c_void_p(ptrs[b.id]) for b in args])
+            fn(*[ctypes.c_void_p(ptrs[b.id]) for b in k.args])
             debug.log(1, f"  {k.name:6s} {(time.perf_counter() - t) * 1e6:10.1f} us  -> {k.out.node.dtype}"
                          f"{list(k.out.node.shape)}  reads {len(k.reads)}")
 

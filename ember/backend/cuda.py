@@ -219,11 +219,16 @@ def _bitcast_helpers(pairs: set[tuple[DType, DType]]) -> str:
                    for s, d in sorted(pairs, key=lambda p: (p[0].name, p[1].name)))
 
 
+def _source(kernels: list[Kernel], prefix: str = "") -> str:
+    """One CUDA source for these kernels: the prelude, the helpers they use, the kernels."""
+    r = CUDARenderer()
+    bodies = [r.render_kernel(k, prefix) for k in kernels]
+    return PRELUDE + mma.helpers(kernels) + _bitcast_helpers(r.bitcasts) + "\n" + "\n".join(bodies)
+
+
 def render(sched: Schedule, prefix: str = "") -> str:
     """The program's kernels as one CUDA source (kernel names get the prefix)."""
-    r = CUDARenderer()
-    kernels = [r.render_kernel(k, prefix) for k in sched.kernels]
-    return PRELUDE + mma.helpers(sched.kernels) + _bitcast_helpers(r.bitcasts) + "\n" + "\n".join(kernels)
+    return _source(sched.kernels, prefix)
 
 
 def render_units(kernels: list[Kernel]) -> list[tuple[str, list[Kernel]]]:
@@ -231,13 +236,8 @@ def render_units(kernels: list[Kernel]) -> list[tuple[str, list[Kernel]]]:
     per core but at least 8 kernels each, to compile in parallel."""
     parts = max(1, min(os.cpu_count() or 1, len(kernels) // 8))
     size = -(-len(kernels) // parts) if kernels else 1
-    units = []
-    for i in range(0, max(len(kernels), 1), size):
-        group = kernels[i:i + size]
-        r = CUDARenderer()
-        bodies = [r.render_kernel(k) for k in group]
-        units.append((PRELUDE + mma.helpers(group) + _bitcast_helpers(r.bitcasts) + "\n" + "\n".join(bodies), group))
-    return units
+    groups = [kernels[i:i + size] for i in range(0, max(len(kernels), 1), size)]
+    return [(_source(group), group) for group in groups]
 
 
 def _split_large_reductions(outputs: list[Node]) -> list[Node]:
@@ -327,24 +327,33 @@ def device_name() -> str:
     return bytes(raw).split(b"\0")[0].decode()
 
 
+def _allow_smem(fn: Any, smem: int) -> None:
+    """Above 48 KB, dynamic shared memory is opt-in per function."""
+    if smem > 48 * 1024:
+        from cuda.bindings import driver as cu
+        attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        _check((cu.cuFuncSetAttribute(fn, attr, smem)[0], None))
+
+
+def _launch_args(k: Kernel, ptr: dict[int, int]) -> tuple[list[np.ndarray], np.ndarray]:
+    """cuLaunchKernel's parameters for k: one array per buffer pointer (kept alive by the
+    caller), and the array of their addresses."""
+    args = [np.array([ptr[b.id]], dtype=np.uint64) for b in k.args]
+    return args, np.array([a.ctypes.data for a in args], dtype=np.uint64)
+
+
 def time_kernel(k: Kernel, arch: str) -> float:
     """Seconds one launch of kernel k alone takes on zeroed buffers (for the plan search)."""
     from cuda.bindings import driver as cu
-    r = CUDARenderer()
-    text = r.render_kernel(k)
-    module = _check(cu.cuModuleLoadData(compile_cubin(PRELUDE + mma.helpers([k]) + _bitcast_helpers(r.bitcasts)
-                                                      + "\n" + text, arch)))
+    module = _check(cu.cuModuleLoadData(compile_cubin(_source([k]), arch)))
     fn = _check(cu.cuModuleGetFunction(module, k.name.encode()))
     (gx, gy, gz), block, smem = launch_config(k)
-    if smem > 48 * 1024:
-        _check((cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                      smem)[0], None))
-    bufs = {b.id: b for b in [k.out] + k.reads}
-    ptr = {i: _check(cu.cuMemAlloc(max(1, b.nbytes))) for i, b in bufs.items()}
+    _allow_smem(fn, smem)
+    bufs = {b.id: b for b in k.args}
+    ptr = {i: int(_check(cu.cuMemAlloc(max(1, b.nbytes)))) for i, b in bufs.items()}
     for i, b in bufs.items():
         _check((cu.cuMemsetD8(ptr[i], 0, max(1, b.nbytes))[0], None))
-    args = [np.array([int(ptr[b.id])], dtype=np.uint64) for b in [k.out] + [b for b in k.reads if b.id != k.out.id]]
-    addrs = np.array([a.ctypes.data for a in args], dtype=np.uint64)
+    args, addrs = _launch_args(k, ptr)  # args: the memory addrs points into
     start, end = _check(cu.cuEventCreate(0)), _check(cu.cuEventCreate(0))
 
     def run() -> float:
@@ -435,9 +444,7 @@ class CUDAProgram:
         self._stream: Any = None
         self._seen: dict[tuple, int] = {}   # runs per set of buffers (graphs are captured on the second)
         for fn, (_, _, smem) in zip(self.functions, self.configs):
-            if smem > 48 * 1024:  # above 48 KB, dynamic shared memory is opt-in per function
-                attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-                _check((cu.cuFuncSetAttribute(fn, attr, smem)[0], None))
+            _allow_smem(fn, smem)
         self.compile_seconds = (t1 - t0, time.perf_counter() - t1)
         debug.log(1, f"ember cuda: {len(self.sched.kernels)} kernels, codegen {self.compile_seconds[0] * 1e3:.1f} ms, "
                      f"nvrtc+load {self.compile_seconds[1] * 1e3:.1f} ms")
@@ -462,10 +469,7 @@ class CUDAProgram:
             self._ptr = ptr
             self._launches = []
             for k, fn, (grid, block, smem) in zip(sched.kernels, self.functions, self.configs):
-                bufs = [k.out] + [b for b in k.reads if b.id != k.out.id]
-                args = [np.array([ptr[b.id]], dtype=np.uint64) for b in bufs]
-                addrs = np.array([a.ctypes.data for a in args], dtype=np.uint64)
-                self._launches.append((k, fn, grid, block, smem, args, addrs))
+                self._launches.append((k, fn, grid, block, smem, *_launch_args(k, ptr)))
         return self._ptr
 
     def bind(self, inputs: dict[Node, np.ndarray]) -> tuple[Callable[[], None], Callable[[], list[np.ndarray]]]:
@@ -570,9 +574,7 @@ class CUDAProgram:
             return results
         launches = []
         for (k, fn, grid, block, smem, _, _) in self._launches:
-            bufs = [k.out] + [b for b in k.reads if b.id != k.out.id]
-            args = [np.array([ptr[b.id]], dtype=np.uint64) for b in bufs]
-            launches.append((k, fn, grid, block, smem, args, np.array([a.ctypes.data for a in args], np.uint64)))
+            launches.append((k, fn, grid, block, smem, *_launch_args(k, ptr)))
         self._launches, saved = launches, self._launches
         try:
             self._seen[key] = self._seen.get(key, 0) + 1

@@ -99,10 +99,7 @@ def smem_bytes(p: GpuPlan) -> int:
 
 def grid(c: Contraction, p: GpuPlan) -> tuple[int, int, int]:
     m, n, _ = c.mnk
-    batch = 1
-    for r in c.batch:
-        batch *= r.arg[1]
-    return -(-n // p.block_n), -(-m // p.block_m), batch
+    return -(-n // p.block_n), -(-m // p.block_m), c.batch_size
 
 
 def _tile_shape(op: Operand, out_tile: int, p: GpuPlan) -> tuple[int, int]:

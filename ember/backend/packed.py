@@ -84,9 +84,6 @@ def render(r: CLike, k: Kernel, c: Contraction, p: PackedPlan) -> str:
     names = {c.i: "ei", c.j: "ej", **{b: f"z{i}" for i, b in enumerate(c.batch)}}
     lines, value, index = ElementWriter(r, k, "", names, c.reduce).element("blk[i * NR + j]")
     store = f"{KernelWriter(r, k).buf(k.store.srcs[0])}[{index}] = {value};"
-    batch = 1
-    for b in c.batch:
-        batch *= b.arg[1]
     body = [f"enum {{ MR = EMBER_MR_{t}, NR = EMBER_NR_{t}, MC = {p.mc_tiles} * MR, NC = {p.nc_tiles} * NR }};",
             f"const int tiles_m = ({m} + MC - 1) / MC, tiles_n = ({n} + NC - 1) / NC;",
             "#pragma omp parallel",
@@ -94,7 +91,7 @@ def render(r: CLike, k: Kernel, c: Contraction, p: PackedPlan) -> str:
             f"  {t}* pa = ({t}*)aligned_alloc(64, (sizeof({t}) * MC * {kk} + 63) / 64 * 64);",
             f"  {t}* pb = ({t}*)aligned_alloc(64, (sizeof({t}) * NC * {kk} + 63) / 64 * 64);",
             "  #pragma omp for schedule(dynamic, 1)",
-            f"  for (long long tile = 0; tile < (long long){batch} * tiles_m * tiles_n; tile++) {{",
+            f"  for (long long tile = 0; tile < (long long){c.batch_size} * tiles_m * tiles_n; tile++) {{",
             "    const int m0 = (int)((tile / tiles_n) % tiles_m) * MC, n0 = (int)(tile % tiles_n) * NC;"]
     if c.batch:
         body.append("    const long long zf = tile / ((long long)tiles_m * tiles_n);")

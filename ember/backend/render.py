@@ -400,7 +400,7 @@ class KernelWriter:
     def signature(self) -> str:
         k = self.k
         params = [f"{self.r.stype(k.out.dtype)}* {self.r.restrict} b{k.out.id}"]
-        params += [f"const {self.r.stype(b.dtype)}* {self.r.restrict} b{b.id}" for b in k.reads if b.id != k.out.id]
+        params += [f"const {self.r.stype(b.dtype)}* {self.r.restrict} b{b.id}" for b in k.args[1:]]
         return f"void {self.name}({', '.join(params)})"
 
     def print_scope(self, s: Scope, depth: int) -> str:

@@ -10,6 +10,7 @@ with Ember (`python -m ember.backend.search --export` prints the cache in its fo
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -29,12 +30,9 @@ SMEM_LIMIT = {"sm_80": 163, "sm_86": 99, "sm_89": 99, "sm_90": 227, "sm_90a": 22
 
 def structure(c: Contraction, arch: str) -> str:
     """What a plan's speed depends on: architecture, dtype, sizes and operand layouts."""
-    batch = 1
-    for b in c.batch:
-        batch *= b.arg[1]
     m, n, k = c.mnk
     layout = "".join("k" if op.k_major else "m" for op in (c.a, c.b)) + ("" if c.a.aligned and c.b.aligned else "u")
-    return f"{arch} {c.dtype.name} {batch}x{m}x{n}x{k} {layout}"
+    return f"{arch} {c.dtype.name} {c.batch_size}x{m}x{n}x{k} {layout}"
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -56,8 +54,7 @@ def known(device: str, key: str) -> GpuPlan | None:
 def _store(device: str, key: str, plan: GpuPlan) -> None:
     path = cache_dir("plans") / "plans.json"
     table = _load(path)
-    table.setdefault(device, {})[key] = [plan.instruction, plan.block_m, plan.block_n, plan.block_k,
-                                         plan.warps_m, plan.warps_n, plan.stages]
+    table.setdefault(device, {})[key] = list(dataclasses.astuple(plan))
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
     os.replace(tmp, path)

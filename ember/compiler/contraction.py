@@ -15,6 +15,7 @@ transposed as in x @ W.T), else "mn-major" when its i (or j) stride is 1.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -46,6 +47,10 @@ class Contraction:
     b: Operand
     dtype: dt.DType          # the operands' dtype (f16 or bf16)
     pair_store: bool = False  # outputs (i, j) and (i, j + 1) are adjacent and their pair aligned (j even)
+
+    @property
+    def batch_size(self) -> int:
+        return math.prod(r.arg[1] for r in self.batch)
 
     @property
     def mnk(self) -> tuple[int, int, int]:
@@ -158,10 +163,7 @@ def _merge_reduced(own: tuple[Node, ...], fx: tuple[dict, int], fy: tuple[dict, 
         for outer, inner in zip(own, own[1:]):
             if terms.get(outer, 0) != terms.get(inner, 0) * inner.arg[1]:
                 return None, fx, fy
-    size = 1
-    for r in own:
-        size *= r.arg[1]
-    kr = sym.rng("_".join(r.arg[0] for r in own), size)
+    kr = sym.rng("_".join(r.arg[0] for r in own), math.prod(r.arg[1] for r in own))
     merged = []
     for terms, const in (fx, fy):
         t = {r: c for r, c in terms.items() if r not in own}

@@ -84,6 +84,11 @@ class Kernel:
     def value(self) -> Node:
         return self.store.srcs[2]
 
+    @property
+    def args(self) -> list[Buffer]:
+        """The buffers the kernel's function takes, in order: its output, then what it reads."""
+        return [self.out] + [b for b in self.reads if b.id != self.out.id]
+
 
 def flat_index(idx: tuple[Node, ...], shape: tuple[int, ...]) -> Node:
     """Row-major linear index of idx in shape."""
@@ -269,7 +274,14 @@ class Lowerer:
         return Node(op, t.dtype, tuple(kids))
 
 
-def _selector(w: Node, v: Node, deps: dict[Node, frozenset[Node]]) -> Node | None:
+def index_of(e: Node, size: int) -> tuple[Node, Node]:
+    """(0 <= e < size, e as an index): a selected position read from data, and when it is in range."""
+    below = sym.lt(e, sym.const(size, e.dtype))
+    valid = sym.and_(sym.lt(sym.const(-1, e.dtype), e), below) if e.dtype.is_signed else below
+    return valid, e if e.dtype is sym.INDEX else Node(Op.CAST, sym.INDEX, (e,))
+
+
+def selector(w: Node, v: Node, deps: dict[Node, frozenset[Node]]) -> Node | None:
     """e when w is where(v == e, x, constant) with e an integer free of v."""
     if w.op is not Op.WHERE or w.srcs[0].op is not Op.CMPEQ or w.srcs[2].op is not Op.CONST:
         return None
@@ -291,17 +303,15 @@ def selections_to_loads(value: Node) -> Node:
         if n.op is not Op.REDUCE or len(n.arg[1]) != 1:
             continue
         (v,), body, d = n.arg[1], n.srcs[0], n.dtype
-        picks = [w for w in toposort([body]) if _selector(w, v, deps) is not None]
+        picks = [w for w in toposort([body]) if selector(w, v, deps) is not None]
         if len(picks) != 1 or d is dt.bool_:
             continue
         (w,) = picks
-        e, (_, x, c) = _selector(w, v, deps), w.srcs
+        e, (_, x, c) = selector(w, v, deps), w.srcs
         (rest,) = substitute([body], {w: c})
         if v in free_ranges(rest)[rest]:  # v is used elsewhere too
             continue
-        below = sym.lt(e, sym.const(v.arg[1], e.dtype))
-        valid = sym.and_(sym.lt(sym.const(-1, e.dtype), e), below) if e.dtype.is_signed else below
-        at = e if e.dtype is sym.INDEX else Node(Op.CAST, sym.INDEX, (e,))
+        valid, at = index_of(e, v.arg[1])
         (x_at,) = substitute([x], {v: at})
         loads = [ld for ld in toposort([x_at]) if ld.op is Op.LOAD and at in toposort([ld.srcs[1]])]
         guarded = {ld: Node(Op.LOAD, ld.dtype, (*ld.srcs[:2], sym.and_(ld.srcs[2] if ld.srcs[2:] else None, valid)))

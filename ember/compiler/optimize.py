@@ -19,7 +19,7 @@ from .. import dtype as dt
 from ..ir import Node, Op, toposort
 from . import contraction
 from . import symbolic as sym
-from .lower import Kernel, Stage, enclosing_reduces, free_ranges
+from .lower import Kernel, Stage, enclosing_reduces, free_ranges, index_of, selector
 from .schedule import Schedule
 
 MATMUL_TILES = ((6, 16), (8, 8), (4, 16), (4, 8), (2, 8))   # best first; the first that divides is used
@@ -250,17 +250,13 @@ def gpu_scatter(k: Kernel) -> bool:
     if k.out.dtype not in (dt.f32, dt.f64) or value.op is not Op.REDUCE or value.arg[0] is not Op.SUM:
         return False
     own, body = value.arg[1], value.srcs[0]
-    if body.op is not Op.WHERE or body.srcs[2].op is not Op.CONST or body.srcs[2].arg != 0 \
-            or body.srcs[0].op is not Op.CMPEQ:
+    if body.op is not Op.WHERE or body.srcs[2].op is not Op.CONST or body.srcs[2].arg != 0:
         return False
     deps = free_ranges(k.store)
-    a, b = (x.srcs[0] if x.op is Op.CAST and x.srcs[0].op is Op.RANGE else x for x in body.srcs[0].srcs)
-    v = a if a in k.ranges else b if b in k.ranges else None
-    e = b if v is a else a
-    if v is None or v.arg[1] < 8 or not e.dtype.is_int or not deps[e] or not deps[e] <= frozenset(own):
+    v, e = next(((v, e) for v in k.ranges if (e := selector(body, v, deps)) is not None), (None, None))
+    if v is None or v.arg[1] < 8 or not deps[e] or not deps[e] <= frozenset(own):
         return False
-    valid = sym.and_(sym.lt(sym.const(-1, e.dtype), e), sym.lt(e, sym.const(v.arg[1], e.dtype)))
-    at = e if e.dtype is sym.INDEX else Node(Op.CAST, sym.INDEX, (e,))
+    valid, at = index_of(e, v.arg[1])
     from .rewrite import substitute
     h, where_at = substitute([body.srcs[1], idx], {v: Node(Op.WHERE, sym.INDEX, (valid, at, sym.const(0)))})
     zero = Node(Op.CONST, value.dtype, (), 0.0)
