@@ -274,28 +274,29 @@ def _tuple(v: Any, n: int, name: str) -> tuple[int, ...]:
 
 
 def _windows(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...],
-             pads: list[tuple[int, int]], value: float, ceil_mode: bool = False) -> Tensor:
-    """[N, C, *spatial] -> [N, C, *out, *kernel]: the input under each kernel offset."""
+             pads: list[tuple[int, int]], value: float, ceil_mode: bool = False, first: int = 2) -> Tensor:
+    """The input under each kernel offset: [N, C, *spatial] -> [N, C, *out, *kernel], or with
+    first=1, channels last: [N, *spatial, C] -> [N, *out, C, *kernel]."""
     nsp = len(kernel)
     sizes = []
     for d in range(nsp):
-        length = x.shape[2 + d] + pads[d][0] + pads[d][1]
+        length = x.shape[first + d] + pads[d][0] + pads[d][1]
         span = dilation[d] * (kernel[d] - 1) + 1
         if length < span:
             raise ShapeError(f"window of {span} does not fit an input of {length} (padding included)")
         out = (length - span) // stride[d] + 1
         if ceil_mode and (length - span) % stride[d]:
-            if (out * stride[d]) < x.shape[2 + d] + pads[d][0]:  # a last window must start inside
+            if (out * stride[d]) < x.shape[first + d] + pads[d][0]:  # a last window must start inside
                 out += 1
         sizes.append(out)
-    flat = []
-    for d in reversed(range(nsp)):  # F.pad order: last dim first
+    flat = [0, 0] * (x.ndim - first - nsp)  # F.pad order: last dim first
+    for d in reversed(range(nsp)):
         extra = max(0, (sizes[d] - 1) * stride[d] + dilation[d] * (kernel[d] - 1) + 1
-                    - (x.shape[2 + d] + pads[d][0] + pads[d][1]))
+                    - (x.shape[first + d] + pads[d][0] + pads[d][1]))
         flat += [pads[d][0], pads[d][1] + extra]
     w = x.pad(flat, value=value) if any(flat) else x
     for d in range(nsp):
-        axis = 2 + d
+        axis = first + d
         pieces = []
         for j in range(kernel[d]):
             idx = [slice(None)] * w.ndim
@@ -328,12 +329,15 @@ def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, padding: 
     if c != cg * groups or o % groups:
         raise ShapeError(f"{name}: {c} input channels, weight {list(weight.shape)} and groups={groups} do not fit")
     st, dl = _tuple(stride, nsp, name), _tuple(dilation, nsp, name)
-    win = _windows(x, kernel, st, dl, _pads(padding, kernel, dl, st, name), 0.0)   # [N, C, *out, *k]
-    out_sp = win.shape[2:2 + nsp]
-    win = win.reshape((n, groups, cg) + out_sp + kernel)
+    # windows channels last, [N, *out, C, *k]: each output position's inputs are one contiguous
+    # row of C * prod(k), so the sum of products is a matmul on an im2col buffer (tensor cores)
+    xt = x.permute((0,) + tuple(range(2, 2 + nsp)) + (1,))
+    win = _windows(xt, kernel, st, dl, _pads(padding, kernel, dl, st, name), 0.0, first=1)
+    out_sp = win.shape[1:1 + nsp]
+    win = win.reshape((n,) + out_sp + (groups, cg) + kernel)
     w = weight.reshape((groups, o // groups, cg) + kernel)
     sp, ks = "hijklm"[:nsp], "pqrstu"[:nsp]
-    y = einsum(f"ngc{sp}{ks},goc{ks}->ngo{sp}", win, w).reshape((n, o) + out_sp)
+    y = einsum(f"n{sp}gc{ks},goc{ks}->ngo{sp}", win, w).reshape((n, o) + out_sp)
     return y + bias.reshape((1, o) + (1,) * nsp) if bias is not None else y
 
 

@@ -130,8 +130,7 @@ def _place(hopper: bool, rows: int, width: int) -> str:
 
 
 def _element(r: CLike, k: Kernel, c: Contraction, prefix: str, tag: str, col: str) -> ElementWriter:
-    names = {c.i: "ei", c.j: col, **{b: f"z{n}" for n, b in enumerate(c.batch)}}
-    return ElementWriter(r, k, prefix, names, c.reduce, tag)
+    return ElementWriter(r, k, prefix, c.names("ei", col), c.reduce, tag)
 
 
 def _epilogue(r: CLike, k: Kernel, c: Contraction, prefix: str, acc: str) -> list[str]:

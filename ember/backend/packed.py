@@ -81,8 +81,7 @@ def _pack(r: CLike, name: str, op, base: str, out_var: str, out_size: int, k_siz
 def render(r: CLike, k: Kernel, c: Contraction, p: PackedPlan) -> str:
     m, n, kk = c.mnk
     t = compute_type(c)
-    names = {c.i: "ei", c.j: "ej", **{b: f"z{i}" for i, b in enumerate(c.batch)}}
-    lines, value, index = ElementWriter(r, k, "", names, c.reduce).element("blk[i * NR + j]")
+    lines, value, index = ElementWriter(r, k, "", c.names("ei", "ej"), c.reduce).element("blk[i * NR + j]")
     store = f"{KernelWriter(r, k).buf(k.store.srcs[0])}[{index}] = {value};"
     body = [f"enum {{ MR = EMBER_MR_{t}, NR = EMBER_NR_{t}, MC = {p.mc_tiles} * MR, NC = {p.nc_tiles} * NR }};",
             f"const int tiles_m = ({m} + MC - 1) / MC, tiles_n = ({n} + NC - 1) / NC;",

@@ -47,6 +47,8 @@ class Contraction:
     b: Operand
     dtype: dt.DType          # the operands' dtype (f16 or bf16)
     pair_store: bool = False  # outputs (i, j) and (i, j + 1) are adjacent and their pair aligned (j even)
+    i_parts: tuple[Node, ...] = ()  # the output ranges merged into i, outermost first (else i itself)
+    j_parts: tuple[Node, ...] = ()
 
     @property
     def batch_size(self) -> int:
@@ -55,6 +57,18 @@ class Contraction:
     @property
     def mnk(self) -> tuple[int, int, int]:
         return self.i.arg[1], self.j.arg[1], self.k.arg[1]
+
+    def names(self, i: str, j: str) -> dict[Node, str]:
+        """C expressions of the output ranges, given the variables holding i, j and the batch
+        ranges (z0, z1, ...): a merged range is decoded into its parts."""
+        out = {b: f"z{n}" for n, b in enumerate(self.batch)}
+        for merged, parts, var in ((self.i, self.i_parts, i), (self.j, self.j_parts, j)):
+            out[merged] = var
+            inner = 1
+            for r in reversed(parts):
+                out[r] = f"(({var} / {inner}) % {r.arg[1]})" if inner > 1 else f"({var} % {r.arg[1]})"
+                inner *= r.arg[1]
+        return out
 
 
 
@@ -144,13 +158,36 @@ def find(k: Kernel, dtypes: tuple[dt.DType, ...] = TENSOR_CORE_DTYPES) -> Contra
     # A's output range: the innermost range only A uses; likewise B's; the rest go on the grid
     ia, jb = only_x[-1], only_y[-1]
     if k.ranges.index(ia) > k.ranges.index(jb):  # the output's last range belongs to B
-        x, y, fx, fy, ia, jb = y, x, fy, fx, jb, ia
-    batch = tuple(r for r in k.ranges if r is not ia and r is not jb)
+        x, y, fx, fy, ia, jb, only_x, only_y = y, x, fy, fx, jb, ia, only_y, only_x
+    ia, i_parts, fx = _merge_output(ia, only_x, fx)
+    jb, j_parts, fy = _merge_output(jb, only_y, fy)
+    batch = tuple(r for r in k.ranges if r is not ia and r is not jb and r not in i_parts and r not in j_parts)
     a = _operand(x, *fx, ia, kr)
     b = _operand(y, *fy, jb, kr)
     if a is None or b is None:
         return None
-    return Contraction(red, ia, jb, kr, batch, a, b, x.dtype, _pairs(k, jb))
+    pairs = _pairs(k, j_parts[-1] if j_parts else jb)  # even sizes: a pair never straddles parts
+    return Contraction(red, ia, jb, kr, batch, a, b, x.dtype, pairs, i_parts, j_parts)
+
+
+def _merge_output(r: Node, only: list[Node], f: tuple[dict, int]) -> tuple[Node, tuple[Node, ...], tuple]:
+    """Output range r with the other ranges only its operand uses that continue its stride
+    chain (a convolution's rows: batch, height and width of an im2col buffer) as one range,
+    so that M (or N) is their product; else r alone, with no parts."""
+    terms, const = f
+    parts = [r]
+    while True:
+        want = terms[parts[0]] * parts[0].arg[1]  # the stride that continues the outermost part
+        nxt = [o for o in only if o not in parts and terms.get(o) == want]
+        if not nxt:
+            break
+        parts.insert(0, nxt[0])
+    if len(parts) == 1:
+        return r, (), f
+    merged = sym.rng("_".join(p.arg[0] for p in parts), math.prod(p.arg[1] for p in parts))
+    t = {o: c for o, c in terms.items() if o not in parts}
+    t[merged] = terms[r]
+    return merged, tuple(parts), (t, const)
 
 
 def _merge_reduced(own: tuple[Node, ...], fx: tuple[dict, int], fy: tuple[dict, int]) -> tuple:
@@ -204,8 +241,9 @@ def plan(c: Contraction, arch: str) -> GpuPlan | None:
         return GpuPlan(name, *map(int, sizes))
     if c.dtype is dt.f32:  # FMA: 8x8 outputs per thread (TF32 tensor cores would round the operands)
         return GpuPlan("fma", 64, 64, 8, 1, 1, 3) if m <= 64 or n <= 64 else GpuPlan("fma", 128, 128, 8, 1, 1, 3)
-    if arch == "sm_90a" and m > 64:  # Hopper: warpgroups of 64 rows reading shared memory directly
-        return GpuPlan("wgmma", 128, 256 if n > 128 else 128, 64, 2, 1, 4)
+    if arch == "sm_90a" and (m > 64 or n > 128):  # Hopper: warpgroups of 64 rows reading shared memory
+        rows = 128 if m > 64 else 64   # one warpgroup for 64 rows (a convolution's 64 output channels)
+        return GpuPlan("wgmma", rows, 256 if n > 128 else 128, 64, rows // 64, 1, 4)
     stages = 4 if arch.startswith("sm_9") else 3   # sm_86 has 100 KB of shared memory per SM
     if m <= 64 or n <= 64:
         return GpuPlan("mma.sync", 64, 64, 32, 2, 2, stages)

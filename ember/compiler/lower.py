@@ -390,19 +390,23 @@ def recomputed_operands(k: Kernel, lanes: int = 0) -> set[Node]:
     once per o. A contraction's computed operand (a layernorm feeding a linear layer, once per
     output feature), an embedding's incoming gradient (once per vocabulary row). Those of more
     than two ops get buffers: one write and one read instead, and a contraction keeps plain
-    loads for the tensor-core and packed paths. lanes: output ranges of at most this many values
-    are left alone (the CPU makes them register lanes, computing the value once for all)."""
+    loads for the tensor-core and packed paths. lanes: inside a reduction that holds others
+    (attention's P @ V on the CPU), values repeated over output ranges of at most this many
+    values are left alone: the CPU makes those ranges register lanes, computing the value once
+    for all, and P is never stored."""
     deps = free_ranges(k.store)
     outputs = frozenset(k.ranges)
     found: set[Node] = set()
     for red in [n for n in toposort([k.store]) if n.op is Op.REDUCE]:
         own, outer = frozenset(red.arg[1]), deps[red] & outputs
-        for n in toposort([red.srcs[0]]):
+        body = toposort([red.srcs[0]])
+        nest = lanes and any(n.op is Op.REDUCE for n in body)  # attention's P @ V on the CPU
+        for n in body:
             d = deps[n]
             narrowed = n.op is Op.CAST and n.dtype in (dt.f16, dt.bf16) and n.srcs[0].dtype.bits > 16  # autocast
             if n.op in (Op.LOAD, Op.REDUCE) or not (d & own) or not (outer - d) or (_cost(n) < 3 and not narrowed):
                 continue
-            if lanes and math.prod(r.arg[1] for r in outer - d) <= lanes:
+            if nest and math.prod(r.arg[1] for r in outer - d) <= lanes:
                 continue
             t = k.origin.get(n)
             if t is not None and t.op not in (Op.PARAM, Op.CONST, Op.IOTA) and t.shape:

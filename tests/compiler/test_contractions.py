@@ -80,11 +80,18 @@ def case(name: str) -> tuple[list[Node], tuple[bool, bool]]:
         a = ir.unary(Op.CAST, p("a", BF16, (64, 128)), dt.f32)
         b = ir.unary(Op.CAST, p("b", BF16, (128, 64)), dt.f32)
         return [matmul(a, b)], (True, False)
+    if name == "conv_like":  # out[n, o, h, w] = sum_k x[n, h, w, k] w[o, k]: N is n, h and w merged
+        x, w = p("x", BF16, (2, 6, 10, 64)), p("w", BF16, (40, 64))
+        prod = ir.binary(Op.MUL, ir.expand(ir.reshape(x, (2, 1, 6, 10, 64)), (2, 40, 6, 10, 64)),
+                         ir.expand(ir.reshape(w, (1, 40, 1, 1, 64)), (2, 40, 6, 10, 64)))
+        return [ir.reduce(Op.SUM, prod, (4,))], (True, True)
+    if name == "rows_64":  # 64 rows, many columns: one warpgroup on Hopper
+        return [matmul(p("a", BF16, (64, 96)), p("b", BF16, (96, 320)))], (True, False)
     raise KeyError(name)
 
 
 CASES = ["bf16_aligned", "f16_odd", "bf16_edges", "a_transposed", "b_transposed", "both_transposed", "batched",
-         "batched_wide", "broadcast_batch", "weight_grad", "epilogue", "f32_of_bf16"]
+         "batched_wide", "broadcast_batch", "weight_grad", "epilogue", "f32_of_bf16", "conv_like", "rows_64"]
 
 
 CPU_CASES = CASES + ["f32", "f64"]
@@ -121,6 +128,13 @@ def test_contraction_is_recognized(name: str) -> None:
     assert k.contraction is not None, name
     c, _ = k.contraction
     assert (c.a.k_major, c.b.k_major) == (a_kmajor, b_kmajor)
+
+
+def test_output_ranges_merge_into_one_side() -> None:
+    (k,) = _kernels(case("conv_like")[0])
+    c, _ = k.contraction
+    assert c.mnk == (40, 2 * 6 * 10, 64) and [r.arg[1] for r in c.j_parts] == [2, 6, 10] and not c.batch
+    assert c.names("ei", "ej")[c.j_parts[1]] == "((ej / 10) % 6)" and c.pair_store
 
 
 def test_not_a_contraction() -> None:
