@@ -13,7 +13,7 @@ python3 -m pytest -q -p no:cacheprovider tests/test_corpus.py tests/compiler/tes
   tests/compiler/test_gpu_plans.py tests/compiler/test_contractions.py tests/frontend/test_device_values.py \
   tests/frontend/test_autocast.py -k "cuda or gpu or tensor_core or device or autocast" 2>&1 | tail -5
 echo "== differential fuzz, cuda vs ref"
-python3 tests/tools/fuzz_backends.py --backend cuda --count "${FUZZ:-400}" --start 100000 2>&1 | tail -2
+python3 tests/tools/fuzz_backends.py --backend cuda --count "${FUZZ:-400}" --start 100000 --out "$OUT/fuzz" 2>&1 | grep -v "^fuzz cuda" | tail -8
 echo "== memory-bound kernels"
 python3 bench/gpu.py $quick 2>&1 | tee "$OUT/gpu_bench.txt"
 echo "== matmuls"

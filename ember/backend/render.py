@@ -119,6 +119,10 @@ class CLike:
         """The type values of d are computed in (f16 and bf16 in float)."""
         return "float" if d in (dt.f16, dt.bf16) else d.c_name
 
+    def acc_ctype(self, op: Op, d: DType) -> str:
+        """The type a reduction op of d accumulates in (a target may widen it)."""
+        return self.ctype(d)
+
     @staticmethod
     def stype(d: DType) -> str:
         return d.c_name
@@ -487,7 +491,7 @@ class KernelWriter:
 
     def emit_reduce(self, n: Node, scope: Scope) -> "str | LaneArray":
         red_op, own = n.arg
-        d, ct = n.dtype, self.r.ctype(n.dtype)
+        d, ct = n.dtype, self.r.acc_ctype(red_op, n.dtype)
         free_lanes = tuple(sorted(self.deps[n] & self.lanes, key=lambda r: self.range_order.get(r, 0)))
         own_lanes = tuple(r for r in own if r in self.lanes)
         loops = [r for r in own if r not in self.lanes]

@@ -62,6 +62,16 @@ def test_nvvm_emits_no_16_bit_convert_for_i8(tmp_path: Path) -> None:
     assert "cvt.rn.f32.s16" not in ptx and ptx.count("cvt.s32.s8") == 28
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
+def test_nvvm_compares_i8_maxima_in_32_bits(tmp_path: Path) -> None:
+    """The dropped sign extension sat before a 16-bit compare (setp.lt.s16), visible in PTX."""
+    src = tmp_path / "k.cu"
+    src.write_text(cuda.source(parse_file(str(HERE / "nvvm13_i8_max.eir")).output_nodes))
+    subprocess.run(["nvcc", "-arch=sm_90a", "-ptx", "-w", "-o", str(tmp_path / "k.ptx"), str(src)], check=True)
+    compares = re.findall(r"setp\.\w+\.([su]\d+)", (tmp_path / "k.ptx").read_text())
+    assert len(compares) >= 40 and set(compares) == {"s32"}
+
+
 def test_c_kernels_with_lanes_skip_the_loop_vectorizer() -> None:
     from ember.backend import c
     text = c.render(c.compile(parse_file(str(HERE / "gcc12_lanes_in_short_loop.eir")).output_nodes).sched).text
