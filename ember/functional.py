@@ -276,7 +276,8 @@ def _tuple(v: Any, n: int, name: str) -> tuple[int, ...]:
 def _windows(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...],
              pads: list[tuple[int, int]], value: float, ceil_mode: bool = False, first: int = 2) -> Tensor:
     """The input under each kernel offset: [N, C, *spatial] -> [N, C, *out, *kernel], or with
-    first=1, channels last: [N, *spatial, C] -> [N, *out, C, *kernel]."""
+    first=1, channels last: [N, *spatial, C] -> [N, *out, C, *kernel]. Movement ops only, so
+    every element is one load at an affine address (see _axis_windows)."""
     nsp = len(kernel)
     sizes = []
     for d in range(nsp):
@@ -295,16 +296,29 @@ def _windows(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...], dilati
                     - (x.shape[first + d] + pads[d][0] + pads[d][1]))
         flat += [pads[d][0], pads[d][1] + extra]
     w = x.pad(flat, value=value) if any(flat) else x
-    for d in range(nsp):
-        axis = first + d
-        pieces = []
-        for j in range(kernel[d]):
-            idx = [slice(None)] * w.ndim
-            start = j * dilation[d]
-            idx[axis] = slice(start, start + (sizes[d] - 1) * stride[d] + 1, stride[d])
-            pieces.append(w[tuple(idx)])
-        w = stack(pieces, -1)
+    for d in range(nsp):  # axis first + d becomes (out, k); the k axes go last
+        w = _axis_windows(w, first + d, kernel[d], stride[d], dilation[d], sizes[d])
+        w = w.permute(tuple(i for i in range(w.ndim) if i != first + d + 1) + (first + d + 1,))
     return w
+
+
+def _axis_windows(x: Tensor, ax: int, k: int, s: int, d: int, out: int) -> Tensor:
+    """Axis ax of length L becomes (out, k) with [q, j] = x[q * s + j * d], by movement alone:
+    repeat the axis, flatten the copies, and cut the run into rows of R = L + d (+ a multiple
+    of L): row j then starts at j * R = j * d (mod L). The compiler folds the resulting
+    (j * R + q * s) mod L back to q * s + j * d, as the bounds of q and j allow."""
+    length = x.shape[ax]
+    row = length + d
+    while row < out * s:
+        row += length
+    copies = -(-k * row // length)
+    lead, rest = x.shape[:ax], x.shape[ax + 1:]
+    w = x.unsqueeze(ax).expand(lead + (copies, length) + rest).reshape(lead + (copies * length,) + rest)
+    idx = (slice(None),) * ax
+    w = w[idx + (slice(0, k * row),)].reshape(lead + (k, row) + rest)
+    w = w[idx + (slice(None), slice(0, out * s))].reshape(lead + (k, out, s) + rest)
+    w = w[idx + (slice(None), slice(None), slice(0, 1))].reshape(lead + (k, out) + rest)
+    return w.transpose(ax, ax + 1)
 
 
 def _pads(padding: Any, kernel: tuple[int, ...], dilation: tuple[int, ...], stride: tuple[int, ...],

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from .. import dtype as dt
 from ..dtype import DType
-from ..ir import Node, Op, toposort
+from ..ir import MOVEMENT, Node, Op, toposort
 from . import symbolic as sym
 from .rewrite import substitute
 
@@ -427,8 +427,10 @@ def recomputed_operands(k: Kernel, lanes: int = 0) -> set[Node]:
 def gathered_operands(k: Kernel) -> set[Node]:
     """Operands of a sum of products that reach their buffer through index arithmetic no
     stride describes (a permute and reshape that merge axes: attention's heads put back side by
-    side, read as (c // 64, c % 64)). A contiguous copy costs one pass over memory and lets the
-    tensor-core and packed paths take the product."""
+    side, read as (c // 64, c % 64)), or through overlapping windows (a convolution's input at
+    h + kh: two ranges with one stride). A contiguous copy (for a convolution, the im2col
+    buffer) costs one pass over memory and lets the tensor-core and packed paths take the
+    product."""
     found: set[Node] = set()
     for red, t in k.reduces.items():
         body = red.srcs[0]
@@ -439,10 +441,11 @@ def gathered_operands(k: Kernel) -> set[Node]:
                 x = x.srcs[0]
             if ld.op is Op.CAST:
                 ld = ld.srcs[0]
-            if ld.op is not Op.LOAD or x.op not in (Op.RESHAPE, Op.PERMUTE):
+            if ld.op is not Op.LOAD or x.op not in MOVEMENT:
                 continue
             terms, _ = sym.linear(ld.srcs[1])
-            if any(term.op is not Op.RANGE for term in terms):
+            overlapping = len(set(terms.values())) < len(terms)
+            if overlapping or any(term.op is not Op.RANGE for term in terms):
                 found.add(x)
     return found
 
