@@ -122,9 +122,12 @@ MAX_VALUE_NUMEL = 2**62 - 1  # any other value (never stored by a good compiler:
 
 
 def check_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Dims are integers >= 0. The text format (spec 2) and the compiler take dims >= 1 only:
+    the parser rejects a 0 (text.py), and the frontend computes values with an empty dim
+    without the compiler (tensor.py, "Empty dims")."""
     shape = tuple(shape)
     for d in shape:
-        if not isinstance(d, int) or isinstance(d, bool) or d < 1:
+        if not isinstance(d, int) or isinstance(d, bool) or d < 0:
             raise IRError(f"every dim must be an integer >= 1, found {d}")
     return shape
 
@@ -266,7 +269,7 @@ def shrink(x: Node, start: tuple[int, ...], end: tuple[int, ...]) -> Node:
     start = _ints(start, len(x.shape), "shrink start")
     end = _ints(end, len(x.shape), "shrink end")
     for d, (s, e, n) in enumerate(zip(start, end, x.shape)):
-        if not 0 <= s < e <= n:
+        if not 0 <= s <= e <= n:  # start == end: an empty dim (the frontend's; the parser rejects it)
             raise IRError(f"shrink needs 0 <= start < end <= size in dim {d}, found start={s} end={e} size={n}")
     return Node(Op.SHRINK, x.dtype, (x,), (start, end), tuple(e - s for s, e in zip(start, end)))
 

@@ -812,6 +812,11 @@ class Tensor:
                     before[d], after[d] = lo, hi
                     v = data.literal_value(value, out.dtype, truncate=True)
                     node = out.node
+                    if node.numel == 0:  # padding nothing: the value everywhere (when anything is left)
+                        shape = tuple(s + b + a for s, b, a in zip(node.shape, before, after))
+                        out = Tensor(ir.const(v, out.dtype, shape)) if 0 not in shape else \
+                            Tensor(ir.const(0, out.dtype, shape))
+                        continue
                     out = _call("pad", lambda: ir.pad(node, tuple(before), tuple(after), v), out)
                 continue
             if lo < 0 or hi < 0:
@@ -895,8 +900,7 @@ class Tensor:
                 flips.append(d)
             elif step < 1:
                 raise ValueError(f"slice step must be positive (or -1), got {step}")
-            if e <= s:
-                raise ShapeError(f"empty slice {i} of dim {d} (size {n}): tensors have no empty dims")
+            e = max(e, s)  # an empty slice: an empty dim
             start.append(s), end.append(e)
             steps.append((len(shape), abs(step), d))
             shape.append(-(-(e - s) // abs(step)))
@@ -956,6 +960,11 @@ class Tensor:
 
     def _reduce(self, op: Op, dim: Any, keepdim: bool) -> "Tensor":
         axes = self._axes(dim)
+        if any(self.shape[a] == 0 for a in axes):  # over nothing: the identity, or no maximum
+            if op is Op.RMAX:
+                raise ShapeError(f"max/min over an empty dim of shape {list(self.shape)} has no value (as PyTorch)")
+            out = Tensor(ir.const(0, self.dtype, tuple(1 if d in axes else n for d, n in enumerate(self.shape))))
+            return out if keepdim else out.reshape(tuple(s for d, s in enumerate(out.shape) if d not in axes))
         out = _call("sum" if op is Op.SUM else "max", lambda: ir.reduce(op, self.node, axes), self)
         return out if keepdim else out.reshape(tuple(s for d, s in enumerate(out.shape) if d not in axes))
 
@@ -969,6 +978,8 @@ class Tensor:
         x = self.cast(as_dtype(dtype)) if dtype is not None else self if self.dtype.is_float else self.cast(dt.i64)
         axes = x._axes(dim)
         keep = [d for d in range(x.ndim) if d not in axes]
+        if any(x.shape[a] == 0 for a in axes):  # the empty product
+            return x.sum(dim, keepdim) + 1
         flat = x.permute(keep + list(axes)).reshape([x.shape[d] for d in keep] + [-1]) if x.ndim else x.reshape(1)
         while flat.shape[-1] > 1:
             n = flat.shape[-1]
@@ -980,10 +991,10 @@ class Tensor:
         return out.reshape([1 if d in axes else x.shape[d] for d in range(x.ndim)]) if keepdim else out
 
     def any(self, dim: Any = None, keepdim: bool = False) -> "Tensor":
-        return self.ne(0).cast(dt.u8).max(dim, keepdim).cast(dt.bool_)
+        return self.ne(0).cast(dt.i64).sum(dim, keepdim).ne(0)
 
     def all(self, dim: Any = None, keepdim: bool = False) -> "Tensor":
-        return self.ne(0).cast(dt.u8).min(dim, keepdim).cast(dt.bool_)
+        return self.eq(0).cast(dt.i64).sum(dim, keepdim).eq(0)
 
     def aminmax(self, dim: Any = None, keepdim: bool = False) -> tuple["Tensor", "Tensor"]:
         return self.min(dim, keepdim), self.max(dim, keepdim)
@@ -1140,8 +1151,6 @@ class Tensor:
         x = self.movedim(a, -1).movedim(b if b < a else b - 1, -1) if a != b else self
         rows, cols = x.shape[-2], x.shape[-1]
         n = max(0, min(rows, cols - offset) if offset >= 0 else min(rows + offset, cols))
-        if n == 0:
-            raise ShapeError("diagonal: the diagonal is empty: Ember tensors have no empty dims")
         r0, c0 = (0, offset) if offset >= 0 else (-offset, 0)
         sq = x[..., r0:r0 + n, c0:c0 + n]
         hit = Tensor(ir.iota(dt.i64, (n, n), 0)).eq(Tensor(ir.iota(dt.i64, (n, n), 1)))
@@ -1283,7 +1292,7 @@ class Tensor:
         if not self.dtype.is_float:
             raise TypeError(f"mean needs a floating point tensor, got {self.dtype} (as PyTorch; use .float())")
         n = math.prod(self.shape[d] for d in self._axes(dim))
-        return self.sum(dim, keepdim) * (1.0 / n)
+        return self.sum(dim, keepdim) * (1.0 / n) if n else self.sum(dim, keepdim) * math.nan
 
     def var(self, dim: Any = None, keepdim: bool = False, correction: int = 1) -> "Tensor":
         n = math.prod(self.shape[d] for d in self._axes(dim))
@@ -1411,7 +1420,7 @@ def _broadcast_shape(a: tuple[int, ...], b: tuple[int, ...], name: str) -> tuple
     for x, y in itertools.zip_longest(reversed(a), reversed(b), fillvalue=1):
         if x != y and 1 not in (x, y):
             raise ShapeError(f"{name}: shapes {list(a)} and {list(b)} do not broadcast")
-        out.append(max(x, y))
+        out.append(y if x == 1 else x)  # a dim of 1 broadcasts to any size, 0 included
     return tuple(reversed(out))
 
 
@@ -1498,8 +1507,6 @@ def _true_positions(flat: Tensor) -> Tensor:
     program computes them (a running count, then for each slot the position that fills it);
     only their number is read first, as it is the result's shape."""
     count = int(flat.cast(dt.i64).sum().item())
-    if count == 0:
-        raise ShapeError("the mask selects no element: Ember tensors have no empty dims")
     slot = flat.cast(dt.i64).cumsum(0) - 1                                  # [n]
     want = Tensor(ir.iota(dt.i64, (count, 1), 0))                           # [count, 1]
     pos = Tensor(ir.iota(dt.i64, (1, flat.shape[0]), 1))                    # [1, n]
@@ -1586,7 +1593,12 @@ def canonical_program(outputs: list[Node]) -> tuple[list[Node], dict[Node, Node]
     """The outputs with their params renamed to slots s0, s1, ... in order of appearance, and
     the renaming: the same structure with new data is the same program, compiled once."""
     from .compiler.rewrite import substitute
-    params = [n for n in ir.toposort(outputs) if n.op is Op.PARAM]
+    nodes = ir.toposort(outputs)
+    empty = next((n for n in nodes if 0 in n.shape), None)
+    if empty is not None:  # the ops that make values from empty ones (sum, pad, cat) build constants
+        raise ShapeError(f"an empty {empty.op.name.lower()} of shape {list(empty.shape)} feeds a result with "
+                         "elements through an op that does not take empty dims")
+    params = [n for n in nodes if n.op is Op.PARAM]
     slots = {p: ir.param(f"s{i}", p.dtype, p.shape) for i, p in enumerate(params)}
     return substitute(outputs, slots), slots
 
@@ -1595,6 +1607,9 @@ def realize(*tensors: Tensor) -> None:
     """Compute the tensors in one compiled program and attach their values. On "cuda" the
     values stay on the GPU (a step's new weights feed the next step without a copy)."""
     todo = [t for t in tensors if t.value() is None]
+    for t in [t for t in todo if t.numel() == 0]:  # empty: nothing to compute
+        t._value = np.empty(t.shape, _np_dtype(t.dtype))
+    todo = [t for t in todo if t.numel()]
     if not todo:
         return
     t0 = time.perf_counter()
@@ -1681,8 +1696,6 @@ def arange(start: float, end: float | None = None, step: float = 1, dtype: Any =
     floats = any(isinstance(v, float) for v in (start, end, step))
     d = as_dtype(dtype) if dtype is not None else (dt.f32 if floats else dt.i64)
     n = max(0, math.ceil((end - start) / step)) if floats else max(0, -(-(end - start) // step))
-    if n == 0:
-        raise ShapeError(f"arange({start}, {end}, {step}) would be empty: tensors have no empty dims")
     idx = Tensor(ir.iota(dt.f64 if floats or d.is_float else dt.i64, (n,), 0))
     out = (idx * step + start if (step, start) != (1, 0) else idx).cast(d)
     return _leaf(out, requires_grad)
@@ -1853,6 +1866,11 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     for t in tensors[1:]:
         d = _promote_dtype(d, t.dtype)
     total = sum(t.shape[dim] for t in tensors)
+    if any(t.numel() == 0 for t in tensors):  # empty pieces add nothing
+        kept = [t for t in tensors if t.numel()]
+        if not kept:
+            return Tensor(ir.const(0, d, tensors[0].shape[:dim] + (total,) + tensors[0].shape[dim + 1:]))
+        return cat(kept, dim).cast(d)
     out, offset = None, 0
     for t in tensors:
         pads = [0, 0] * (t.ndim - dim - 1) + [offset, total - offset - t.shape[dim]]

@@ -124,7 +124,13 @@ def parse_type(tok: str) -> tuple[DType, tuple[int, ...]]:
     if dtype is None:
         raise ValueError(f"unknown dtype '{m.group(1)}' (dtypes: {' '.join(dt.BY_NAME)})")
     shape = tuple(integer(s, "a dim") for s in parse_list("[" + m.group(2) + "]"))
-    return dtype, ir.check_shape(shape)
+    return dtype, _nonempty(ir.check_shape(shape))
+
+
+def _nonempty(shape: tuple[int, ...]) -> tuple[int, ...]:
+    if 0 in shape:  # spec 2; the IR module itself also serves the frontend's empty tensors
+        raise ValueError(f"every dim must be an integer >= 1, found 0 in {list(shape)}")
+    return shape
 
 
 def parse_attrs(tokens: list[str], kinds: dict[str, str], what: str) -> dict[str, Any]:
@@ -282,6 +288,7 @@ class Parser:
         if len(toks) < 3:
             raise ValueError(f"expected an op after '{name} ='")
         node = self.node(toks[2], toks[3:])
+        _nonempty(node.shape)
         self.prog.nodes[name] = node
         self.prog.lines[name] = line
         if toks[2] == "param":
