@@ -157,9 +157,9 @@ def _epilogue(r: CLike, k: Kernel, c: Contraction, prefix: str, acc: str) -> lis
 
 
 def _fill(name: str, op: Operand, base: str, out_var: str, out_size: int, kr_size: int, rows: int, width: int,
-          nthreads: int, other_stride: int, hopper: bool, chunk: int = CHUNK, logical: int = 0) -> list[str]:
+          nthreads: int, addr: str, hopper: bool, chunk: int = CHUNK, logical: int = 0) -> list[str]:
     """Statements that copy one operand tile into shared-memory slot `slot` (k0: its first k).
-    other_stride: the buffer stride of the tile's rows (the axis that is not contiguous);
+    addr: the offset of element (go, gk) in the buffer, from c.offset;
     chunk: elements per 16 bytes; logical: the row's width without padding (default width)."""
     CHUNK = chunk  # noqa: N806
     per_row = (logical or width) // CHUNK
@@ -175,7 +175,7 @@ def _fill(name: str, op: Operand, base: str, out_var: str, out_size: int, kr_siz
     place = f"r * {width} + c * {CHUNK}" if chunk != 8 else _place(hopper, rows, width)
     et = "float" if chunk == 4 else "unsigned short"
     lines.append(f"  {et}* dst = {name} + slot * {rows * width} + {place};")
-    src = f"{base} + (long long){other} * {other_stride} + {along}"
+    src = f"{base} + {addr}"
     if op.aligned:
         lines.append(f"  bool ok = {other} < {other_size} && {along} < {along_size};")
         lines.append(f"  ember_cp_async16(dst, ok ? (const void*)({src}) : (const void*){base}, ok);")
@@ -253,7 +253,7 @@ def _wgmma_step(c: Contraction, p: GpuPlan) -> tuple[list[str], list[str]]:
 
 
 def _fill_transposed(name: str, op: Operand, base: str, out_var: str, out_size: int, kr_size: int, p: GpuPlan,
-                     out_tile: int, other_stride: int) -> tuple[list[str], list[str]]:
+                     out_tile: int, addr: str) -> tuple[list[str], list[str]]:
     """FMA tiles of a K-major f32 operand: [out][k] in memory, wanted as [k][out] (each thread
     then reads four neighbouring rows or columns at once). Issued as 16-byte register loads before
     the step's compute and stored transposed after it, so their latency hides behind it. The
@@ -264,7 +264,7 @@ def _fill_transposed(name: str, op: Operand, base: str, out_var: str, out_size: 
     issue = [f"#pragma unroll\nfor (int q = 0; q < {count}; q++) {{",
              f"  int ch = threadIdx.x + q * {p.threads}, o = ch / {per_row}, c = ch % {per_row};",
              f"  int go = {out_var} + o, gk = k0 + c * 4;",
-             f"  const float* src = {base} + (long long)go * {other_stride} + gk;"]
+             f"  const float* src = {base} + {addr};"]
     if op.aligned:
         issue.append(f"  {reg}[q] = go < {out_size} && gk < {kr_size} ? *(const float4*)src : make_float4(0, 0, 0, 0);")
     else:
@@ -325,16 +325,16 @@ def render(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str) -> str:
     finish: list[str] = []
     for name, op, base, o, size, rng, tile, (rows, width) in (("sa", c.a, "ga", "m0", m, c.i, p.block_m, (ar, aw)),
                                                               ("sb", c.b, "gb", "n0", n, c.j, p.block_n, (br, bw))):
-        other = op.strides[rng if op.k_major else c.k]
+        addr = f"{c.offset(op, rng, 'go')} + {c.offset(op, c.k, 'gk')}"  # of element (go, gk)
         if fma and op.k_major:
-            first, store = _fill_transposed(name, op, base, o, size, kk, p, tile, other)
+            first, store = _fill_transposed(name, op, base, o, size, kk, p, tile, addr)
             lines.append(first[0])
             issue += first[1:]
             finish += store
         elif fma:
-            issue += _fill(name, op, base, o, size, kk, rows, width, nt, other, False, chunk=4, logical=tile)
+            issue += _fill(name, op, base, o, size, kk, rows, width, nt, addr, False, chunk=4, logical=tile)
         else:
-            issue += _fill(name, op, base, o, size, kk, rows, width, nt, other, hopper)
+            issue += _fill(name, op, base, o, size, kk, rows, width, nt, addr, hopper)
     lines += ["auto issue = [&](int slot, int k0) {", *["  " + x for x in issue], "};",
               "auto finish = [&](int slot) {", *["  " + x for x in finish], "};"]
     # ahead: K-steps in flight while one is computed. wgmma keeps one step of its own in flight

@@ -66,11 +66,11 @@ def helpers(kernels: list[Kernel]) -> str:
     return HELPERS + "".join(f"EMBER_UKERNEL({t})\n" for t in types)
 
 
-def _pack(r: CLike, name: str, op, base: str, out_var: str, out_size: int, k_size: int, stride_out: int,
-          stride_k: int, tile: str, micro: str, t: str) -> list[str]:
+def _pack(r: CLike, name: str, op, base: str, out_var: str, out_size: int, k_size: int, addr: str,
+          tile: str, micro: str, t: str) -> list[str]:
     """Fill `name` with the tile's micro-panels [tile / micro][K][micro], zeros past the edge;
-    the loop nest reads the buffer along its contiguous axis."""
-    load = r.load(base, f"(long long)(o + {out_var}) * {stride_out} + (long long)q * {stride_k}", op.load.dtype)
+    the loop nest reads the buffer along its contiguous axis. addr: the offset of (o, q)."""
+    load = r.load(base, addr, op.load.dtype)
     dst = f"{name}[(o / {micro}) * {k_size} * {micro} + q * {micro} + o % {micro}]"
     inner = f"{dst} = o + {out_var} < {out_size} ? ({t}){load} : ({t})0;"
     if op.k_major:
@@ -97,7 +97,8 @@ def render(r: CLike, k: Kernel, c: Contraction, p: PackedPlan) -> str:
     body += ["    " + x for x in operand_bases(c, "zf", r)]
     for name, op, base, o, size, rng, tile, micro in (("pa", c.a, "ga", "m0", m, c.i, "MC", "MR"),
                                                       ("pb", c.b, "gb", "n0", n, c.j, "NC", "NR")):
-        pack = _pack(r, name, op, base, o, size, kk, op.strides[rng], op.strides[c.k], tile, micro, t)
+        addr = f"{c.offset(op, rng, f'o + {o}')} + {c.offset(op, c.k, 'q')}"
+        pack = _pack(r, name, op, base, o, size, kk, addr, tile, micro, t)
         body += ["    " + x for x in pack]
     body += [f"    for (int jr = 0; jr < NC && n0 + jr < {n}; jr += NR)",
              f"      for (int ir = 0; ir < MC && m0 + ir < {m}; ir += MR) {{",

@@ -49,6 +49,8 @@ class Contraction:
     pair_store: bool = False  # outputs (i, j) and (i, j + 1) are adjacent and their pair aligned (j even)
     i_parts: tuple[Node, ...] = ()  # the output ranges merged into i, outermost first (else i itself)
     j_parts: tuple[Node, ...] = ()
+    k_parts: tuple[Node, ...] = ()  # K's parts when their strides do not chain (a weight gradient
+                                    # over [n, o, h, w]): each with its own stride, outermost first
 
     @property
     def batch_size(self) -> int:
@@ -57,6 +59,20 @@ class Contraction:
     @property
     def mnk(self) -> tuple[int, int, int]:
         return self.i.arg[1], self.j.arg[1], self.k.arg[1]
+
+    def offset(self, op: Operand, axis: Node, var: str) -> str:
+        """C expression: the element offset in op's buffer of index `var` along axis (i, j or
+        k); a K of several parts is decoded into them."""
+        if axis is not self.k or not self.k_parts:
+            return f"(long long)({var}) * {op.strides.get(axis, 0)}"
+        terms, inner = [], 1
+        for r in reversed(self.k_parts):
+            idx = var if inner == 1 else f"({var}) / {inner}"
+            idx = idx if r is self.k_parts[0] else f"(({idx}) % {r.arg[1]})"
+            if op.strides.get(r, 0):
+                terms.append(f"(long long)({idx}) * {op.strides[r]}")
+            inner *= r.arg[1]
+        return "(" + " + ".join(terms or ["0"]) + ")"
 
     def names(self, i: str, j: str) -> dict[Node, str]:
         """C expressions of the output ranges, given the variables holding i, j and the batch
@@ -148,8 +164,8 @@ def find(k: Kernel, dtypes: tuple[dt.DType, ...] = TENSOR_CORE_DTYPES) -> Contra
     fx, fy = _affine(x, allowed), _affine(y, allowed)
     if fx is None or fy is None:
         return None
-    kr, fx, fy = _merge_reduced(own, fx, fy)
-    if kr is None or kr not in fx[0] or kr not in fy[0]:
+    kr, fx, fy, k_parts = _merge_reduced(own, fx, fy)
+    if kr not in fx[0] or kr not in fy[0]:
         return None
     only_x = [r for r in k.ranges if r in fx[0] and r not in fy[0]]
     only_y = [r for r in k.ranges if r in fy[0] and r not in fx[0]]
@@ -162,12 +178,12 @@ def find(k: Kernel, dtypes: tuple[dt.DType, ...] = TENSOR_CORE_DTYPES) -> Contra
     ia, i_parts, fx = _merge_output(ia, only_x, fx)
     jb, j_parts, fy = _merge_output(jb, only_y, fy)
     batch = tuple(r for r in k.ranges if r is not ia and r is not jb and r not in i_parts and r not in j_parts)
-    a = _operand(x, *fx, ia, kr)
-    b = _operand(y, *fy, jb, kr)
+    a = _operand(x, *fx, ia, kr, k_parts)
+    b = _operand(y, *fy, jb, kr, k_parts)
     if a is None or b is None:
         return None
     pairs = _pairs(k, j_parts[-1] if j_parts else jb)  # even sizes: a pair never straddles parts
-    return Contraction(red, ia, jb, kr, batch, a, b, x.dtype, pairs, i_parts, j_parts)
+    return Contraction(red, ia, jb, kr, batch, a, b, x.dtype, pairs, i_parts, j_parts, k_parts)
 
 
 def _merge_output(r: Node, only: list[Node], f: tuple[dict, int]) -> tuple[Node, tuple[Node, ...], tuple]:
@@ -191,23 +207,31 @@ def _merge_output(r: Node, only: list[Node], f: tuple[dict, int]) -> tuple[Node,
 
 
 def _merge_reduced(own: tuple[Node, ...], fx: tuple[dict, int], fy: tuple[dict, int]) -> tuple:
-    """Several reduced ranges as one k, where both operands walk them as one axis (a weight
-    gradient sums over batch and time: x[b, t, i] dy[b, t, j]): each range's stride is the next
-    one's times its size. The merged range is a new node; addresses come from the strides."""
-    if len(own) == 1:
-        return own[0], fx, fy
-    for terms, _ in (fx, fy):
-        for outer, inner in zip(own, own[1:]):
-            if terms.get(outer, 0) != terms.get(inner, 0) * inner.arg[1]:
-                return None, fx, fy
-    kr = sym.rng("_".join(r.arg[0] for r in own), math.prod(r.arg[1] for r in own))
+    """The reduced ranges as one k: neighbours merge where both operands walk them as one axis
+    (a weight gradient sums x[b, t, i] dy[b, t, j] over b and t: each range's stride is the next
+    one's times its size). Groups that do not chain stay K's parts (k_parts), decoded from k
+    where the operands are read. Returns (k, A's and B's (strides, offset), k_parts)."""
+    groups = [[own[-1]]]
+    for r in reversed(own[:-1]):  # outwards
+        outer = groups[-1][0]
+        if all(terms.get(r, 0) == terms.get(outer, 0) * outer.arg[1] for terms, _ in (fx, fy)):
+            groups[-1].insert(0, r)
+        else:
+            groups.append([r])
+    groups.reverse()
+    parts = [g[0] if len(g) == 1 else sym.rng("_".join(r.arg[0] for r in g), math.prod(r.arg[1] for r in g))
+             for g in groups]
+    kr = parts[0] if len(parts) == 1 else sym.rng("_".join(p.arg[0] for p in parts), math.prod(p.arg[1] for p in parts))
     merged = []
     for terms, const in (fx, fy):
         t = {r: c for r, c in terms.items() if r not in own}
-        if own[-1] in terms:
-            t[kr] = terms[own[-1]]
+        for g, part in zip(groups, parts):
+            if g[-1] in terms:
+                t[part] = terms[g[-1]]
+        if parts[-1] in t:  # k's own stride: its innermost part's (k-major when that is 1)
+            t[kr] = t[parts[-1]]
         merged.append((t, const))
-    return kr, merged[0], merged[1]
+    return kr, merged[0], merged[1], tuple(parts) if len(parts) > 1 else ()
 
 
 def _pairs(k: Kernel, j: Node) -> bool:
@@ -217,16 +241,19 @@ def _pairs(k: Kernel, j: Node) -> bool:
             and all(c % 2 == 0 for r, c in terms.items() if r is not j))
 
 
-def _operand(load: Node, strides: dict, offset: int, out: Node, kr: Node) -> Operand | None:
+def _operand(load: Node, strides: dict, offset: int, out: Node, kr: Node,
+             k_parts: tuple[Node, ...] = ()) -> Operand | None:
     if strides.get(kr) == 1:
-        k_major, other, contiguous = True, strides.get(out), kr
+        k_major, other, contiguous = True, strides.get(out), k_parts[-1] if k_parts else kr
     elif strides.get(out) == 1:
         k_major, other, contiguous = False, strides.get(kr), out
     else:
         return None  # neither axis contiguous: the generic path
-    rest = [c for r, c in strides.items() if r is not contiguous]
+    rest = [c for r, c in strides.items() if r is not contiguous and not (k_parts and r is kr)]
     chunk = 16 // load.dtype.itemsize   # elements per 16-byte load
     aligned = contiguous.arg[1] % chunk == 0 and offset % chunk == 0 and all(c % chunk == 0 for c in rest)
+    if k_major and k_parts and not aligned:  # element-wise staging reads runs along K: one part only
+        return None
     return Operand(load, dict(strides), offset, k_major, aligned) if other else None
 
 

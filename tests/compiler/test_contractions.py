@@ -85,13 +85,18 @@ def case(name: str) -> tuple[list[Node], tuple[bool, bool]]:
         prod = ir.binary(Op.MUL, ir.expand(ir.reshape(x, (2, 1, 6, 10, 64)), (2, 40, 6, 10, 64)),
                          ir.expand(ir.reshape(w, (1, 40, 1, 1, 64)), (2, 40, 6, 10, 64)))
         return [ir.reduce(Op.SUM, prod, (4,))], (True, True)
+    if name == "k_parts":  # dW[o, c] = sum over n, p of dy[n, o, p] x[n, p, c]: dy's n and p do not chain
+        dy, x = p("dy", BF16, (2, 40, 64)), p("x", BF16, (2, 64, 64))
+        prod = ir.binary(Op.MUL, ir.expand(ir.reshape(ir.permute(dy, (0, 2, 1)), (2, 64, 40, 1)), (2, 64, 40, 64)),
+                         ir.expand(ir.reshape(x, (2, 64, 1, 64)), (2, 64, 40, 64)))
+        return [ir.reduce(Op.SUM, prod, (0, 1))], (True, False)
     if name == "rows_64":  # 64 rows, many columns: one warpgroup on Hopper
         return [matmul(p("a", BF16, (64, 96)), p("b", BF16, (96, 320)))], (True, False)
     raise KeyError(name)
 
 
 CASES = ["bf16_aligned", "f16_odd", "bf16_edges", "a_transposed", "b_transposed", "both_transposed", "batched",
-         "batched_wide", "broadcast_batch", "weight_grad", "epilogue", "f32_of_bf16", "conv_like", "rows_64"]
+         "batched_wide", "broadcast_batch", "weight_grad", "epilogue", "f32_of_bf16", "conv_like", "rows_64", "k_parts"]
 
 
 CPU_CASES = CASES + ["f32", "f64"]
@@ -135,6 +140,13 @@ def test_output_ranges_merge_into_one_side() -> None:
     c, _ = k.contraction
     assert c.mnk == (40, 2 * 6 * 10, 64) and [r.arg[1] for r in c.j_parts] == [2, 6, 10] and not c.batch
     assert c.names("ei", "ej")[c.j_parts[1]] == "((ej / 10) % 6)" and c.pair_store
+
+
+def test_reduced_ranges_that_do_not_chain_stay_parts_of_k() -> None:
+    (k,) = _kernels(case("k_parts")[0])
+    c, _ = k.contraction
+    assert c.mnk == (40, 64, 2 * 64) and [r.arg[1] for r in c.k_parts] == [2, 64]
+    assert c.offset(c.a, c.k, "gk") == "((long long)(((gk) % 64)) * 1 + (long long)((gk) / 64) * 2560)"
 
 
 def test_not_a_contraction() -> None:
