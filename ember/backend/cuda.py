@@ -217,7 +217,8 @@ class CUDAKernelWriter(KernelWriter):
     def reduce_finish(self, n: Node, acc: str, scope: Scope) -> list[str]:
         if not self.cooperative(scope):
             return []
-        return [f"{acc} = ember_block_reduce<{self.r.acc_ctype(n.arg[0], n.dtype)}, {int(n.arg[0] is Op.RMAX)}>({acc});"]
+        t = self.r.acc_ctype(n.arg[0], n.dtype)
+        return [f"{acc} = ember_block_reduce<{t}, {int(n.arg[0] is Op.RMAX)}>({acc});"]
 
 
 def _bitcast_helpers(pairs: set[tuple[DType, DType]]) -> str:
@@ -250,34 +251,41 @@ def render_units(kernels: list[Kernel]) -> list[tuple[str, list[Kernel]]]:
 def _split_large_reductions(outputs: list[Node]) -> list[Node]:
     """A reduction with few outputs and a long axis would leave most of the GPU idle (a full sum
     on one block, a column sum on one thread per column): reduce in two stages instead, partial
-    results over groups of the axis, then the groups. The scheduler keeps them two kernels."""
+    results over groups of the axis, then the groups. The scheduler keeps them two kernels.
+    A rewrite, so that reductions inside a split one's input are split too."""
     from .. import ir
-    from ..compiler.rewrite import substitute
-    mapping: dict[Node, Node] = {}
-    for n in toposort(outputs):
-        if n.op not in (Op.SUM, Op.RMAX):
-            continue
+    from ..compiler.rewrite import Pat, RuleSet, rewrite
+
+    def split(n: Node) -> Node | None:
         x = n.srcs[0]
-        if n.numel == 1 and x.numel >= 1 << 16:  # everything (1-D too): one long axis first
+        if n.numel == 1:  # everything (1-D too): one long axis first
+            if x.numel < 1 << 16:
+                return None
             x = ir.reshape(x, (x.numel,))
             axis = 0
+        elif len(n.arg) > 1 and n.numel < 1 << 16 and x.numel >= n.numel << 15 and x.shape[n.arg[0]] >= 16:
+            # few outputs of many axes (batch norm's statistics over N, H and W: 64 blocks of
+            # 65536 elements each; a convolution's weight gradient, 9 tiles of K = 65536): first
+            # every value of the outermost reduced axis apart (for a contraction: a split K)
+            return ir.reshape(ir.reduce(n.op, ir.reduce(n.op, x, n.arg[1:]), n.arg[:1]), n.shape)
         elif len(n.arg) == 1 and n.arg[0] < len(x.shape) - 1 and n.numel < 1 << 17 and x.shape[n.arg[0]] >= 1024:
             axis = n.arg[0]  # a strided axis: one thread per output would be too few threads
         else:
-            continue
+            return None
         size = x.shape[axis]
         # groups of at least 64 elements, so the partial results stay small beside the input
         groups = next((g for g in (1 << e for e in range(10, 0, -1)) if size % g == 0 and size // g >= 64), None)
         if groups is None:
-            continue
-        split = ir.reshape(x, x.shape[:axis] + (groups, size // groups) + x.shape[axis + 1:])
-        part = ir.reduce(n.op, split, (axis + 1,))
-        mapping[n] = ir.reshape(ir.reduce(n.op, part, (axis,)), n.shape)
-    return substitute(outputs, mapping) if mapping else outputs
+            return None
+        parts = ir.reshape(x, x.shape[:axis] + (groups, size // groups) + x.shape[axis + 1:])
+        return ir.reshape(ir.reduce(n.op, ir.reduce(n.op, parts, (axis + 1,)), (axis,)), n.shape)
+
+    return rewrite(outputs, RuleSet([(Pat(pred=lambda n: n.op in (Op.SUM, Op.RMAX), name="n"), split)]))
 
 
 def prepare(outputs: list[Node], arch: str | None = None) -> Schedule:
-    sched = schedule(_split_large_reductions(outputs))
+    from ..compiler import autodiff  # gradients first: their reductions are split too
+    sched = schedule(_split_large_reductions(autodiff.expand_grads(outputs)))
     optimize.optimize(sched, target="cuda", arch=arch or target_arch())
     return sched
 
@@ -510,7 +518,8 @@ class CUDAProgram:
             _check((cu.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, smem, 0, addrs.ctypes.data, 0)[0], None))
             if profile:
                 _check((cu.cuEventRecord(end, 0)[0], None))
-                PROFILE.pending.append((k.name, gx * gy * gz, start, end))
+                what = "contraction" if k.contraction else "reduce" if k.reduces else "map"
+                PROFILE.pending.append((f"{k.out.node.dtype}{list(k.out.node.shape)} {what}", gx * gy * gz, start, end))
         if debug.level() >= 1 or profile:
             _check((cu.cuCtxSynchronize()[0], None))
             PROFILE.collect()
@@ -728,7 +737,7 @@ class _Profile:
         total = sum(v[0] for v in self.totals.values())
         print(f"ember profile: {total:.1f} ms in kernels; the most expensive:", file=sys.stderr)
         for name, (ms, n, blocks) in sorted(self.totals.items(), key=lambda kv: -kv[1][0])[:25]:
-            print(f"  {name:24s} {ms:9.2f} ms {100 * ms / max(total, 1e-9):5.1f}%  {n:5d} launches  {blocks} blocks",
+            print(f"  {name:44s} {ms:9.2f} ms {100 * ms / max(total, 1e-9):5.1f}%  {n:5d} launches  {blocks} blocks",
                   file=sys.stderr)
 
 
