@@ -276,10 +276,9 @@ class _BatchNorm(Module):
             var = x.var(axes, correction=0)
             n = x.numel() // x.shape[1]
             m = self.momentum
-            new_mean = (self.running_mean * (1 - m) + mean.detach() * m)
-            new_var = (self.running_var * (1 - m) + var.detach() * (m * n / max(n - 1, 1)))
-            self.running_mean.assign(new_mean)
-            self.running_var.assign(new_var)
+            # with the step's program (lazy); nothing differentiates them, so no detach is needed
+            self.running_mean.assign(self.running_mean * (1 - m) + mean * m, lazy=True)
+            self.running_var.assign(self.running_var * (1 - m) + var * (m * n / max(n - 1, 1)), lazy=True)
         else:
             mean, var = self.running_mean, self.running_var
         y = (x - mean.reshape(view)) * (var.reshape(view) + self.eps).rsqrt()

@@ -13,7 +13,7 @@ import itertools
 import math
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -51,6 +51,7 @@ class Context:
     python_s: float = 0.0              # Python time those calls spent before running
     pending_loss: "Tensor | None" = None
     autocast: "DType | None" = None    # matmuls run in this dtype (ember.autocast)
+    pending_assigns: dict = field(default_factory=dict)  # leaf node -> (leaf, value): assign(lazy=True)
 
 
 context = Context()
@@ -227,15 +228,22 @@ class Tensor:
     def is_leaf(self) -> bool:
         return self.node.op is Op.PARAM
 
-    def assign(self, other: "Tensor") -> "Tensor":
+    def assign(self, other: "Tensor", lazy: bool = False) -> "Tensor":
         """Give this leaf the value of other (same shape and dtype), keeping its identity, so the
-        graphs that use it keep their structure (and their compiled programs)."""
+        graphs that use it keep their structure (and their compiled programs). lazy: at the next
+        realize, in its program (batch norm's running statistics join the training step's
+        program instead of running the forward pass again in programs of their own)."""
         if not self.is_leaf:
             raise ShapeError("assign: only a tensor made from data can take a new value")
         if other.shape != self.shape or other.dtype is not self.dtype:
             raise ShapeError(f"assign: {self.dtype}{list(self.shape)} from {other.dtype}{list(other.shape)}")
-        realize(other)
-        _DATA[self.node] = other.value()
+        if self.node in context.pending_assigns:  # the pending value first: other may read it
+            realize()
+        if lazy:
+            context.pending_assigns[self.node] = (self, other)
+        else:
+            realize(other)
+            _DATA[self.node] = other.value()
         return self
 
     # -------------------------------------------------------------------------- helpers
@@ -1606,7 +1614,15 @@ def canonical_program(outputs: list[Node]) -> tuple[list[Node], dict[Node, Node]
 def realize(*tensors: Tensor) -> None:
     """Compute the tensors in one compiled program and attach their values. On "cuda" the
     values stay on the GPU (a step's new weights feed the next step without a copy)."""
-    todo = [t for t in tensors if t.value() is None]
+    assigns, context.pending_assigns = list(context.pending_assigns.values()), {}
+    todo = list({id(t): t for t in [t for t in tensors if t.value() is None] +
+                 [v for _, v in assigns if v.value() is None]}.values())
+    _compute(todo)
+    for leaf, v in assigns:
+        _DATA[leaf.node] = v.value()
+
+
+def _compute(todo: list[Tensor]) -> None:
     for t in [t for t in todo if t.numel() == 0]:  # empty: nothing to compute
         t._value = np.empty(t.shape, _np_dtype(t.dtype))
     todo = [t for t in todo if t.numel()]
