@@ -10,7 +10,7 @@ import numpy as np
 
 from . import dtype as dt
 from . import ir
-from .tensor import ShapeError, Tensor, cat, einsum, stack, where
+from .tensor import ShapeError, Tensor, cat, einsum, where
 
 # ---------------------------------------------------------------------------- activations
 
@@ -343,15 +343,20 @@ def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, padding: 
     if c != cg * groups or o % groups:
         raise ShapeError(f"{name}: {c} input channels, weight {list(weight.shape)} and groups={groups} do not fit")
     st, dl = _tuple(stride, nsp, name), _tuple(dilation, nsp, name)
-    # windows channels last, [N, *out, C, *k]: each output position's inputs are one contiguous
-    # row of C * prod(k), so the sum of products is a matmul on an im2col buffer (tensor cores)
+    # windows channels last, [N, *out, C, *k]: each output position's inputs are the padded
+    # input's rows of C, so the sum of products is a matmul on tensor cores (section 6 of
+    # docs/performance.md)
     xt = x.permute((0,) + tuple(range(2, 2 + nsp)) + (1,))
     win = _windows(xt, kernel, st, dl, _pads(padding, kernel, dl, st, name), 0.0, first=1)
     out_sp = win.shape[1:1 + nsp]
     win = win.reshape((n,) + out_sp + (groups, cg) + kernel)
+    # the kernel offsets before the channels, so that K runs (kh, kw, c): the input's channels
+    # are contiguous, and the product reads the windows in place (implicit GEMM); the weight
+    # is copied once to that order
+    win = win.permute(tuple(range(2 + nsp)) + tuple(range(3 + nsp, 3 + 2 * nsp)) + (2 + nsp,))
     w = weight.reshape((groups, o // groups, cg) + kernel)
     sp, ks = "hijklm"[:nsp], "pqrstu"[:nsp]
-    y = einsum(f"n{sp}gc{ks},goc{ks}->ngo{sp}", win, w).reshape((n, o) + out_sp)
+    y = einsum(f"n{sp}g{ks}c,goc{ks}->ngo{sp}", win, w).reshape((n, o) + out_sp)
     return y + bias.reshape((1, o) + (1,) * nsp) if bias is not None else y
 
 

@@ -47,10 +47,12 @@ class Contraction:
     b: Operand
     dtype: dt.DType          # the operands' dtype (f16 or bf16)
     pair_store: bool = False  # outputs (i, j) and (i, j + 1) are adjacent and their pair aligned (j even)
-    i_parts: tuple[Node, ...] = ()  # the output ranges merged into i, outermost first (else i itself)
+    # i, j and k made of several ranges, outermost first, each with its own strides in the
+    # operands (a convolution's rows n, h, w; a weight gradient's K over n and h*w), decoded
+    # where the operands are read and the output stored; empty: the range itself
+    i_parts: tuple[Node, ...] = ()
     j_parts: tuple[Node, ...] = ()
-    k_parts: tuple[Node, ...] = ()  # K's parts when their strides do not chain (a weight gradient
-                                    # over [n, o, h, w]): each with its own stride, outermost first
+    k_parts: tuple[Node, ...] = ()
 
     @property
     def batch_size(self) -> int:
@@ -62,13 +64,14 @@ class Contraction:
 
     def offset(self, op: Operand, axis: Node, var: str) -> str:
         """C expression: the element offset in op's buffer of index `var` along axis (i, j or
-        k); a K of several parts is decoded into them."""
-        if axis is not self.k or not self.k_parts:
+        k), decoded into the axis's parts."""
+        parts = {self.i: self.i_parts, self.j: self.j_parts, self.k: self.k_parts}[axis]
+        if not parts:
             return f"(long long)({var}) * {op.strides.get(axis, 0)}"
         terms, inner = [], 1
-        for r in reversed(self.k_parts):
+        for r in reversed(parts):
             idx = var if inner == 1 else f"({var}) / {inner}"
-            idx = idx if r is self.k_parts[0] else f"(({idx}) % {r.arg[1]})"
+            idx = idx if r is parts[0] else f"(({idx}) % {r.arg[1]})"
             if op.strides.get(r, 0):
                 terms.append(f"(long long)({idx}) * {op.strides[r]}")
             inner *= r.arg[1]
@@ -178,8 +181,8 @@ def find(k: Kernel, dtypes: tuple[dt.DType, ...] = TENSOR_CORE_DTYPES) -> Contra
     ia, i_parts, fx = _merge_output(ia, only_x, fx)
     jb, j_parts, fy = _merge_output(jb, only_y, fy)
     batch = tuple(r for r in k.ranges if r is not ia and r is not jb and r not in i_parts and r not in j_parts)
-    a = _operand(x, *fx, ia, kr, k_parts)
-    b = _operand(y, *fy, jb, kr, k_parts)
+    a = _operand(x, *fx, ia, kr, k_parts, i_parts)
+    b = _operand(y, *fy, jb, kr, k_parts, j_parts)
     if a is None or b is None:
         return None
     pairs = _pairs(k, j_parts[-1] if j_parts else jb)  # even sizes: a pair never straddles parts
@@ -187,23 +190,15 @@ def find(k: Kernel, dtypes: tuple[dt.DType, ...] = TENSOR_CORE_DTYPES) -> Contra
 
 
 def _merge_output(r: Node, only: list[Node], f: tuple[dict, int]) -> tuple[Node, tuple[Node, ...], tuple]:
-    """Output range r with the other ranges only its operand uses that continue its stride
-    chain (a convolution's rows: batch, height and width of an im2col buffer) as one range,
-    so that M (or N) is their product; else r alone, with no parts."""
+    """All output ranges only this operand uses as one range (M or N): their product, each a
+    part with its own stride, innermost the smallest (an implicit-GEMM convolution's rows n, h,
+    w of the padded input; an im2col buffer's). One range: r itself, with no parts."""
     terms, const = f
-    parts = [r]
-    while True:
-        want = terms[parts[0]] * parts[0].arg[1]  # the stride that continues the outermost part
-        nxt = [o for o in only if o not in parts and terms.get(o) == want]
-        if not nxt:
-            break
-        parts.insert(0, nxt[0])
-    if len(parts) == 1:
+    if len(only) == 1:
         return r, (), f
+    parts = tuple(sorted(only, key=lambda o: -terms[o]))
     merged = sym.rng("_".join(p.arg[0] for p in parts), math.prod(p.arg[1] for p in parts))
-    t = {o: c for o, c in terms.items() if o not in parts}
-    t[merged] = terms[r]
-    return merged, tuple(parts), (t, const)
+    return merged, parts, ({**terms, merged: terms[parts[-1]]}, const)
 
 
 def _merge_reduced(own: tuple[Node, ...], fx: tuple[dict, int], fy: tuple[dict, int]) -> tuple:
@@ -242,17 +237,19 @@ def _pairs(k: Kernel, j: Node) -> bool:
 
 
 def _operand(load: Node, strides: dict, offset: int, out: Node, kr: Node,
-             k_parts: tuple[Node, ...] = ()) -> Operand | None:
+             k_parts: tuple[Node, ...] = (), out_parts: tuple[Node, ...] = ()) -> Operand | None:
     if strides.get(kr) == 1:
-        k_major, other, contiguous = True, strides.get(out), k_parts[-1] if k_parts else kr
+        k_major, other, contiguous, parts = True, strides.get(out), k_parts[-1] if k_parts else kr, k_parts
     elif strides.get(out) == 1:
-        k_major, other, contiguous = False, strides.get(kr), out
+        k_major, other, contiguous, parts = False, strides.get(kr), out_parts[-1] if out_parts else out, out_parts
     else:
         return None  # neither axis contiguous: the generic path
-    rest = [c for r, c in strides.items() if r is not contiguous and not (k_parts and r is kr)]
+    merged = {kr} if k_parts else set()
+    merged |= {out} if out_parts else set()   # their strides are their parts'
+    rest = [c for r, c in strides.items() if r is not contiguous and r not in merged]
     chunk = 16 // load.dtype.itemsize   # elements per 16-byte load
     aligned = contiguous.arg[1] % chunk == 0 and offset % chunk == 0 and all(c % chunk == 0 for c in rest)
-    if k_major and k_parts and not aligned:  # element-wise staging reads runs along K: one part only
+    if parts and not aligned:  # element-wise staging reads runs along the contiguous axis: one part only
         return None
     return Operand(load, dict(strides), offset, k_major, aligned) if other else None
 

@@ -428,9 +428,15 @@ def gathered_operands(k: Kernel) -> set[Node]:
     """Operands of a sum of products that reach their buffer through index arithmetic no
     stride describes (a permute and reshape that merge axes: attention's heads put back side by
     side, read as (c // 64, c % 64)), or through overlapping windows (a convolution's input at
-    h + kh: two ranges with one stride). A contiguous copy (for a convolution, the im2col
-    buffer) costs one pass over memory and lets the tensor-core and packed paths take the
-    product."""
+    h + kh: two ranges with one stride) or a permute (its weight, wanted with the channels
+    innermost) that the contraction paths cannot read in place. A contiguous copy (for a
+    convolution, the im2col buffer) costs one pass over memory and lets the tensor-core and
+    packed paths take the product."""
+    from . import contraction  # it builds on this module
+
+    def direct() -> bool:  # the tensor-core and packed paths read the windows in place
+        return contraction.find(k, (dt.f16, dt.bf16, dt.f32, dt.f64)) is not None
+
     found: set[Node] = set()
     for red, t in k.reduces.items():
         body = red.srcs[0]
@@ -444,10 +450,17 @@ def gathered_operands(k: Kernel) -> set[Node]:
             if ld.op is not Op.LOAD or x.op not in MOVEMENT:
                 continue
             terms, _ = sym.linear(ld.srcs[1])
-            overlapping = len(set(terms.values())) < len(terms)
-            if overlapping or any(term.op is not Op.RANGE for term in terms):
+            if any(term.op is not Op.RANGE for term in terms):
+                found.add(x)
+            elif (len(set(terms.values())) < len(terms) or _permuted(x)) and not direct():
                 found.add(x)
     return found
+
+
+def _permuted(x: Node) -> bool:
+    while x.op is Op.RESHAPE:
+        x = x.srcs[0]
+    return x.op is Op.PERMUTE
 
 
 def recompute_problems(k: Kernel, nest: int = 0) -> set[Node]:

@@ -206,3 +206,34 @@ def test_search_keeps_the_fastest_plan_and_reuses_it(tmp_path: Path, monkeypatch
     (other,) = _kernels(case("bf16_aligned")[0], arch="sm_90a")
     search.choose([other], "sm_90a", "Other GPU", timer)  # no search, nothing stored: the heuristic's plan
     assert other.contraction[1] == plans[0]
+
+
+def _conv(dtype: str, channels: int) -> tuple[list[Node], list[Node]]:
+    """A 3x3 convolution with padding from the frontend: (its params, its output)."""
+    import ember.functional as F
+    import ember.tensor as et
+    x = et.Tensor(np.zeros((2, channels, 9, 11), np.float32), dtype=dtype)
+    w = et.Tensor(np.zeros((24, channels, 3, 3), np.float32), dtype=dtype)
+    return [x.node, w.node], [F.conv2d(x, w, padding=1).node]
+
+
+@pytest.mark.parametrize("arch", ["sm_86", "sm_90a"])
+def test_convolution_reads_its_windows_in_place(arch: str) -> None:
+    """Implicit GEMM: N runs over (n, h, w) and K over (kh, (kw, c)) of the padded input, whose
+    windows overlap; no im2col buffer (3 kernels: the padded input, the weight in (kh, kw, c)
+    order, the product). With 3 channels the 16-byte rows do not fit: im2col, 4 kernels."""
+    _, outputs = _conv("bfloat16", 16)
+    kernels = _kernels(outputs, arch=arch)
+    (c,) = [k.contraction[0] for k in kernels if k.contraction]
+    assert len(kernels) == 3 and [r.arg[1] for r in c.j_parts] == [2, 9, 11] and [r.arg[1] for r in c.k_parts] == [3, 48]
+    assert len(_kernels(_conv("bfloat16", 3)[1], arch=arch)) == 4
+
+
+@pytest.mark.skipif("cuda" not in backends.available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_convolution_on_the_gpu_matches_reference(dtype: str) -> None:
+    params, outputs = _conv(dtype, 16)
+    inputs = _inputs(outputs)
+    got = run_values(cuda.CUDAProgram(outputs), inputs)
+    want = ref.evaluate(outputs, inputs)
+    assert all(np.array_equal(np.asarray(g, np.float64), np.asarray(w, np.float64)) for g, w in zip(got, want))
