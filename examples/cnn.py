@@ -1,6 +1,6 @@
 """A small CNN trained with Ember on a synthetic task: which quadrant of a 16x16 image holds
-the bright square? Run: python examples/cnn.py  (about a minute on 2 cores, most of it the
-first step's compile; later steps replay the compiled program)."""
+the bright square? Run: python examples/cnn.py  (about 5 s on 2 cores, most of it the first
+step's compile; later steps replay the compiled program)."""
 from __future__ import annotations
 
 import numpy as np
