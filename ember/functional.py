@@ -222,8 +222,9 @@ def kl_div(input: Tensor, target: Tensor, reduction: str = "mean", log_target: b
     if log_target:
         loss = target.exp() * (target - input)
     else:
-        safe = where(target > 0, target, 1.0).cast(target.dtype)
-        loss = where(target > 0, target * (safe.log() - input), 0.0).cast(input.dtype)
+        # PyTorch's xlogy(target, target) - target * input: 0 where target is 0, NaN below
+        safe = where(target.eq(0), 1.0, target).cast(target.dtype)
+        loss = where(target.eq(0), 0.0, target * safe.log()).cast(input.dtype) - target * input
     if reduction == "batchmean":
         return loss.sum() / input.shape[0]
     return _reduce(loss, reduction)
@@ -389,7 +390,7 @@ def _pool(x: Tensor, kernel_size: Any, stride: Any, padding: Any, dilation: Any,
     kdims = tuple(range(-nsp, 0))
     if kind == "max":
         lowest = -math.inf if x.dtype.is_float else x.dtype.min
-        return _windows(x, k, st, dl, pads, lowest, ceil_mode).max(kdims)
+        return _windows(x, k, st, dl, pads, lowest, ceil_mode).amax(kdims)
     total = _windows(x, k, st, dl, pads, 0.0, ceil_mode).sum(kdims)
     # the divisor: the window's cells inside the input (and its padding, with count_include_pad)
     ones = Tensor(np.ones((1, 1) + x.shape[2:], np.float32))
@@ -490,7 +491,7 @@ def _adaptive(x: Tensor, output_size: Any, nsp: int, kind: str) -> Tensor:
             idx = [slice(None)] * y.ndim
             idx[axis] = slice(a, b)
             w = y[tuple(idx)]
-            parts.append(w.max(axis, keepdim=True) if kind == "max" else w.mean(axis, keepdim=True))
+            parts.append(w.amax(axis, keepdim=True) if kind == "max" else w.mean(axis, keepdim=True))
         y = cat(parts, axis) if len(parts) > 1 else parts[0]
     return y
 
@@ -561,7 +562,7 @@ def max_pool2d_with_indices(input: Tensor, kernel_size: Any, stride: Any = None,
     pads = [(p, p) for p in _tuple(padding, 2, "max_pool2d")]
     win_v = _windows(input, k, st, dl, pads, -math.inf, ceil_mode)
     win_p = _windows(pos, k, st, dl, pads, math.inf, ceil_mode)
-    first = where(win_v.eq(values.unsqueeze(-1).unsqueeze(-1)), win_p, math.inf).min((-2, -1))
+    first = where(win_v.eq(values.unsqueeze(-1).unsqueeze(-1)), win_p, math.inf).amin((-2, -1))
     return values, first.cast(dt.i64)
 
 

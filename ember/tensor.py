@@ -14,7 +14,7 @@ import math
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -38,6 +38,12 @@ class ShapeError(ValueError):
 
 
 _ids = itertools.count()
+
+
+class ValuesIndices(NamedTuple):
+    """PyTorch's torch.return_types of max, min, sort, topk...: unpacks as (values, indices)."""
+    values: "Tensor"
+    indices: "Tensor"
 
 
 @dataclass
@@ -423,7 +429,9 @@ class Tensor:
     def hypot(self, o: Any) -> "Tensor": return (self * self + self._wrap(o) * self._wrap(o)).sqrt()  # noqa: E704
     def deg2rad(self) -> "Tensor": return self * (math.pi / 180)  # noqa: E704
     def rad2deg(self) -> "Tensor": return self * (180 / math.pi)  # noqa: E704
-    def xlogy(self, o: Any) -> "Tensor": return where(self.eq(0), 0.0, self * self._wrap(o).log()).cast(self.dtype)  # noqa: E704
+    def xlogy(self, o: Any) -> "Tensor":
+        x = self if self.dtype.is_float else self.cast(dt.f32)  # ints give float32, as PyTorch
+        return where(x.eq(0), 0.0, x * x._wrap(o).float().log()).cast(x.dtype)
     def absolute(self) -> "Tensor": return self.abs()  # noqa: E704
     def arcsin(self) -> "Tensor": return self.asin()  # noqa: E704
     def arccos(self) -> "Tensor": return self.acos()  # noqa: E704
@@ -497,6 +505,8 @@ class Tensor:
 
     def sign(self) -> "Tensor":
         """1, -1 or 0 (PyTorch: 0 for -0.0 and NaN too)."""
+        if self.dtype is dt.bool_:
+            return self
         one, zero = self._const(1), self._const(0)
         return where(self > 0, one, where(self < 0, -one if self.dtype.is_signed or self.dtype.is_float else one, zero))
 
@@ -563,10 +573,10 @@ class Tensor:
     def acosh(self) -> "Tensor":
         x = self if self.dtype.is_float else self.float()
         big = x > 2 ** 28
-        s = where(big | (x < 1), 2.0, x).cast(x.dtype)
+        s = where(big, 2.0, x).cast(x.dtype)
         t = s - 1
-        y = (t + (t * 2 + t * t).sqrt()).log1p()
-        return where(big, where(big, x, 2.0).cast(x.dtype).log() + math.log(2), where(x < 1, x * math.nan, y))
+        y = (t + (t * 2 + t * t).sqrt()).log1p()  # NaN below 1 (its gradient too, as PyTorch's)
+        return where(big, where(big, x, 2.0).cast(x.dtype).log() + math.log(2), y)
 
     def atanh(self) -> "Tensor":
         x = self if self.dtype.is_float else self.float()
@@ -645,7 +655,9 @@ class Tensor:
         small = a * (1 + x2 * (-1 / 3 + x2 * (2 / 15 + x2 * (-17 / 315 + x2 * (62 / 2835)))))
         return sgn * where(a < 0.25, small, big)
     def silu(self) -> "Tensor": return self * self.sigmoid()  # noqa: E704
-    def square(self) -> "Tensor": return self * self  # noqa: E704
+    def square(self) -> "Tensor":
+        x = self.cast(dt.i64) if self.dtype is dt.bool_ else self  # bools square to int64, as PyTorch
+        return x * x
     def abs(self) -> "Tensor":
         """|x|: +0.0 for -0.0, with PyTorch's gradient sign(x) (0 at 0)."""
         if not self.dtype.is_float:
@@ -935,7 +947,7 @@ class Tensor:
         picked = index.one_hot(n).cast(dt.bool_).unsqueeze(-1)
         flat = self.reshape(n, -1)
         lowest = -math.inf if self.dtype.is_float else self.dtype.min
-        return where(picked, flat, lowest).max(-2).reshape(index.shape + self.shape[1:])
+        return where(picked, flat, lowest).amax(-2).reshape(index.shape + self.shape[1:])
 
     def _masked(self, mask: "Tensor") -> "Tensor":
         """self[mask] for a bool mask over the leading dims. The result's length depends on the
@@ -1005,10 +1017,17 @@ class Tensor:
         return self.eq(0).cast(dt.i64).sum(dim, keepdim).eq(0)
 
     def aminmax(self, dim: Any = None, keepdim: bool = False) -> tuple["Tensor", "Tensor"]:
-        return self.min(dim, keepdim), self.max(dim, keepdim)
+        return self.amin(dim, keepdim), self.amax(dim, keepdim)
 
-    def amax(self, dim: Any = None, keepdim: bool = False) -> "Tensor": return self.max(dim, keepdim)  # noqa: E704
-    def amin(self, dim: Any = None, keepdim: bool = False) -> "Tensor": return self.min(dim, keepdim)  # noqa: E704
+    def amax(self, dim: Any = None, keepdim: bool = False) -> "Tensor":
+        if self.dtype is dt.bool_:  # the IR's max takes numbers: bools as 0 and 1
+            return self.cast(dt.u8).amax(dim, keepdim).cast(dt.bool_)
+        return self._reduce(Op.RMAX, dim, keepdim)
+
+    def amin(self, dim: Any = None, keepdim: bool = False) -> "Tensor":
+        if self.dtype.is_float:
+            return -((-self).amax(dim, keepdim))
+        return self._flip_order().amax(dim, keepdim)._flip_order()
 
     def var_mean(self, dim: Any = None, keepdim: bool = False, correction: int = 1) -> tuple["Tensor", "Tensor"]:
         return self.var(dim, keepdim, correction), self.mean(dim, keepdim)
@@ -1084,7 +1103,7 @@ class Tensor:
         else:
             big = math.inf if self.dtype.is_float else self.dtype.max
             got = where(hit, v, -big if reduce == "amax" else big).cast(self.dtype)
-            got = got.max(-2) if reduce == "amax" else got.min(-2)
+            got = got.amax(-2) if reduce == "amax" else got.amin(-2)
         x_part = x[tuple(slice(0, m) for m in lead)]
         if include_self:
             got = {"sum": lambda: got + x_part, "mean": lambda: got + x_part, "prod": lambda: got * x_part,
@@ -1111,9 +1130,9 @@ class Tensor:
         slots = Tensor(ir.iota(dt.i64, (1, self.numel()), 1))
         hit = flat_sel.eq(slots)                                                  # [selected, numel]
         lowest = -math.inf if self.dtype.is_float else self.dtype.min
-        written = where(hit, flat_v, lowest).max(0) if self.dtype is not dt.bool_ else \
-            where(hit, flat_v.cast(dt.u8), 0).max(0).cast(dt.bool_)
-        new = where(hit.cast(dt.u8).max(0).cast(dt.bool_), written, self.reshape(-1)).reshape(self.shape)
+        written = where(hit, flat_v, lowest).amax(0) if self.dtype is not dt.bool_ else \
+            where(hit, flat_v.cast(dt.u8), 0).amax(0).cast(dt.bool_)
+        new = where(hit.cast(dt.u8).amax(0).cast(dt.bool_), written, self.reshape(-1)).reshape(self.shape)
         self.node, self._value = new.node, None
 
     def tril(self, diagonal: int = 0) -> "Tensor":
@@ -1165,7 +1184,7 @@ class Tensor:
         lowest = -math.inf if self.dtype.is_float else self.dtype.min
         if self.dtype is dt.bool_:
             return sq.cast(dt.u8).diagonal(0, -2, -1).cast(dt.bool_)
-        return where(hit, sq, lowest).max(-1)
+        return where(hit, sq, lowest).amax(-1)
 
     def diag(self, diagonal: int = 0) -> "Tensor":
         if self.ndim == 2:
@@ -1229,10 +1248,10 @@ class Tensor:
 
     def cummax(self, dim: int) -> tuple["Tensor", "Tensor"]:
         """Running maximum and the index where it was (last) attained, as PyTorch."""
-        return self._cum_extreme(dim, True)
+        return ValuesIndices(*self._cum_extreme(dim, True))
 
     def cummin(self, dim: int) -> tuple["Tensor", "Tensor"]:
-        return self._cum_extreme(dim, False)
+        return ValuesIndices(*self._cum_extreme(dim, False))
 
     def _cum_extreme(self, dim: int, largest: bool) -> tuple["Tensor", "Tensor"]:
         lowest = (-math.inf if largest else math.inf) if self.dtype.is_float else \
@@ -1253,19 +1272,19 @@ class Tensor:
     # ---------------------------------------------------------------------- sorting
     def sort(self, dim: int = -1, descending: bool = False, stable: bool = False) -> tuple["Tensor", "Tensor"]:
         """Values and int64 indices, stable (ties keep their order), NaN largest: a bitonic network."""
-        return _sort(self, dim, descending)
+        return ValuesIndices(*_sort(self, dim, descending))
 
     def argsort(self, dim: int = -1, descending: bool = False, stable: bool = False) -> "Tensor":
         return _sort(self, dim, descending)[1]
 
     def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple["Tensor", "Tensor"]:  # noqa: A002
         d = _dim(dim, self.ndim)
-        if not 1 <= k <= (self.shape[d] if self.ndim else 1):
+        if not 0 <= k <= (self.shape[d] if self.ndim else 1):
             raise IndexError(f"topk: k={k} is out of range for dim {d} of size {self.shape[d] if self.ndim else 1}")
         values, idx = _sort(self, d, largest)
         pick = [slice(None)] * self.ndim
         pick[d] = slice(0, k)
-        return (values[tuple(pick)], idx[tuple(pick)]) if self.ndim else (values, idx)
+        return ValuesIndices(values[tuple(pick)], idx[tuple(pick)]) if self.ndim else ValuesIndices(values, idx)
 
     def kthvalue(self, k: int, dim: int = -1, keepdim: bool = False) -> tuple["Tensor", "Tensor"]:
         """The k-th smallest (1-based) along dim, and its index."""
@@ -1277,7 +1296,7 @@ class Tensor:
         pick = [slice(None)] * self.ndim
         pick[d] = k - 1
         v, i = (values[tuple(pick)], idx[tuple(pick)]) if self.ndim else (values, idx)
-        return (v.unsqueeze(d), i.unsqueeze(d)) if keepdim and self.ndim else (v, i)
+        return ValuesIndices(v.unsqueeze(d), i.unsqueeze(d)) if keepdim and self.ndim else ValuesIndices(v, i)
 
     def median(self, dim: int | None = None, keepdim: bool = False) -> Any:
         """The lower median (PyTorch's); NaN where the values have a NaN."""
@@ -1286,15 +1305,23 @@ class Tensor:
             v, _ = flat.kthvalue((flat.shape[0] + 1) // 2)
             return where(flat.isnan().any(), math.nan, v).cast(self.dtype) if self.dtype.is_float else v
         d = _dim(dim, self.ndim)
-        v, i = self.kthvalue(((self.shape[d] if self.ndim else 1) + 1) // 2, d, keepdim)
-        return v, i
+        return self.kthvalue(((self.shape[d] if self.ndim else 1) + 1) // 2, d, keepdim)
 
-    def max(self, dim: Any = None, keepdim: bool = False) -> "Tensor": return self._reduce(Op.RMAX, dim, keepdim)  # noqa: E704
+    def max(self, dim: Any = None, keepdim: bool = False) -> Any:
+        """As PyTorch: the maximum of everything; with a dim, (values, indices); with a tensor,
+        the elementwise maximum."""
+        if dim is None:
+            return self.amax()
+        if isinstance(dim, Tensor):
+            return self.maximum(dim)
+        return ValuesIndices(self.amax(dim, keepdim), self.argmax(dim, keepdim))
 
-    def min(self, dim: Any = None, keepdim: bool = False) -> "Tensor":
-        if self.dtype.is_float:
-            return -((-self).max(dim, keepdim))
-        return self._flip_order().max(dim, keepdim)._flip_order()
+    def min(self, dim: Any = None, keepdim: bool = False) -> Any:
+        if dim is None:
+            return self.amin()
+        if isinstance(dim, Tensor):
+            return self.minimum(dim)
+        return ValuesIndices(self.amin(dim, keepdim), self.argmin(dim, keepdim))
 
     def mean(self, dim: Any = None, keepdim: bool = False) -> "Tensor":
         if not self.dtype.is_float:
@@ -1312,12 +1339,12 @@ class Tensor:
         return self.var(dim, keepdim, correction).sqrt()
 
     def logsumexp(self, dim: int = -1, keepdim: bool = False) -> "Tensor":
-        m = self.max(dim, keepdim=True)
+        m = self.amax(dim, keepdim=True)
         out = (self - m).exp().sum(dim, keepdim=True).log() + m
         return out if keepdim else out.squeeze(dim)
 
     def softmax(self, dim: int = -1) -> "Tensor":
-        e = (self - self.max(dim, keepdim=True)).exp()
+        e = (self - self.amax(dim, keepdim=True)).exp()
         return e / e.sum(dim, keepdim=True)
 
     def log_softmax(self, dim: int = -1) -> "Tensor":
@@ -1340,13 +1367,13 @@ class Tensor:
             _dim(dim, 0)
             return Tensor(ir.const(0, dt.i64, ()))
         dim = _dim(dim, self.ndim)
-        m = getattr(self, extreme)(dim, keepdim=True)
+        m = getattr(self, "a" + extreme)(dim, keepdim=True)
         hit = self.eq(m)
         if self.dtype.is_float:
             hit = hit | (self.isnan() & m.isnan())
         idx = Tensor(ir.iota(dt.i64, self.shape, dim))
         first = where(hit, idx, Tensor(ir.const(self.shape[dim], dt.i64, ())))
-        return first.min(dim, keepdim)
+        return first.amin(dim, keepdim)
 
     def _sign_factor(self) -> "Tensor":
         """-1.0 where the sign bit is set, else 1.0: for odd functions f(x) = s * g(s * x), whose
@@ -1468,7 +1495,8 @@ def _sort(x: Tensor, dim: int, descending: bool) -> tuple[Tensor, Tensor]:
         return x, Tensor(ir.const(0, dt.i64, ()))
     d = _dim(dim, x.ndim)
     src = x.movedim(d, -1)
-    v = Tensor(src.numpy(), src.dtype)
+    key = src.cast(dt.u8) if src.dtype is dt.bool_ else src  # compared as numbers
+    v = Tensor(key.numpy(), key.dtype)
     n = v.shape[-1]
     size = 1 << max(n - 1, 0).bit_length()
     v = v.pad([0, size - n])
@@ -1518,7 +1546,7 @@ def _true_positions(flat: Tensor) -> Tensor:
     slot = flat.cast(dt.i64).cumsum(0) - 1                                  # [n]
     want = Tensor(ir.iota(dt.i64, (count, 1), 0))                           # [count, 1]
     pos = Tensor(ir.iota(dt.i64, (1, flat.shape[0]), 1))                    # [1, n]
-    return where(flat.unsqueeze(0) & slot.unsqueeze(0).eq(want), pos, -1).max(1)
+    return where(flat.unsqueeze(0) & slot.unsqueeze(0).eq(want), pos, -1).amax(1)
 
 
 def _take_along_last(x: Tensor, idx: Tensor) -> Tensor:
@@ -1529,7 +1557,7 @@ def _take_along_last(x: Tensor, idx: Tensor) -> Tensor:
     n = x.shape[-1]
     hit = idx.unsqueeze(-1).eq(Tensor(ir.iota(dt.i64, (n,), 0)))     # [..., j, i]
     lowest = -math.inf if x.dtype.is_float else x.dtype.min
-    return where(hit, x.unsqueeze(-2), lowest).max(-1)
+    return where(hit, x.unsqueeze(-2), lowest).amax(-1)
 
 
 def _pow(x: Tensor, e: Tensor) -> Tensor:

@@ -63,8 +63,14 @@ def test_reductions() -> None:
     t = et.tensor(a)
     close(t.sum(), np.array(a.sum()), 1e-4)
     close(t.mean(1), a.mean(1))
-    close(t.max(0), a.max(0))
-    close(t.min(1, keepdim=True), a.min(1, keepdims=True))
+    close(t.max(0).values, a.max(0))
+    close(t.min(1, keepdim=True).values, a.min(1, keepdims=True))
+    values, indices = t.max(1)  # PyTorch's (values, indices); amax is the plain reduction
+    close(values, a.max(1))
+    assert np.array_equal(indices.numpy(), a.argmax(1)) and indices.dtype is et.int64
+    close(t.amin(0), a.min(0))
+    close(t.max(), np.array(a.max()))
+    close(t.max(et.tensor(a * 0)), np.maximum(a, 0))
     close(t.var(1), a.var(1, ddof=1), 1e-5)
     close(t.std(0, correction=0), a.std(0), 1e-5)
     close(t.softmax(-1), np.exp(a) / np.exp(a).sum(-1, keepdims=True))
