@@ -258,6 +258,14 @@ def _split_large_reductions(outputs: list[Node]) -> list[Node]:
 
     def split(n: Node) -> Node | None:
         x = n.srcs[0]
+        axes = n.arg
+        size = math.prod(x.shape[a] for a in axes)
+        if len(axes) > 1 and axes == tuple(range(axes[0], axes[0] + len(axes))) and axes[-1] < len(x.shape) - 1 \
+                and 1 < n.numel < 1 << 17 and size >= 1024:
+            # neighbouring strided axes (a bias gradient sums [B, T, C] over B and T, 3 blocks for
+            # 768 outputs; 3.3 ms for C = 3072 on the H200): one axis, split below
+            merged = x.shape[:axes[0]] + (size,) + x.shape[axes[-1] + 1:]
+            return ir.reshape(ir.reduce(n.op, ir.reshape(x, merged), (axes[0],)), n.shape)
         if n.numel == 1:  # everything (1-D too): one long axis first
             if x.numel < 1 << 16:
                 return None
