@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu import cuda_time  # noqa: E402
 
+import ember  # noqa: E402
 import ember.tensor as et  # noqa: E402
 from ember import data, nn, optim  # noqa: E402
 from ember import functional as F  # noqa: E402
@@ -96,8 +97,10 @@ class TorchBlock(torch.nn.Module):
         return self.head(y.mean((2, 3)))
 
 
-def train_step_times(steps: int, b: int, c: int, h: int, low: str | None) -> tuple[float, float, float, float]:
-    """(Ember first step s, Ember median step s, PyTorch median step s, Ember's last loss)."""
+def train_step_times(steps: int, b: int, c: int, h: int, low: str | None,
+                     jit: bool = False) -> tuple[float, float, float, float]:
+    """(Ember first step s, Ember median step s, PyTorch median step s, Ember's last loss);
+    jit: the step through ember.jit."""
     rng = np.random.default_rng(0)
     xs = rng.standard_normal((4, b, c, h, h)).astype(np.float32)
     ys = rng.integers(0, 10, (4, b))
@@ -105,16 +108,20 @@ def train_step_times(steps: int, b: int, c: int, h: int, low: str | None) -> tup
     et.manual_seed(0)
     model = Block(c)
     opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    times, loss_value = [], 0.0
-    for s in range(steps):
-        x, y = et.Tensor(xs[s % 4]), et.Tensor(ys[s % 4])
-        t0 = time.perf_counter()
+    def step(x: et.Tensor, y: et.Tensor) -> et.Tensor:
         opt.zero_grad()
         with et.autocast(low or "bfloat16", enabled=low is not None):
             loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
-        loss_value = loss.item()
+        return loss
+
+    run = ember.jit(step) if jit else step
+    times, loss_value = [], 0.0
+    for s in range(steps):
+        x, y = et.Tensor(xs[s % 4]), et.Tensor(ys[s % 4])
+        t0 = time.perf_counter()
+        loss_value = run(x, y).item()
         times.append(time.perf_counter() - t0)
     et.set_default_device("cpu")
     tm = TorchBlock(c).cuda()
@@ -130,7 +137,7 @@ def train_step_times(steps: int, b: int, c: int, h: int, low: str | None) -> tup
         topt.step()
         loss_t.item()
         ttimes.append(time.perf_counter() - t0)
-    return times[0], statistics.median(times[1:]), statistics.median(ttimes[2:]), loss_value
+    return times[0], statistics.median(times[2 if jit else 1:]), statistics.median(ttimes[2:]), loss_value
 
 
 def main() -> None:
@@ -161,9 +168,9 @@ def train_table(steps: int) -> None:
     b, c, h = 64, 64, 32
     print(f"\nResNet block training step (B={b}, {c} channels, {h}x{h}; SGD with momentum; "
           "the step includes reading the loss)")
-    for low in (None, "bfloat16"):
-        first, ember_s, torch_s, loss = train_step_times(steps, b, c, h, low)
-        name = "f32" if low is None else "bf16 autocast"
+    for low, jit in ((None, False), (None, True), ("bfloat16", False), ("bfloat16", True)):
+        first, ember_s, torch_s, loss = train_step_times(steps, b, c, h, low, jit)
+        name = ("f32" if low is None else "bf16 autocast") + (", jit" if jit else "")
         print(f"{name:14} Ember {ember_s * 1e3:8.2f} ms  PyTorch eager {torch_s * 1e3:8.2f} ms  "
               f"ratio {torch_s / ember_s:5.2f}  Ember first step {first:5.1f} s  loss {loss:.3f}", flush=True)
 

@@ -17,3 +17,9 @@ def autocast(dtype: str = "bfloat16", enabled: bool = True) -> "tensor.autocast"
     """Mixed precision for matmuls (ember.tensor.autocast)."""
     from .tensor import autocast as cast_context
     return cast_context(dtype, enabled)
+
+
+def jit(fn):  # type: ignore[no-untyped-def]
+    """A step replayed without its Python after two calls (ember.capture)."""
+    from .capture import jit as tracing_jit
+    return tracing_jit(fn)

@@ -20,12 +20,21 @@ class Optimizer:
         for p in self.params:
             p.grad = None
 
+    def _advance(self) -> None:
+        """The host's part of a step: the count, and the values that change with it or with the
+        learning rate, given to the program as data (ember.jit repeats it on replay)."""
+        self.steps += 1
+        self.scalars()
+
+    def scalars(self) -> None:
+        pass
+
     def updates(self) -> list[tuple[Tensor, Tensor]]:
         """(tensor, its new value) pairs, built lazily."""
         raise NotImplementedError
 
     def step(self) -> None:
-        self.steps += 1
+        T.host(self._advance)
         pairs = self.updates()
         loss, T.context.pending_loss = T.context.pending_loss, None
         extra = [loss] if loss is not None and loss.value() is None else []
@@ -51,8 +60,10 @@ class SGD(Optimizer):
         self.velocity = [Tensor(np.zeros(p.shape, np.float32)) for p in self.params] if momentum else []
         self.lr_t = _scalar(lr)
 
-    def updates(self) -> list[tuple[Tensor, Tensor]]:
+    def scalars(self) -> None:
         self.lr_t.assign(_scalar(self.lr))
+
+    def updates(self) -> list[tuple[Tensor, Tensor]]:
         out = []
         for i, p in enumerate(self.params):
             if p.grad is None:
@@ -76,12 +87,14 @@ class AdamW(Optimizer):
         self.v = [Tensor(np.zeros(p.shape, np.float32)) for p in self.params]
         self.step_size, self.decay, self.v_scale = _scalar(0.0), _scalar(1.0), _scalar(1.0)
 
-    def updates(self) -> list[tuple[Tensor, Tensor]]:
+    def scalars(self) -> None:
         t = self.steps
         # bias corrections and the learning rate enter as data: the program does not change
         self.step_size.assign(_scalar(self.lr / (1 - self.b1 ** t)))
         self.v_scale.assign(_scalar(1 / (1 - self.b2 ** t)))
         self.decay.assign(_scalar(1 - self.lr * self.weight_decay))
+
+    def updates(self) -> list[tuple[Tensor, Tensor]]:
         out = []
         for p, m, v in zip(self.params, self.m, self.v):
             if p.grad is None:

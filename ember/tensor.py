@@ -14,7 +14,7 @@ import math
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -40,6 +40,12 @@ class ShapeError(ValueError):
 _ids = itertools.count()
 
 
+def new_name() -> str:
+    """A fresh leaf name, t0, t1, ...: in creation order (ember.jit tells the leaves a step made
+    from those it found)."""
+    return f"t{next(_ids)}"
+
+
 class ValuesIndices(NamedTuple):
     """PyTorch's torch.return_types of max, min, sort, topk...: unpacks as (values, indices)."""
     values: "Tensor"
@@ -58,6 +64,7 @@ class Context:
     pending_loss: "Tensor | None" = None
     autocast: "DType | None" = None    # matmuls run in this dtype (ember.autocast)
     pending_assigns: dict = field(default_factory=dict)  # leaf node -> (leaf, value): assign(lazy=True)
+    trace: Any = None                  # ember.jit's record of the step being captured
 
 
 context = Context()
@@ -146,7 +153,7 @@ class Tensor:
             self.node = value
             self._value = None
         elif hasattr(value, "ptr"):  # a DeviceArray: a value that stays on the GPU
-            self.node = ir.param(f"t{next(_ids)}", value.dtype, tuple(value.shape))
+            self.node = ir.param(new_name(), value.dtype, tuple(value.shape))
             self._value = None
             _DATA[self.node] = value
             _LEAVES[self.node] = self
@@ -154,7 +161,7 @@ class Tensor:
             arr = np.asarray(value)
             d = as_dtype(dtype) if dtype is not None else (as_dtype(arr.dtype) if arr.dtype.kind in "iub" else dt.f32)
             arr = arr.astype(_np_dtype(d)) if d not in (dt.f16, dt.bf16) else data.round_float(arr, d)
-            self.node = ir.param(f"t{next(_ids)}", d, tuple(int(s) for s in arr.shape))
+            self.node = ir.param(new_name(), d, tuple(int(s) for s in arr.shape))
             self._value = None
             _DATA[self.node] = np.ascontiguousarray(arr, dtype=_np_dtype(d)).reshape(arr.shape)  # keeps 0-d
             _LEAVES[self.node] = self
@@ -224,7 +231,7 @@ class Tensor:
     def detach(self) -> "Tensor":
         """The same value with no gradient path to this tensor (a leaf shares its data)."""
         if self.is_leaf:
-            out = Tensor(ir.param(f"t{next(_ids)}", self.dtype, self.shape))
+            out = Tensor(ir.param(new_name(), self.dtype, self.shape))
             _DATA[out.node] = _DATA[self.node]
             _LEAVES[out.node] = out
             return out
@@ -248,8 +255,11 @@ class Tensor:
         if lazy:
             context.pending_assigns[self.node] = (self, other)
         else:
-            realize(other)
+            if other.value() is None:  # (data already there: no program, pending assigns stay pending)
+                realize(other)
             _DATA[self.node] = other.value()
+            if context.trace is not None:
+                context.trace.on_assign(self, other)
         return self
 
     # -------------------------------------------------------------------------- helpers
@@ -1648,6 +1658,20 @@ def realize(*tensors: Tensor) -> None:
     _compute(todo)
     for leaf, v in assigns:
         _DATA[leaf.node] = v.value()
+        if context.trace is not None:
+            context.trace.on_assign(leaf, v)
+
+
+def host(fn: Callable[[], None]) -> None:
+    """Run fn, host-side work of a step (an optimizer's step count and bias corrections), which
+    ember.jit repeats when it replays the step."""
+    trace, context.trace = context.trace, None
+    try:
+        fn()
+    finally:
+        context.trace = trace
+    if trace is not None:
+        trace.on_host(fn)
 
 
 def _compute(todo: list[Tensor]) -> None:
@@ -1660,6 +1684,16 @@ def _compute(todo: list[Tensor]) -> None:
     canonical, slots = canonical_program([t.node for t in todo])
     values = {slot: _DATA[p] for p, slot in slots.items()}
     context.python_s += time.perf_counter() - t0
+    results = execute(canonical, values)
+    for t, v in zip(todo, results):
+        t._value = v  # the node stays: gradients can still flow through t
+    if context.trace is not None:
+        context.trace.on_run(canonical, slots, todo, results)
+
+
+def execute(canonical: list[Node], values: dict[Node, Any]) -> list:
+    """Run a canonical program (its params are slots) on the default device: the results stay
+    there (a GPU's in device memory)."""
     device = default_device()
     if device == "cuda":
         from .backend import cuda
@@ -1670,8 +1704,7 @@ def _compute(todo: list[Tensor]) -> None:
     else:
         results = [np.asarray(v) for v in backends.RUNNERS[device](canonical, {k: _host(v) for k, v in values.items()})]
     context.runs += 1
-    for t, v in zip(todo, results):
-        t._value = v  # the node stays: gradients can still flow through t
+    return results
 
 
 # ----------------------------------------------------------------------------- creation

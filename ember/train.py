@@ -22,6 +22,7 @@ import numpy as np
 
 from . import nn, optim
 from . import tensor as T
+from .capture import jit
 from .models.gpt import GPT, GPTConfig
 
 
@@ -126,6 +127,8 @@ def train(argv: list[str] | None = None) -> int:
     ap.add_argument("--autocast", choices=["none", "bf16", "f16"], default="none",
                     help="mixed precision: matmuls on bf16/f16 inputs (tensor cores), weights and the rest f32")
     ap.add_argument("--clip", type=float, default=0.0, help="clip gradients to this global norm (0: off)")
+    ap.add_argument("--no-jit", dest="jit", action="store_false",
+                    help="build the step's graph in Python every step (default: ember.jit replays it)")
     ap.add_argument("--dry-run", action="store_true",
                     help="build and compile one step for the device, print each phase's time and the kernel "
                          "count, train nothing (CUDA source is generated without a GPU, compiled where NVRTC is)")
@@ -288,6 +291,7 @@ class Run:
     history: dict = field(default_factory=lambda: {"train": [], "val": []})
     t_first: float = 0.0          # the first step (it compiles)
     t_rest: float = 0.0           # the other steps together
+    replay: Any = None            # graph_step through ember.jit (--no-jit: as written)
 
     def step(self, step: int, bar: Any) -> None:
         """One optimizer step, the progress bar, and at evaluation steps the validation loss,
@@ -295,20 +299,10 @@ class Run:
         a = self.args
         t = time.perf_counter()
         self.opt.lr = learning_rate(step, a.steps, a.lr, a.warmup, a.cosine)
-        self.opt.zero_grad()
-        total = None
-        for _ in range(a.accum):  # gradients add up lazily: all micro-batches run as one program
-            x, y = batch(self.train_data, self.rng, a.batch, a.block)
-            with precision(a):
-                loss = self.model.loss(x, y) * (1.0 / a.accum)
-            loss.backward()
-            total = loss if total is None else total + loss
-        loss = total
-        T.context.pending_loss = loss  # the step's program computes the mean loss of all micro-batches
-        if a.clip:
-            nn.clip_grad_norm_(self.model.parameters(), a.clip)
-        self.opt.step()
-        value = loss.item()
+        if self.replay is None:  # from the third step on, the step's programs run without its Python
+            self.replay = jit(self.graph_step) if a.jit else self.graph_step
+        xy = [t for _ in range(a.accum) for t in batch(self.train_data, self.rng, a.batch, a.block)]
+        value = self.replay(*xy).item()
         if step == self.start:
             self.t_first = time.perf_counter() - t
         else:
@@ -322,6 +316,24 @@ class Run:
         val = f"{self.history['val'][-1][1]:.3f}" if self.history["val"] else "-"
         bar.set_postfix_str(f"loss {value:.3f}, val {val}, {tps / 1000:.1f}k tok/s", refresh=False)
         bar.update(1)
+
+    def graph_step(self, *xy: T.Tensor) -> T.Tensor:
+        """The step's graph: the micro-batches' losses and gradients (they add up lazily: all
+        run as one program), clipping, the optimizer's update; returns the mean loss."""
+        a = self.args
+        self.opt.zero_grad()
+        total = None
+        for x, y in zip(xy[::2], xy[1::2]):
+            with precision(a):
+                loss = self.model.loss(x, y) * (1.0 / a.accum)
+            loss.backward()
+            total = loss if total is None else total + loss
+        assert total is not None
+        T.context.pending_loss = total  # the step's program computes the mean loss of all micro-batches
+        if a.clip:
+            nn.clip_grad_norm_(self.model.parameters(), a.clip)
+        self.opt.step()
+        return total
 
     def save(self, step: int) -> None:
         meta = {"config": self.config.to_dict(), "step": step, "rng": self.rng.getstate(), "history": self.history}
