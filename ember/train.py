@@ -23,7 +23,7 @@ import numpy as np
 from . import nn, optim
 from . import tensor as T
 from .capture import jit
-from .models.gpt import GPT, GPTConfig
+from .models.gpt import GPT, GPTConfig, build
 
 
 def load_text(path: str | None, limit: int) -> tuple[bytes, str]:
@@ -47,6 +47,49 @@ def load_text(path: str | None, limit: int) -> tuple[bytes, str]:
     if len(text) < 10_000:
         raise SystemExit(f"ember train: only {len(text)} bytes of text in {root}; need at least 10000")
     return text, f"{root} ({len(files)} files)" if root.is_dir() else str(root)
+
+
+PRESETS = {  # the sizes each --model defaults to
+    "byte": {"block": 64, "dim": 96, "layers": 2, "heads": 4},
+    "gpt2": {"block": 1024, "dim": 768, "layers": 12, "heads": 12},
+    "llama": {"block": 1024, "dim": 768, "layers": 12, "heads": 12},
+}
+BPE_TOKENS, BPE_VOCAB = 50257, 50304   # GPT-2's tokenizer size, and its embedding padded to 64
+
+
+def model_config(args: argparse.Namespace, vocab: int) -> GPTConfig:
+    return GPTConfig(vocab=vocab, block=args.block, dim=args.dim, n_layer=args.layers, n_head=args.heads,
+                     arch="llama" if args.model == "llama" else "gpt")
+
+
+def tokenize(text: bytes, model: str, out: Path) -> tuple[np.ndarray, int]:
+    """The text as token ids, and the vocabulary size. Bytes for the byte model; else a
+    byte-level BPE trained on this text with the `tokenizers` library, cached on disk by the
+    text's hash (training it takes a while) and copied to the run folder for ember sample."""
+    if model == "byte":
+        return np.frombuffer(text, dtype=np.uint8), 256
+    import hashlib
+    import shutil
+
+    from .backend import cache_dir
+    try:
+        from tokenizers import ByteLevelBPETokenizer
+    except ImportError:
+        raise SystemExit(f"ember train: --model {model} needs the tokenizers package (pip install tokenizers)")
+    key = f"{hashlib.sha256(text).hexdigest()[:16]}-{BPE_TOKENS}"
+    folder = cache_dir("tokenizers")
+    path, ids_path = folder / f"{key}.json", folder / f"{key}.npy"
+    if not path.exists() or not ids_path.exists():
+        print(f"ember train: training a byte-level BPE of {BPE_TOKENS} tokens on the text (cached in {folder})",
+              file=sys.stderr)
+        tok = ByteLevelBPETokenizer()
+        tok.train_from_iterator([text.decode("utf-8", errors="replace")], vocab_size=BPE_TOKENS, min_frequency=2,
+                                special_tokens=["<|endoftext|>"], show_progress=False)
+        ids = np.array(tok.encode(text.decode("utf-8", errors="replace")).ids, dtype=np.int32)
+        tok.save(str(path))
+        np.save(ids_path, ids)
+    shutil.copyfile(path, out / "tokenizer.json")
+    return np.load(ids_path), BPE_VOCAB
 
 
 def split_data(tokens: np.ndarray, chunk: int = 1 << 16) -> tuple[np.ndarray, np.ndarray]:
@@ -108,11 +151,15 @@ def train(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", help="a text file or folder (default: the Python standard library's sources)")
     ap.add_argument("--out", default="runs/gpt", help="run folder: checkpoint, loss plot, log")
     ap.add_argument("--steps", type=int, default=300, help="optimizer steps")
+    ap.add_argument("--model", choices=list(PRESETS), default="byte",
+                    help="byte: a small byte-level GPT; gpt2: GPT-2 124M's shape with a byte-level BPE of 50257 "
+                         "tokens trained on the data (vocab 50304); llama: the same size with RMSNorm, RoPE, SwiGLU "
+                         "and no biases")
     ap.add_argument("--batch", type=int, default=16, help="sequences per step")
-    ap.add_argument("--block", type=int, default=64, help="context length in bytes")
-    ap.add_argument("--dim", type=int, default=96, help="model width")
-    ap.add_argument("--layers", type=int, default=2, help="transformer blocks")
-    ap.add_argument("--heads", type=int, default=4, help="attention heads")
+    ap.add_argument("--block", type=int, help="context length in tokens (default: the model's, 64 or 1024)")
+    ap.add_argument("--dim", type=int, help="model width (default: the model's, 96 or 768)")
+    ap.add_argument("--layers", type=int, help="transformer blocks (default: the model's, 2 or 12)")
+    ap.add_argument("--heads", type=int, help="attention heads (default: the model's, 4 or 12)")
     ap.add_argument("--lr", type=float, default=3e-3, help="AdamW peak learning rate")
     ap.add_argument("--warmup", type=int, default=0, help="steps of linear warmup to the peak learning rate")
     ap.add_argument("--cosine", action="store_true",
@@ -133,6 +180,9 @@ def train(argv: list[str] | None = None) -> int:
                     help="build and compile one step for the device, print each phase's time and the kernel "
                          "count, train nothing (CUDA source is generated without a GPU, compiled where NVRTC is)")
     args = ap.parse_args(argv)
+    for name, value in PRESETS[args.model].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.dry_run:
         return dry_run(args)
     if args.device == "cuda":
@@ -147,12 +197,12 @@ def train(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "ckpt.safetensors"
     text, source = load_text(args.data, args.max_bytes)
-    tokens = np.frombuffer(text, dtype=np.uint8)
+    tokens, vocab = tokenize(text, args.model, out)
     train_data, val_data = split_data(tokens)
 
-    config = GPTConfig(block=args.block, dim=args.dim, n_layer=args.layers, n_head=args.heads)
+    config = model_config(args, vocab)
     T.manual_seed(args.seed)
-    model = GPT(config)
+    model = build(config)
     opt = optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     rng = random.Random(args.seed)
     run = Run(args, model, opt, rng, train_data, val_data, config, ckpt, out, 0)
@@ -167,7 +217,8 @@ def train(argv: list[str] | None = None) -> int:
         run.history, run.start = saved["history"], saved["step"]
         print(f"resuming {ckpt} at step {run.start}", file=sys.stderr)
     params = sum(p.numel() for p in model.parameters())
-    print(f"ember train: {params:,} parameters, {len(tokens):,} bytes from {source}, device {T.default_device()}",
+    unit = "bytes" if args.model == "byte" else "tokens"
+    print(f"ember train: {params:,} parameters, {len(tokens):,} {unit} from {source}, device {T.default_device()}",
           file=sys.stderr)
 
     from tqdm import tqdm
@@ -191,7 +242,7 @@ def train(argv: list[str] | None = None) -> int:
                if run.t_rest else None,
                "python_overhead_ms_per_step": round(1e3 * T.context.python_s / max(T.context.runs, 1), 2),
                "device": T.default_device(),
-               "files": [str(p) for p in (ckpt, out / "loss.png") if p.exists()]}  # only what was written
+               "files": [str(p) for p in (ckpt, out / "loss.png", out / "tokenizer.json") if p.exists()]}  # written
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
     return 0
@@ -226,7 +277,7 @@ def dry_run(args: argparse.Namespace) -> int:
     times: dict[str, float] = {}
     t = clock.perf_counter()
     T.manual_seed(args.seed)
-    model = GPT(GPTConfig(block=args.block, dim=args.dim, n_layer=args.layers, n_head=args.heads))
+    model = build(model_config(args, 256 if args.model == "byte" else BPE_VOCAB))
     opt = optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     times["init"] = clock.perf_counter() - t
     t = clock.perf_counter()
@@ -346,7 +397,7 @@ def sample(argv: list[str] | None = None) -> int:
                                  formatter_class=HelpWithDefaults)
     ap.add_argument("--ckpt", default="runs/gpt/ckpt.safetensors", help="the checkpoint to load")
     ap.add_argument("--prompt", default="def ", help="text to continue")
-    ap.add_argument("--tokens", type=int, default=200, help="bytes to generate")
+    ap.add_argument("--tokens", type=int, default=200, help="tokens to generate (bytes for the byte model)")
     ap.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (0: greedy)")
     ap.add_argument("--seed", type=int, default=0, help="sampling seed")
     args = ap.parse_args(argv)
@@ -354,11 +405,17 @@ def sample(argv: list[str] | None = None) -> int:
         raise SystemExit(f"ember sample: no checkpoint at {args.ckpt} (run ember train first)")
     arrays, meta = nn.load_safetensors(args.ckpt)
     config = GPTConfig(**json.loads(meta["ember"])["config"])
-    model = GPT(config)
+    model = build(config)
     model.load_state_dict({k[6:]: v for k, v in arrays.items() if k.startswith("model.")})
     model.eval()
     rng = random.Random(args.seed)
-    out = list(args.prompt.encode())
+    bpe = Path(args.ckpt).parent / "tokenizer.json"
+    if config.vocab != 256:  # a BPE model: its tokenizer was saved beside the checkpoint
+        if not bpe.exists():
+            raise SystemExit(f"ember sample: {bpe} is missing (ember train saves it with a BPE model's checkpoint)")
+        from tokenizers import Tokenizer
+        tokenizer = Tokenizer.from_file(str(bpe))
+    out = tokenizer.encode(args.prompt).ids if config.vocab != 256 else list(args.prompt.encode())
     for _ in range(args.tokens):
         window = out[-config.block:]
         # a fixed-size input (padded on the right) keeps one compiled program; causal attention
@@ -368,5 +425,6 @@ def sample(argv: list[str] | None = None) -> int:
         logits = model(T.Tensor(x))[0, len(window) - 1]
         probs = (logits * (1 / max(args.temperature, 1e-6))).softmax(-1).numpy()
         out.append(rng.choices(range(config.vocab), weights=probs.tolist())[0])
-    sys.stdout.write(bytes(out).decode("utf-8", errors="replace") + "\n")
+    text = tokenizer.decode(out) if config.vocab != 256 else bytes(out).decode("utf-8", errors="replace")
+    sys.stdout.write(text + "\n")
     return 0

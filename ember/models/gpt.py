@@ -1,8 +1,12 @@
 """A small GPT: token and position embeddings, pre-norm blocks (causal self-attention, MLP),
-a final norm and a linear head. Byte-level by default (vocab 256)."""
+a final norm and a linear head. Byte-level by default (vocab 256). With arch "llama" the same
+size class the LLaMA way: RMSNorm, rotary position embeddings (RoPE), a SwiGLU MLP, no biases
+and no position table."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+
+import numpy as np
 
 from .. import nn
 from .. import tensor as T
@@ -17,6 +21,7 @@ class GPTConfig:
     n_layer: int = 2
     n_head: int = 4
     dropout: float = 0.0
+    arch: str = "gpt"     # or "llama"
 
     def to_dict(self) -> dict[str, int | float]:
         return asdict(self)
@@ -51,3 +56,62 @@ class GPT(nn.Module):
     def loss(self, idx: Tensor, targets: Tensor) -> Tensor:
         logits = self(idx)
         return nn.cross_entropy(logits.reshape(-1, self.config.vocab), targets.reshape(-1))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, c: GPTConfig):
+        self.n_head = c.n_head
+        self.norm1, self.norm2 = nn.RMSNorm(c.dim), nn.RMSNorm(c.dim)
+        self.qkv, self.out = nn.Linear(c.dim, 3 * c.dim, bias=False), nn.Linear(c.dim, c.dim, bias=False)
+        hidden = 64 * -(-(8 * c.dim // 3) // 64)   # LLaMA's 2/3 of 4 * dim, to a multiple of 64
+        self.gate, self.up = nn.Linear(c.dim, hidden, bias=False), nn.Linear(c.dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, c.dim, bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        b, t, c = x.shape
+        h = self.n_head
+        q, k, v = (y.reshape(b, t, h, c // h).transpose(1, 2) for y in T.split(self.qkv(self.norm1(x)), c, -1))
+        y = nn.causal_attention(rope(q, cos, sin), rope(k, cos, sin), v).transpose(1, 2).reshape(b, t, c)
+        x = x + self.out(y)
+        z = self.norm2(x)
+        return x + self.down(self.gate(z).silu() * self.up(z))
+
+
+def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary position embedding of [..., T, d]: the pairs (x[i], x[i + d/2]) turned by the
+    angle of their position and frequency (the rotate-half form)."""
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]
+    return T.cat([a * cos - b * sin, b * cos + a * sin], -1)
+
+
+class Llama(nn.Module):
+    def __init__(self, c: GPTConfig):
+        if (c.dim // c.n_head) % 2:
+            raise ValueError(f"llama: the head size {c.dim // c.n_head} must be even (RoPE turns pairs)")
+        self.config = c
+        self.tok = nn.Embedding(c.vocab, c.dim)
+        self.blocks = [LlamaBlock(c) for _ in range(c.n_layer)]
+        self.norm, self.head = nn.RMSNorm(c.dim), nn.Linear(c.dim, c.vocab, bias=False)
+        half = c.dim // c.n_head // 2
+        angles = np.outer(np.arange(c.block), 10000.0 ** (-np.arange(half) / half))  # [T, d/2]
+        self.cos, self.sin = T.Tensor(np.cos(angles).astype(np.float32)), T.Tensor(np.sin(angles).astype(np.float32))
+
+    def forward(self, idx: Tensor) -> Tensor:
+        _, t = idx.shape
+        cos, sin = self.cos[:t], self.sin[:t]
+        x = self.tok(idx)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return self.head(self.norm(x))
+
+    def loss(self, idx: Tensor, targets: Tensor) -> Tensor:
+        logits = self(idx)
+        return nn.cross_entropy(logits.reshape(-1, self.config.vocab), targets.reshape(-1))
+
+
+def build(c: GPTConfig) -> GPT | Llama:
+    """The model a config describes."""
+    if c.arch not in ("gpt", "llama"):
+        raise ValueError(f"unknown model architecture {c.arch!r} (gpt, llama)")
+    return Llama(c) if c.arch == "llama" else GPT(c)

@@ -113,3 +113,39 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path: Path) -> None:
     a = [loss for _, loss in history(tmp_path / "acc")["train"]]
     b = [loss for _, loss in history(tmp_path / "big")["train"]]
     assert a == pytest.approx(b, rel=1e-4)
+
+
+@pytest.mark.parametrize("model", ["gpt2", "llama"])
+def test_bpe_models_train_resume_and_sample(model: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--model gpt2 and llama (small here) with a byte-level BPE trained on the data by the
+    tokenizers library: the tokenizer lands beside the checkpoint, the run resumes exactly,
+    and ember sample decodes tokens back to text."""
+    pytest.importorskip("tokenizers")
+    args = ["--model", model, *TINY, "--max-bytes", "60000", "--eval-every", "2"]
+    assert main(["train", "--steps", "4", "--out", str(tmp_path / "a"), *args]) == 0
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert str(tmp_path / "a" / "tokenizer.json") in summary["files"]
+    assert main(["train", "--steps", "2", "--out", str(tmp_path / "b"), *args]) == 0
+    assert main(["train", "--steps", "4", "--out", str(tmp_path / "b"), *args]) == 0
+    assert history(tmp_path / "a") == history(tmp_path / "b")
+    config = json.loads(nn.load_safetensors(tmp_path / "a" / "ckpt.safetensors")[1]["ember"])["config"]
+    assert config["vocab"] == 50304 and config["arch"] == ("llama" if model == "llama" else "gpt")
+    capsys.readouterr()
+    assert main(["sample", "--ckpt", str(tmp_path / "a" / "ckpt.safetensors"), "--tokens", "5", "--prompt", "def "]) == 0
+    assert capsys.readouterr().out.startswith("def ")
+
+
+def test_rope_depends_only_on_relative_position() -> None:
+    """q at position m and k at n, turned by RoPE, have the dot product of q at m + s and k at
+    n + s: attention sees how far apart tokens are, not where they are."""
+    import numpy as np
+
+    import ember.tensor as et
+    from ember.models.gpt import GPTConfig, Llama, rope
+    m = Llama(GPTConfig(vocab=8, block=32, dim=16, n_layer=0, n_head=2, arch="llama"))
+    rng = np.random.default_rng(0)
+    q, k = (et.Tensor(rng.standard_normal((1, 8)).astype(np.float32)) for _ in range(2))
+
+    def score(i: int, j: int) -> float:
+        return float((rope(q, m.cos[i:i + 1], m.sin[i:i + 1]) * rope(k, m.cos[j:j + 1], m.sin[j:j + 1])).sum().item())
+    assert abs(score(3, 1) - score(20, 18)) < 1e-4 and abs(score(3, 1) - score(3, 2)) > 1e-3
