@@ -87,6 +87,15 @@ class TorchGPT(torch.nn.Module):
         return self.head(self.ln(x))
 
 
+def device_memory_used() -> float:
+    """GiB of the GPU in use by anything (cuMemGetInfo); Ember keeps what it allocates in its
+    pool, so after its steps this is its peak, plus the CUDA context."""
+    from cuda.bindings import driver as cu
+    cu.cuInit(0)
+    err, free, total = cu.cuMemGetInfo()
+    return (total - free) / 2 ** 30 if err == cu.CUresult.CUDA_SUCCESS else float("nan")
+
+
 def torch_steps(c: GPTConfig, steps: int, tokens: np.ndarray, bf16: bool) -> list[float]:
     model = TorchGPT(c).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
@@ -113,26 +122,34 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--vocab", type=int, default=256, help="token ids drawn uniformly below this (GPT-2: 50304)")
+    ap.add_argument("--bf16-only", action="store_true", help="only the bf16 rows (Ember with jit, PyTorch + SDPA)")
     ap.add_argument("--device", default="cuda", help="where Ember runs (PyTorch runs only on cuda)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    c = GPTConfig(vocab=256, block=args.block, dim=args.dim, n_layer=args.layers, n_head=max(1, args.dim // 64))
-    tokens = np.random.default_rng(0).integers(0, 256, (4, args.batch, args.block + 1)).astype(np.int32)
+    c = GPTConfig(vocab=args.vocab, block=args.block, dim=args.dim, n_layer=args.layers, n_head=max(1, args.dim // 64))
+    tokens = np.random.default_rng(0).integers(0, args.vocab, (4, args.batch, args.block + 1)).astype(np.int32)
     per_step = args.batch * args.block
-    print(f"GPT {args.layers} layers, dim {args.dim}, context {args.block}, batch {args.batch}: "
-          f"{per_step} tokens a step")
+    params = 12 * args.layers * args.dim ** 2 + (args.vocab + args.block) * args.dim
+    print(f"GPT {args.layers} layers, dim {args.dim}, context {args.block}, batch {args.batch}, vocab {args.vocab} "
+          f"(about {params / 1e6:.0f}M parameters): {per_step} tokens a step")
     ember_tps = {}
-    for name, low, jit in (("Ember f32", None, False), ("Ember f32, jit", None, True),
-                           ("Ember bf16 autocast", "bfloat16", False), ("Ember bf16, jit", "bfloat16", True)):
+    variants = (("Ember f32", None, False), ("Ember f32, jit", None, True),
+                ("Ember bf16 autocast", "bfloat16", False), ("Ember bf16, jit", "bfloat16", True))
+    for name, low, jit in variants[3:] if args.bf16_only else variants:
         first, rest, loss = ember_steps(c, args.steps, tokens, args.device, low, jit)
         tps = per_step / statistics.median(rest)
         ember_tps[low] = max(ember_tps.get(low, 0.0), tps)
+        memory = f"   GPU memory in use {device_memory_used():5.1f} GiB" if args.device == "cuda" else ""
         print(f"{name:20s}{tps:10.0f} tok/s   step {statistics.median(rest) * 1e3:8.1f} ms   "
-              f"first step {first:6.1f} s   loss {loss:.3f}", flush=True)
-    for name, bf16 in (("PyTorch eager f32", False), ("PyTorch bf16+SDPA", True)) if torch.cuda.is_available() else ():
+              f"first step {first:6.1f} s   loss {loss:.3f}{memory}", flush=True)
+    peers = (("PyTorch eager f32", False), ("PyTorch bf16+SDPA", True))
+    for name, bf16 in (peers[1:] if args.bf16_only else peers) if torch.cuda.is_available() else ():
+        torch.cuda.reset_peak_memory_stats()
         tps = per_step / statistics.median(torch_steps(c, args.steps, tokens, bf16))
         mine = ember_tps["bfloat16" if bf16 else None]
-        print(f"{name:20s}{tps:10.0f} tok/s   Ember ({'bf16' if bf16 else 'f32'})/PyTorch {mine / tps:.3f}", flush=True)
+        print(f"{name:20s}{tps:10.0f} tok/s   Ember ({'bf16' if bf16 else 'f32'})/PyTorch {mine / tps:.3f}   "
+              f"peak allocated {torch.cuda.max_memory_allocated() / 2 ** 30:5.1f} GiB", flush=True)
 
 
 if __name__ == "__main__":
