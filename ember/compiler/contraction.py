@@ -267,7 +267,12 @@ def plan(c: Contraction, arch: str) -> GpuPlan | None:
         return GpuPlan("fma", 64, 64, 8, 1, 1, 3) if m <= 64 or n <= 64 else GpuPlan("fma", 128, 128, 8, 1, 1, 3)
     if arch == "sm_90a" and (m > 64 or n > 128):  # Hopper: warpgroups of 64 rows reading shared memory
         rows = 128 if m > 64 else 64   # one warpgroup for 64 rows (a convolution's 64 output channels)
-        return GpuPlan("wgmma", rows, 256 if n > 128 else 128, 64, rows // 64, 1, 4)
+        tiles = [(r, cols) for r, cols in ((rows, 256), (rows, 128), (64, 256), (64, 128))
+                 if r <= rows and (cols == 128 or n > 128)]
+        # the largest tile that still gives the H200's 132 SMs a block each (a 7 x 7 convolution
+        # with 512 channels had 28 tiles of 128 x 256: 0.42-0.57 of cuDNN)
+        rows, cols = next((t for t in tiles if -(-m // t[0]) * -(-n // t[1]) * c.batch_size >= 132), tiles[-1])
+        return GpuPlan("wgmma", rows, cols, 64, rows // 64, 1, 4)
     stages = 4 if arch.startswith("sm_9") else 3   # sm_86 has 100 KB of shared memory per SM
     if m <= 64 or n <= 64:
         return GpuPlan("mma.sync", 64, 64, 32, 2, 2, stages)
