@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu import cuda_time  # noqa: E402
+from train_gpu import timed_steps  # noqa: E402
 
-import ember  # noqa: E402
 import ember.tensor as et  # noqa: E402
 from ember import data, nn, optim  # noqa: E402
 from ember import functional as F  # noqa: E402
@@ -108,21 +108,8 @@ def train_step_times(steps: int, b: int, c: int, h: int, low: str | None,
     et.manual_seed(0)
     model = Block(c)
     opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    def step(x: et.Tensor, y: et.Tensor) -> et.Tensor:
-        opt.zero_grad()
-        with et.autocast(low or "bfloat16", enabled=low is not None):
-            loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    run = ember.jit(step) if jit else step
-    times, loss_value = [], 0.0
-    for s in range(steps):
-        x, y = et.Tensor(xs[s % 4]), et.Tensor(ys[s % 4])
-        t0 = time.perf_counter()
-        loss_value = run(x, y).item()
-        times.append(time.perf_counter() - t0)
+    times, loss_value = timed_steps(lambda x, y: F.cross_entropy(model(x), y), opt,
+                                    lambda s: (et.Tensor(xs[s % 4]), et.Tensor(ys[s % 4])), steps, low, jit)
     et.set_default_device("cpu")
     tm = TorchBlock(c).cuda()
     topt = torch.optim.SGD(tm.parameters(), lr=0.05, momentum=0.9)

@@ -15,6 +15,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -28,19 +29,15 @@ from ember import tensor as T  # noqa: E402
 from ember.models.gpt import GPT, GPTConfig  # noqa: E402
 
 
-def ember_steps(c: GPTConfig, steps: int, tokens: np.ndarray, device: str,
-                low: str | None = None, jit: bool = False) -> tuple[float, list[float], float]:
-    """(first step seconds, the other steps' seconds, last loss); low: autocast's dtype; jit:
-    the step through ember.jit (replayed without its Python from the third step on)."""
-    T.set_default_device(device)
-    T.manual_seed(0)  # the same weights with and without jit: the losses agree
-    model = GPT(c)
-    opt = optim.AdamW(model.parameters(), lr=3e-4)
-
+def timed_steps(loss_fn: Callable, opt: optim.Optimizer, batches: Callable, steps: int, low: str | None,
+                jit: bool) -> tuple[list[float], float]:
+    """Seconds of each training step (the loss, backward, the optimizer's update, reading the
+    loss back), and the last loss; low: autocast's dtype; jit: the step through ember.jit
+    (replayed without its Python from the third call on). batches(s) gives step s's (x, y)."""
     def step(x: T.Tensor, y: T.Tensor) -> T.Tensor:
         opt.zero_grad()
         with T.autocast(low or "bfloat16", enabled=low is not None):
-            loss = model.loss(x, y)
+            loss = loss_fn(x, y)
         loss.backward()
         opt.step()
         return loss
@@ -48,11 +45,23 @@ def ember_steps(c: GPTConfig, steps: int, tokens: np.ndarray, device: str,
     run = ember.jit(step) if jit else step
     times, loss_value = [], 0.0
     for s in range(steps):
-        x = T.Tensor(tokens[s % len(tokens)][:, :-1])
-        y = T.Tensor(tokens[s % len(tokens)][:, 1:])
+        x, y = batches(s)
         t0 = time.perf_counter()
         loss_value = run(x, y).item()
         times.append(time.perf_counter() - t0)
+    return times, loss_value
+
+
+def ember_steps(c: GPTConfig, steps: int, tokens: np.ndarray, device: str,
+                low: str | None = None, jit: bool = False) -> tuple[float, list[float], float]:
+    """(first step seconds, the other steps' seconds, last loss)."""
+    T.set_default_device(device)
+    T.manual_seed(0)  # the same weights with and without jit: the losses agree
+    model = GPT(c)
+    opt = optim.AdamW(model.parameters(), lr=3e-4)
+    times, loss_value = timed_steps(model.loss, opt, lambda s: (T.Tensor(tokens[s % len(tokens)][:, :-1]),
+                                                               T.Tensor(tokens[s % len(tokens)][:, 1:])),
+                                    steps, low, jit)
     return times[0], times[2 if jit else 1:], loss_value
 
 
