@@ -384,12 +384,36 @@ class CausalSelfAttention(Module):
         self.qkv = Linear(dim, 3 * dim)
         self.proj = Linear(dim, dim)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cache: "KVCache | None" = None) -> Tensor:
+        """x [B, T, C]; with a cache, x is the token at cache.pos ([B, 1, C]) and attends to the
+        cached keys and values of the positions before it (the cache takes its own)."""
         b, t, c = x.shape
         h = self.n_head
         q, k, v = (y.reshape(b, t, h, c // h).transpose(1, 2) for y in T.split(self.qkv(x), c, -1))
-        y = causal_attention(q, k, v).transpose(1, 2).reshape(b, t, c)
-        return self.proj(y)
+        y = causal_attention(q, k, v) if cache is None else cache.attend(q, k, v)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class KVCache:
+    """One attention layer's keys and values of the positions generated so far, [B, H, T, d],
+    for generation one token at a time: the position is data (a tensor), so every position runs
+    the same compiled program. attend() writes the new token's key and value at pos and attends
+    over positions up to pos; the new cache tensors take effect when the step's program runs."""
+
+    def __init__(self, batch: int, heads: int, block: int, head_dim: int, pos: Tensor):
+        self.k = Tensor(np.zeros((batch, heads, block, head_dim), np.float32))
+        self.v = Tensor(np.zeros((batch, heads, block, head_dim), np.float32))
+        self.pos = pos   # int64 [1], shared by the layers
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        block = self.k.shape[2]
+        here = T.Tensor(T.ir.iota(dt.i64, (1, 1, block, 1), 2)).eq(self.pos.reshape(1, 1, 1, 1))
+        keys, values = T.where(here, k, self.k), T.where(here, v, self.v)
+        self.k.assign(keys, lazy=True)
+        self.v.assign(values, lazy=True)
+        scores = (q @ keys.transpose(-2, -1)) * (1 / math.sqrt(q.shape[-1]))
+        seen = T.Tensor(T.ir.iota(dt.i64, (1, 1, 1, block), 3)) <= self.pos.reshape(1, 1, 1, 1)
+        return T.where(seen, scores, -1e9).softmax(-1) @ values
 
 
 def cross_entropy(logits: Tensor, target: Tensor, **options: Any) -> Tensor:

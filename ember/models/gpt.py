@@ -33,8 +33,8 @@ class Block(nn.Module):
         self.ln2, self.fc, self.proj = nn.LayerNorm(c.dim), nn.Linear(c.dim, 4 * c.dim), nn.Linear(4 * c.dim, c.dim)
         self.drop = nn.Dropout(c.dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.drop(self.attn(self.ln1(x)))
+    def forward(self, x: Tensor, cache: "nn.KVCache | None" = None) -> Tensor:
+        x = x + self.drop(self.attn(self.ln1(x), cache))
         return x + self.drop(self.proj(self.fc(self.ln2(x)).gelu(approximate="tanh")))  # GPT-2's
 
 
@@ -57,6 +57,20 @@ class GPT(nn.Module):
         logits = self(idx)
         return nn.cross_entropy(logits.reshape(-1, self.config.vocab), targets.reshape(-1))
 
+    def decode(self, token: Tensor, caches: list[nn.KVCache]) -> Tensor:
+        """Logits [B, vocab] of the token after token [B, 1], which sits at caches[0].pos."""
+        x = self.tok(token) + self.pos(caches[0].pos).reshape(1, 1, -1)
+        for block, cache in zip(self.blocks, caches):
+            x = block(x, cache)
+        return self.head(self.ln(x))[:, 0]
+
+
+def kv_caches(model: "GPT | Llama", batch: int) -> list[nn.KVCache]:
+    """A cache per layer for generation, sharing one position tensor (int64 [1], data)."""
+    c = model.config
+    pos = T.Tensor(np.zeros(1, np.int64))
+    return [nn.KVCache(batch, c.n_head, c.block, c.dim // c.n_head, pos) for _ in range(c.n_layer)]
+
 
 class LlamaBlock(nn.Module):
     def __init__(self, c: GPTConfig):
@@ -67,11 +81,12 @@ class LlamaBlock(nn.Module):
         self.gate, self.up = nn.Linear(c.dim, hidden, bias=False), nn.Linear(c.dim, hidden, bias=False)
         self.down = nn.Linear(hidden, c.dim, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: "nn.KVCache | None" = None) -> Tensor:
         b, t, c = x.shape
         h = self.n_head
         q, k, v = (y.reshape(b, t, h, c // h).transpose(1, 2) for y in T.split(self.qkv(self.norm1(x)), c, -1))
-        y = nn.causal_attention(rope(q, cos, sin), rope(k, cos, sin), v).transpose(1, 2).reshape(b, t, c)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        y = (nn.causal_attention(q, k, v) if cache is None else cache.attend(q, k, v)).transpose(1, 2).reshape(b, t, c)
         x = x + self.out(y)
         z = self.norm2(x)
         return x + self.down(self.gate(z).silu() * self.up(z))
@@ -108,6 +123,15 @@ class Llama(nn.Module):
     def loss(self, idx: Tensor, targets: Tensor) -> Tensor:
         logits = self(idx)
         return nn.cross_entropy(logits.reshape(-1, self.config.vocab), targets.reshape(-1))
+
+    def decode(self, token: Tensor, caches: list[nn.KVCache]) -> Tensor:
+        """Logits [B, vocab] of the token after token [B, 1], which sits at caches[0].pos."""
+        pos = caches[0].pos
+        cos, sin = self.cos.gather_rows(pos), self.sin.gather_rows(pos)
+        x = self.tok(token)
+        for block, cache in zip(self.blocks, caches):
+            x = block(x, cos, sin, cache)
+        return self.head(self.norm(x))[:, 0]
 
 
 def build(c: GPTConfig) -> GPT | Llama:
