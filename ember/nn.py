@@ -30,16 +30,21 @@ class Module:
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} defines no forward")
 
-    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
+    def named_parameters(self, prefix: str = "", _seen: set[int] | None = None) -> Iterator[tuple[str, Tensor]]:
+        """Each parameter once, as PyTorch: a tensor shared by two modules (tied embeddings)
+        under its first name."""
+        seen = set() if _seen is None else _seen
         for name, value in vars(self).items():
             if isinstance(value, Tensor) and value.requires_grad:
-                yield prefix + name, value
+                if id(value) not in seen:
+                    seen.add(id(value))
+                    yield prefix + name, value
             elif isinstance(value, Module):
-                yield from value.named_parameters(f"{prefix}{name}.")
+                yield from value.named_parameters(f"{prefix}{name}.", seen)
             elif isinstance(value, (list, tuple)):
                 for i, item in enumerate(value):
                     if isinstance(item, Module):
-                        yield from item.named_parameters(f"{prefix}{name}.{i}.")
+                        yield from item.named_parameters(f"{prefix}{name}.{i}.", seen)
 
     def parameters(self) -> list[Tensor]:
         return [p for _, p in self.named_parameters()]

@@ -59,7 +59,7 @@ BPE_TOKENS, BPE_VOCAB = 50257, 50304   # GPT-2's tokenizer size, and its embeddi
 
 def model_config(args: argparse.Namespace, vocab: int) -> GPTConfig:
     return GPTConfig(vocab=vocab, block=args.block, dim=args.dim, n_layer=args.layers, n_head=args.heads,
-                     arch="llama" if args.model == "llama" else "gpt")
+                     arch="llama" if args.model == "llama" else "gpt", tied=args.model == "gpt2")
 
 
 def tokenize(text: bytes, model: str, out: Path) -> tuple[np.ndarray, int]:

@@ -22,6 +22,7 @@ class GPTConfig:
     n_head: int = 4
     dropout: float = 0.0
     arch: str = "gpt"     # or "llama"
+    tied: bool = False    # the head shares the token embedding's weights (GPT-2's 124M count)
 
     def to_dict(self) -> dict[str, int | float]:
         return asdict(self)
@@ -44,6 +45,8 @@ class GPT(nn.Module):
         self.tok, self.pos = nn.Embedding(c.vocab, c.dim), nn.Embedding(c.block, c.dim)
         self.blocks = [Block(c) for _ in range(c.n_layer)]
         self.ln, self.head = nn.LayerNorm(c.dim), nn.Linear(c.dim, c.vocab, bias=False)
+        if c.tied:
+            self.head.weight = self.tok.weight
 
     def forward(self, idx: Tensor) -> Tensor:
         """Logits [B, T, vocab] for token ids [B, T]."""

@@ -174,3 +174,12 @@ def test_kv_cache_decoding_matches_the_full_forward(arch: str) -> None:
             programs = len(c.compile.programs)
     np.testing.assert_allclose(np.stack(steps, 1), full, rtol=1e-5, atol=1e-5)
     assert len(c.compile.programs) == programs  # positions 1-6 compiled nothing new
+
+
+def test_tied_embedding_is_one_parameter() -> None:
+    """GPT-2's head shares the token embedding: one tensor, listed once (as PyTorch's
+    parameters()), so the optimizer updates it once with the sum of both gradients: 124M."""
+    from ember.models.gpt import GPTConfig, build
+    model = build(GPTConfig(vocab=50304, block=1024, dim=768, n_layer=12, n_head=12, tied=True))
+    assert model.head.weight is model.tok.weight
+    assert sum(p.numel() for p in model.parameters()) == 124_475_904
