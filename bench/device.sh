@@ -24,3 +24,6 @@ echo "== convolutions"
 python3 bench/cnn_gpu.py --steps "${STEPS:-8}" 2>&1 | tee "$OUT/cnn_bench.txt"
 echo "== training"
 python3 bench/train_gpu.py --steps "${STEPS:-8}" 2>&1 | tee "$OUT/train_bench.txt"
+echo "== loss parity with PyTorch (200 steps, f32 then bf16)"
+python3 bench/loss_parity.py 2>&1 | tail -1
+python3 bench/loss_parity.py --bf16 2>&1 | tail -1
