@@ -27,10 +27,6 @@ from .ir import Node, Op
 from .tensor import Tensor
 
 
-class Unsupported(Exception):
-    pass
-
-
 class Trace:
     """The events of one call: ("host", fn), ("run", canonical, sources), ("assign", leaf node,
     (run index, output index))."""
@@ -42,6 +38,7 @@ class Trace:
         self.outputs: dict[int, tuple[int, int]] = {}   # id(tensor) -> where its value comes from
         self.values: dict[int, tuple[int, int]] = {}    # id(value) -> the same
         self.runs = 0
+        self.broken = ""    # why this call cannot be replayed, if it cannot
 
     def source(self, p: Node) -> tuple:
         if p in self.args:
@@ -49,7 +46,7 @@ class Trace:
         value = T._DATA[p]
         if id(value) in self.values:
             return ("result", *self.values[id(value)])
-        if int(str(p.arg)[1:]) < self.first_new:
+        if _order(p) < self.first_new:
             return ("leaf", p)
         return ("data", _host(value))
 
@@ -62,8 +59,9 @@ class Trace:
 
     def on_assign(self, leaf: Tensor, source: Tensor) -> None:
         where = self.outputs.get(id(source)) or self.values.get(id(source.value()))
-        if where is None or int(str(leaf.node.arg)[1:]) >= self.first_new:
-            raise Unsupported("a tensor took a value that no program of the step computed")
+        if where is None or _order(leaf.node) >= self.first_new:
+            self.broken = "a tensor took a value that no program of the step computed"
+            return
         self.events.append(("assign", leaf.node, where))
 
     def on_host(self, fn: Callable[[], None]) -> None:
@@ -78,6 +76,12 @@ class Trace:
             if a[0] == "run" and (a[1] != b[1] or not all(_same_source(x, y) for x, y in zip(a[2], b[2]))):
                 return False
         return True
+
+
+def _order(p: Node) -> int:
+    """A leaf's place in creation order (tensor.new_name); -1 for params named otherwise."""
+    name = str(p.arg)
+    return int(name[1:]) if name[:1] == "t" and name[1:].isdigit() else -1
 
 
 def _host(value: Any) -> np.ndarray:
@@ -122,12 +126,11 @@ class jit:
             T.realize(*[t for t in returned if isinstance(t, Tensor)])
             returns = [trace.outputs.get(id(t)) or trace.values.get(id(t.value())) if isinstance(t, Tensor) else t
                        for t in returned]
-        except Unsupported as e:
-            self._give_up(str(e))
-            return self.fn(*args) if T.context.trace is None else None
         finally:
             T.context.trace = None
-        if self.last is not None and self.last.same(trace) and None not in returns:
+        if trace.broken:
+            self._give_up(trace.broken)
+        elif self.last is not None and self.last.same(trace) and None not in returns:
             self.trace, self.returns = trace, (returns, isinstance(out, Tensor))
         elif self.last is not None:
             self._give_up("two calls ran different programs or made different data (random draws?)")

@@ -95,3 +95,22 @@ def test_new_argument_shapes_trace_again() -> None:
         x = np.arange(3 * n, dtype=np.float32).reshape(n, 3)
         assert g(et.Tensor(x)).item() == (x * 1.0).sum()
     assert calls[0] == 4  # two calls to capture each shape
+
+
+def test_a_value_made_on_the_host_inside_the_step_runs_as_written() -> None:
+    """A leaf given data made in Python inside the step cannot be replayed: one warning, and
+    every call runs the function as written (here, counting its calls in a tensor)."""
+    count = et.Tensor(np.zeros(1, np.float32))
+    calls = [0]
+
+    def f(x: et.Tensor) -> et.Tensor:
+        calls[0] += 1
+        count.assign(et.Tensor(np.array([calls[0]], np.float32)))
+        return (x * count).sum()
+
+    g = ember.jit(f)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = [g(et.Tensor(np.ones(3, np.float32))).item() for _ in range(4)]
+    assert got == [3.0, 6.0, 9.0, 12.0] and calls[0] == 4
+    assert sum("no program of the step computed" in str(w.message) for w in seen) == 1
