@@ -117,7 +117,7 @@ class CUDARenderer(CLike):
         return super().combine(op, d, acc, v)
 
     def loop_header(self, r: Node, var: str, lane: bool, parallel: bool) -> list[str]:
-        return (["#pragma unroll"] if lane else []) + [f"for (int {var} = 0; {var} < {r.arg[1]}; {var}++)"]
+        return (["#pragma unroll"] if lane else []) + [f"for ({r.dtype.c_name} {var} = 0; {var} < {r.arg[1]}; {var}++)"]
 
     def stage_open(self, name: str, ctype: str, size: int, count: int, var: str) -> tuple[list[str], list[str]]:
         # the block fills shared memory together; the barrier first: others may still read the last tile
@@ -183,8 +183,12 @@ class CUDAKernelWriter(KernelWriter):
             return scope
         if k.rows is None:  # a thread per output (times its lanes)
             outer = [r for r in k.ranges if r not in k.lanes]
-            root.put("int gid = blockIdx.x * blockDim.x + threadIdx.x;")
-            root.put(f"if (gid >= {math.prod(r.arg[1] for r in outer)}) return;")
+            total = math.prod(r.arg[1] for r in outer)
+            if total >= 1 << 31:  # 64-bit indexing (symbolic.index_type)
+                root.put("long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x;")
+            else:
+                root.put("int gid = blockIdx.x * blockDim.x + threadIdx.x;")
+            root.put(f"if (gid >= {total}) return;")
             self.decode(root, "gid", outer)
             root.avail = frozenset(outer)
             scope = root
@@ -197,8 +201,9 @@ class CUDAKernelWriter(KernelWriter):
         inner = [r for r in k.ranges if r not in k.rows]
         for i, r in enumerate(inner):
             v = self.range_var(r)
-            head = f"for (int {v} = threadIdx.x; {v} < {r.arg[1]}; {v} += blockDim.x)" if i == len(inner) - 1 \
-                else f"for (int {v} = 0; {v} < {r.arg[1]}; {v}++)"
+            t = r.dtype.c_name
+            head = f"for ({t} {v} = threadIdx.x; {v} < {r.arg[1]}; {v} += blockDim.x)" if i == len(inner) - 1 \
+                else f"for ({t} {v} = 0; {v} < {r.arg[1]}; {v}++)"
             scope = scope.open(frozenset([r]), [head])
         return scope
 
@@ -211,7 +216,7 @@ class CUDAKernelWriter(KernelWriter):
     def reduce_header(self, n: Node, r: Node, last: bool, scope: Scope) -> list[str]:
         if last and self.cooperative(scope):
             v = self.range_var(r)
-            return [f"for (int {v} = threadIdx.x; {v} < {r.arg[1]}; {v} += blockDim.x)"]
+            return [f"for ({r.dtype.c_name} {v} = threadIdx.x; {v} < {r.arg[1]}; {v} += blockDim.x)"]
         return super().reduce_header(n, r, last, scope)
 
     def reduce_finish(self, n: Node, acc: str, scope: Scope) -> list[str]:

@@ -291,7 +291,7 @@ class CLike:
             # wrong (AVX2 and AVX-512: a 33x2x7 nest of selects, an 11x3x4 pad; issue 14,
             # tests/compiler/toolchain). Innermost loops of real sizes vectorize as before.
             pragma = ["#pragma GCC unroll 1"]
-        return pragma + [f"for (int {var} = 0; {var} < {size}; {var}++)"]
+        return pragma + [f"for ({r.dtype.c_name} {var} = 0; {var} < {size}; {var}++)"]
 
     def render_kernel(self, k: Kernel, prefix: str = "") -> str:
         return KernelWriter(self, k, prefix).write()
@@ -362,7 +362,7 @@ class KernelWriter:
         for r in reversed(ranges):
             n = r.arg[1]
             expr = flat if stride == 1 else f"({flat} / {stride})"
-            scope.put(f"int {self.range_var(r)} = {expr}" + (f" % {n};" if r is not ranges[0] else ";"))
+            scope.put(f"{r.dtype.c_name} {self.range_var(r)} = {expr}" + (f" % {n};" if r is not ranges[0] else ";"))
             stride *= n
 
     def fill_stages(self, at: Node | None, scope: Scope) -> None:

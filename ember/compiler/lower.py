@@ -92,10 +92,6 @@ class Kernel:
 
 def flat_index(idx: tuple[Node, ...], shape: tuple[int, ...]) -> Node:
     """Row-major linear index of idx in shape."""
-    if math.prod(shape) >= 1 << 31:  # index arithmetic is i32 (symbolic.INDEX)
-        raise NotImplementedError(f"a value of {math.prod(shape)} elements is addressed as a whole here, which needs "
-                                  "64-bit indexing; Ember indexes in 32 bits (a value this large is fine while it "
-                                  "is only expanded and reduced, as in a matmul)")
     terms: dict[Node, int] = {}
     k = 0
     stride = 1
@@ -105,7 +101,7 @@ def flat_index(idx: tuple[Node, ...], shape: tuple[int, ...]) -> Node:
             terms[term] = terms.get(term, 0) + coef * stride
         k += c * stride
         stride *= n
-    return sym.build({t: c for t, c in terms.items() if c}, k)
+    return sym.build({t: c for t, c in terms.items() if c}, k, sym.index_type(math.prod(shape)))
 
 
 def _unflatten(flat: Node, shape: tuple[int, ...]) -> tuple[Node, ...]:

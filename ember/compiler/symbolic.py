@@ -23,9 +23,15 @@ def const(v: int, dtype: dt.DType = INDEX) -> Node:
     return Node(Op.CONST, dtype, (), int(v))
 
 
+def index_type(count: int) -> dt.DType:
+    """Index arithmetic is i32, and i64 where it counts to 2^31 or more (spec 2: values that
+    are not stored may have up to 2^62 - 1 elements)."""
+    return dt.i64 if count >= 1 << 31 else INDEX
+
+
 def rng(name: str, size: int) -> Node:
     """A loop variable running over [0, size)."""
-    return Node(Op.RANGE, INDEX, (), (name, size))
+    return Node(Op.RANGE, index_type(size), (), (name, size))
 
 
 def add(a: Node, b: Node) -> Node:
@@ -174,7 +180,12 @@ def linear(n: Node) -> tuple[dict[Node, int], int]:
 
 
 def build(terms: dict[Node, int], k: int, dtype: dt.DType = INDEX) -> Node:
-    """The canonical node of a linear form: terms in sort_key order, the constant last."""
+    """The canonical node of a linear form: terms in sort_key order, the constant last. In i64
+    when dtype is, or a term is (an i32 term is then widened first)."""
+    if any(t.dtype is dt.i64 for t in terms):
+        dtype = dt.i64
+    if dtype is dt.i64:
+        terms = {t if t.dtype is dt.i64 else Node(Op.CAST, dt.i64, (t,)): c for t, c in terms.items()}
     parts = [t if c == 1 else mul(t, const(c, dtype)) for t, c in sorted(terms.items(), key=lambda tc: sort_key(tc[0]))]
     if k != 0 or not parts:
         parts.append(const(k, dtype))

@@ -89,3 +89,28 @@ def test_generated_source_is_the_same_in_every_process() -> None:
                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
             for backend in ("c", "c", "c", "cuda", "cuda", "cuda")}
     assert len(outs) == 2 and all(outs)
+
+
+def test_values_of_2_to_the_31_elements_index_in_64_bits(tmp_path: Path) -> None:
+    """Spec 2: a value that is not stored may have up to 2^62 - 1 elements. Reshaping 2^31 of
+    them to one axis needs a 64-bit loop and flat index (it was rejected before); the C result
+    matches numpy, and the CUDA source compiles."""
+    import numpy as np
+
+    from ember import backends, text
+    from ember.backend import cuda
+
+    from .cuda_compile import COMPILER, compile_cuda
+    src = ("ember 1\nx = param u8[65536]\nxr = reshape x shape=[65536,1]\nxe = expand xr shape=[65536,32768]\n"
+           "f = reshape xe shape=[2147483648]\nc = cast f dtype=u64\ns = sum c axes=[0]\n"
+           "d = cast f dtype=i32\nm = reshape d shape=[32768,65536]\nn = max m axes=[1]\nreturn s n\n")
+    prog = text.parse(src)
+    x = np.random.default_rng(0).integers(0, 256, 65536).astype(np.uint8)
+    s, n = backends.RUNNERS["c"](prog.output_nodes, {prog.nodes["x"]: x})
+    assert int(np.asarray(s).ravel()[0]) == int(x.astype(np.uint64).sum()) * 32768
+    want = x.reshape(32768, 2).max(1).astype(np.int32)  # row r of [32768, 65536] holds x[2r], x[2r + 1]
+    assert np.array_equal(np.asarray(n).ravel(), want)
+    if COMPILER is not None:
+        code = cuda.source(prog.output_nodes, "sm_90a")
+        assert "long long t" in code[code.index('extern "C"'):]  # the flat index in 64 bits
+        assert compile_cuda(code, "sm_90a", tmp_path) is None
