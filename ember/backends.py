@@ -49,6 +49,14 @@ RUNNERS: dict[str, Callable[[list[Node], dict[Node, np.ndarray]], list[np.ndarra
     "ref": _run_ref, "c": _run_c, "cuda": _run_cuda}
 
 
+DEVICES = {"cpu": "c", "c": "c", "cuda": "cuda", "ref": "ref"}   # the frontend's device names -> backends
+
+
+def backend_of(device: object) -> str | None:
+    """The backend a device name means ("cpu" and "cpu:0" are the C backend), or None."""
+    return DEVICES.get(str(device).split(":")[0])
+
+
 def available() -> list[str]:
     found = ["ref"]
     from .backend import c, cuda

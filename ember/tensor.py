@@ -99,7 +99,7 @@ def default_device() -> str:
 def set_default_device(device: str) -> None:
     """Where programs run from now on: "cpu" (the C backend), "cuda", or "ref" (as torch's
     set_default_device; "cuda" without a GPU is an error naming why)."""
-    name = {"cpu": "c", "c": "c", "cuda": "cuda", "ref": "ref"}.get(str(device).split(":")[0])
+    name = backends.backend_of(device)
     if name is None:
         raise ValueError(f"set_default_device({device!r}): devices are 'cpu', 'cuda' and 'ref'")
     if name not in backends.available():
@@ -222,7 +222,7 @@ class Tensor:
         if isinstance(target, DType) or (isinstance(target, str) and target.removeprefix("torch.") in _NAMES) \
                 or isinstance(target, (np.dtype, type)):
             return self.cast(as_dtype(target))
-        name = {"cpu": "c", "cuda": "cuda", "c": "c", "ref": "ref"}.get(str(target).split(":")[0])
+        name = backends.backend_of(target)
         if name is None:
             raise ShapeError(f"to({target!r}): devices are 'cpu' and 'cuda'")
         context.device = name if name in backends.available() else default_device()
