@@ -109,7 +109,10 @@ class jit:
         self.eager = False
         self.replays = 0
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            raise TypeError(f"ember.jit({getattr(self.fn, '__name__', 'fn')}): pass the arguments by position "
+                            f"(got {', '.join(kwargs)} by name)")
         key = tuple((a.dtype, a.shape) if isinstance(a, Tensor) else a for a in args)
         if key != self.key:
             self.trace = self.last = None
