@@ -57,8 +57,8 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
         targets = [n for n in toposort(graph) if n in temps or n in out_bufs]
         kernels = []
         for t in targets:
-            if t not in lowered:
-                lowered[t] = lower_kernel("k", t, out_bufs.get(t) or temps[t], realized, nest)
+            if t not in lowered:  # named by graph position: a name that no later realization changes
+                lowered[t] = lower_kernel(f"k{position[t]}", t, out_bufs.get(t) or temps[t], realized, nest)
             kernels.append(lowered[t])
         more: set[Node] = set()
         users: dict[Node, int] = {}
@@ -78,8 +78,6 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
         # only kernels that fused a newly realized node change (this keeps scheduling linear in
         # the graph's size: a 12-layer GPT's step took 36 s when every iteration lowered all)
         lowered = {t: k for t, k in lowered.items() if not (k.visited & more)}
-    # final names, in order (they name ranges and functions in the generated source)
-    kernels = [lower_kernel(f"k{i}", t, out_bufs.get(t) or temps[t], realized, nest) for i, t in enumerate(targets)]
     in_order = [k.out for k in kernels if k.out.kind == "temp"]
     sched = Schedule(inputs, [out_bufs[o] for o in graph], kernels, in_order)
     sched.slots = plan_memory(sched)
