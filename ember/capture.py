@@ -18,7 +18,7 @@ that differs, or arguments of other shapes (those retrace).
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -48,7 +48,7 @@ class Trace:
             return ("result", *self.values[id(value)])
         if _order(p) < self.first_new:
             return ("leaf", p)
-        return ("data", _host(value))
+        return ("data", T._host(value))
 
     def on_run(self, canonical: list[Node], slots: dict[Node, Node], todo: list[Tensor], results: list) -> None:
         sources = [(slot, self.source(p)) for p, slot in slots.items()]
@@ -84,10 +84,6 @@ def _order(p: Node) -> int:
     return int(name[1:]) if name[:1] == "t" and name[1:].isdigit() else -1
 
 
-def _host(value: Any) -> np.ndarray:
-    return value if isinstance(value, np.ndarray) else value.numpy()
-
-
 def _same_source(a: tuple, b: tuple) -> bool:
     (slot_a, src_a), (slot_b, src_b) = a, b
     if slot_a is not slot_b or src_a[0] != src_b[0]:
@@ -107,7 +103,6 @@ class jit:
         self.key: tuple | None = None        # the arguments' types and the other arguments
         self.returns: Any = None             # where each returned tensor comes from
         self.eager = False
-        self.replays = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs:
@@ -127,8 +122,7 @@ class jit:
             out = self.fn(*args)
             returned = [out] if isinstance(out, Tensor) else list(out) if isinstance(out, (tuple, list)) else []
             T.realize(*[t for t in returned if isinstance(t, Tensor)])
-            returns = [trace.outputs.get(id(t)) or trace.values.get(id(t.value())) if isinstance(t, Tensor) else t
-                       for t in returned]
+            returns = [_returned(trace, t) if isinstance(t, Tensor) else t for t in returned]
         finally:
             T.context.trace = None
         if trace.broken:
@@ -156,15 +150,9 @@ class jit:
             else:
                 _, node, (run, i) = event
                 T._DATA[node] = results[run][i]
-        self.replays += 1
         returns, single = self.returns
-        out = [_tensor(results[r[0]][r[1]], self._dtype(r)) if isinstance(r, tuple) else r for r in returns]
+        out = [_tensor(results[r.run][r.index], r.dtype) if isinstance(r, Returned) else r for r in returns]
         return out[0] if single else tuple(out)
-
-    def _dtype(self, where: tuple[int, int]) -> Any:
-        assert self.trace is not None
-        run = [e for e in self.trace.events if e[0] == "run"][where[0]]
-        return run[1][where[1]].dtype
 
     @staticmethod
     def _value(src: tuple, args: tuple, results: list[list]) -> Any:
@@ -176,6 +164,18 @@ class jit:
         if kind == "result":
             return results[src[1]][src[2]]
         return src[1]
+
+
+class Returned(NamedTuple):
+    """A returned tensor: which program's which output, and its dtype."""
+    run: int
+    index: int
+    dtype: Any
+
+
+def _returned(trace: Trace, t: Tensor) -> Returned | None:
+    where = trace.outputs.get(id(t)) or trace.values.get(id(t.value()))
+    return None if where is None else Returned(*where, t.dtype)
 
 
 def _tensor(value: Any, dtype: Any) -> Tensor:
