@@ -23,7 +23,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from . import tensor as T
-from .ir import Node, Op
+from .ir import Node
 from .tensor import Tensor
 
 
@@ -151,7 +151,7 @@ class jit:
                 _, node, (run, i) = event
                 T._DATA[node] = results[run][i]
         returns, single = self.returns
-        out = [_tensor(results[r.run][r.index], r.dtype) if isinstance(r, Returned) else r for r in returns]
+        out = [Tensor(results[r.run][r.index], r.dtype) if isinstance(r, Returned) else r for r in returns]
         return out[0] if single else tuple(out)
 
     @staticmethod
@@ -177,12 +177,3 @@ def _returned(trace: Trace, t: Tensor) -> Returned | None:
     where = trace.outputs.get(id(t)) or trace.values.get(id(t.value()))
     return None if where is None else Returned(*where, t.dtype)
 
-
-def _tensor(value: Any, dtype: Any) -> Tensor:
-    """A leaf holding a value a program computed (on the GPU it stays there)."""
-    if hasattr(value, "ptr"):
-        return Tensor(value)
-    out = Tensor(Node(Op.PARAM, dtype, (), T.new_name(), tuple(np.shape(value))))
-    T._DATA[out.node] = value
-    T._LEAVES[out.node] = out
-    return out

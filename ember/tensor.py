@@ -844,8 +844,7 @@ class Tensor:
                     node = out.node
                     if node.numel == 0:  # padding nothing: the value everywhere (when anything is left)
                         shape = tuple(s + b + a for s, b, a in zip(node.shape, before, after))
-                        out = Tensor(ir.const(v, out.dtype, shape)) if 0 not in shape else \
-                            Tensor(ir.const(0, out.dtype, shape))
+                        out = Tensor(ir.const(v, out.dtype, shape))
                         continue
                     out = _call("pad", lambda: ir.pad(node, tuple(before), tuple(after), v), out)
                 continue
@@ -994,8 +993,8 @@ class Tensor:
             if op is Op.RMAX:
                 raise ShapeError(f"max/min over an empty dim of shape {list(self.shape)} has no value (as PyTorch)")
             out = Tensor(ir.const(0, self.dtype, tuple(1 if d in axes else n for d, n in enumerate(self.shape))))
-            return out if keepdim else out.reshape(tuple(s for d, s in enumerate(out.shape) if d not in axes))
-        out = _call("sum" if op is Op.SUM else "max", lambda: ir.reduce(op, self.node, axes), self)
+        else:
+            out = _call("sum" if op is Op.SUM else "max", lambda: ir.reduce(op, self.node, axes), self)
         return out if keepdim else out.reshape(tuple(s for d, s in enumerate(out.shape) if d not in axes))
 
     def sum(self, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> "Tensor":
