@@ -79,17 +79,20 @@ def tokenize(text: bytes, model: str, out: Path) -> tuple[np.ndarray, int]:
     key = f"{hashlib.sha256(text).hexdigest()[:16]}-{BPE_TOKENS}"
     folder = cache_dir("tokenizers")
     path, ids_path = folder / f"{key}.json", folder / f"{key}.npy"
-    if not path.exists() or not ids_path.exists():
+    if path.exists() and ids_path.exists():
+        ids = np.load(ids_path)
+    else:
         print(f"ember train: training a byte-level BPE of {BPE_TOKENS} tokens on the text (cached in {folder})",
               file=sys.stderr)
+        words = text.decode("utf-8", errors="replace")
         tok = ByteLevelBPETokenizer()
-        tok.train_from_iterator([text.decode("utf-8", errors="replace")], vocab_size=BPE_TOKENS, min_frequency=2,
-                                special_tokens=["<|endoftext|>"], show_progress=False)
-        ids = np.array(tok.encode(text.decode("utf-8", errors="replace")).ids, dtype=np.int32)
+        tok.train_from_iterator([words], vocab_size=BPE_TOKENS, min_frequency=2, special_tokens=["<|endoftext|>"],
+                                show_progress=False)
+        ids = np.array(tok.encode(words).ids, dtype=np.int32)
         tok.save(str(path))
         np.save(ids_path, ids)
     shutil.copyfile(path, out / "tokenizer.json")
-    return np.load(ids_path), BPE_VOCAB
+    return ids, BPE_VOCAB
 
 
 def split_data(tokens: np.ndarray, chunk: int = 1 << 16) -> tuple[np.ndarray, np.ndarray]:
@@ -307,10 +310,7 @@ def dry_run(args: argparse.Namespace) -> int:
             print("ember train --dry-run: cuda-python (NVRTC) is not installed: CUDA source generated, not compiled",
                   file=sys.stderr)
     else:
-        from .compiler import optimize
-        from .compiler.schedule import schedule
-        sched = schedule(outputs)
-        optimize.optimize(sched, target="c")
+        sched = cbackend.prepare(outputs)  # the same schedule a CPU run compiles
         times["schedule"] = clock.perf_counter() - t
         t = clock.perf_counter()
         source = cbackend.render(sched)
@@ -352,7 +352,7 @@ class Run:
         self.opt.lr = learning_rate(step, a.steps, a.lr, a.warmup, a.cosine)
         if self.replay is None:  # from the third step on, the step's programs run without its Python
             self.replay = jit(self.graph_step) if a.jit else self.graph_step
-        xy = [t for _ in range(a.accum) for t in batch(self.train_data, self.rng, a.batch, a.block)]
+        xy = [v for _ in range(a.accum) for v in batch(self.train_data, self.rng, a.batch, a.block)]
         value = self.replay(*xy).item()
         if step == self.start:
             self.t_first = time.perf_counter() - t

@@ -215,8 +215,7 @@ class CProgram:
 
     def __init__(self, outputs: list[Node], opt: str = "-O3"):
         t0 = time.perf_counter()
-        self.sched = schedule(outputs, nest=NEST)
-        optimize.optimize(self.sched, target="c")
+        self.sched = prepare(outputs)
         self.csource = render(self.sched)
         self.source = self.csource.text
         t1 = time.perf_counter()
@@ -283,10 +282,15 @@ class CProgram:
 compile = cached(CProgram)
 
 
-def source(outputs: list[Node]) -> str:
+def prepare(outputs: list[Node]) -> Schedule:
+    """The program's kernels, scheduled (short reductions may nest) and optimized for the CPU."""
     sched = schedule(outputs, nest=NEST)
     optimize.optimize(sched, target="c")
-    return render(sched).text
+    return sched
+
+
+def source(outputs: list[Node]) -> str:
+    return render(prepare(outputs)).text
 
 
 def run_values(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
