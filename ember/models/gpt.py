@@ -39,7 +39,16 @@ class Block(nn.Module):
         return x + self.drop(self.proj(self.fc(self.ln2(x)).gelu(approximate="tanh")))  # GPT-2's
 
 
-class GPT(nn.Module):
+class LanguageModel(nn.Module):
+    """What the GPT and the LLaMA share: the next-token loss over their logits."""
+    config: GPTConfig
+
+    def loss(self, idx: Tensor, targets: Tensor) -> Tensor:
+        logits = self(idx)
+        return nn.cross_entropy(logits.reshape(-1, self.config.vocab), targets.reshape(-1))
+
+
+class GPT(LanguageModel):
     def __init__(self, c: GPTConfig):
         self.config = c
         self.tok, self.pos = nn.Embedding(c.vocab, c.dim), nn.Embedding(c.block, c.dim)
@@ -55,10 +64,6 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln(x))
-
-    def loss(self, idx: Tensor, targets: Tensor) -> Tensor:
-        logits = self(idx)
-        return nn.cross_entropy(logits.reshape(-1, self.config.vocab), targets.reshape(-1))
 
     def decode(self, token: Tensor, caches: list[nn.KVCache]) -> Tensor:
         """Logits [B, vocab] of the token after token [B, 1], which sits at caches[0].pos."""
@@ -103,7 +108,7 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return T.cat([a * cos - b * sin, b * cos + a * sin], -1)
 
 
-class Llama(nn.Module):
+class Llama(LanguageModel):
     def __init__(self, c: GPTConfig):
         if (c.dim // c.n_head) % 2:
             raise ValueError(f"llama: the head size {c.dim // c.n_head} must be even (RoPE turns pairs)")
@@ -122,10 +127,6 @@ class Llama(nn.Module):
         for block in self.blocks:
             x = block(x, cos, sin)
         return self.head(self.norm(x))
-
-    def loss(self, idx: Tensor, targets: Tensor) -> Tensor:
-        logits = self(idx)
-        return nn.cross_entropy(logits.reshape(-1, self.config.vocab), targets.reshape(-1))
 
     def decode(self, token: Tensor, caches: list[nn.KVCache]) -> Tensor:
         """Logits [B, vocab] of the token after token [B, 1], which sits at caches[0].pos."""
