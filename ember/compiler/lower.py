@@ -14,6 +14,7 @@ Kernel-level nodes (all scalars, shape ()):
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -430,7 +431,8 @@ def gathered_operands(k: Kernel) -> set[Node]:
     packed paths take the product."""
     from . import contraction  # it builds on this module
 
-    def direct() -> bool:  # the tensor-core and packed paths read the windows in place
+    @functools.cache
+    def direct() -> bool:  # the tensor-core and packed paths read the windows in place (asked once)
         return contraction.find(k, (dt.f16, dt.bf16, dt.f32, dt.f64)) is not None
 
     found: set[Node] = set()
