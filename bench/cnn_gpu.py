@@ -108,8 +108,8 @@ def train_step_times(steps: int, b: int, c: int, h: int, low: str | None,
     et.manual_seed(0)
     model = Block(c)
     opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    times, loss_value = timed_steps(lambda x, y: F.cross_entropy(model(x), y), opt,
-                                    lambda s: (et.Tensor(xs[s % 4]), et.Tensor(ys[s % 4])), steps, low, jit)
+    times, losses = timed_steps(lambda x, y: F.cross_entropy(model(x), y), opt,
+                                lambda s: (et.Tensor(xs[s % 4]), et.Tensor(ys[s % 4])), steps, low, jit)
     et.set_default_device("cpu")
     tm = TorchBlock(c).cuda()
     topt = torch.optim.SGD(tm.parameters(), lr=0.05, momentum=0.9)
@@ -124,7 +124,7 @@ def train_step_times(steps: int, b: int, c: int, h: int, low: str | None,
         topt.step()
         loss_t.item()
         ttimes.append(time.perf_counter() - t0)
-    return times[0], statistics.median(times[2 if jit else 1:]), statistics.median(ttimes[2:]), loss_value
+    return times[0], statistics.median(times[2 if jit else 1:]), statistics.median(ttimes[2:]), losses[-1]
 
 
 def main() -> None:

@@ -20,9 +20,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from train_gpu import TorchGPT  # noqa: E402
+from train_gpu import TorchGPT, timed_steps  # noqa: E402
 
-import ember  # noqa: E402
 from ember import optim  # noqa: E402
 from ember import tensor as T  # noqa: E402
 from ember.models.gpt import GPT, GPTConfig  # noqa: E402
@@ -59,18 +58,9 @@ def main() -> None:
     model = GPT(c)
     weights = {torch_name(n): torch.from_numpy(p.numpy().copy()) for n, p in model.named_parameters()}
     opt = optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-
-    def step(x: T.Tensor, y: T.Tensor) -> T.Tensor:
-        opt.zero_grad()
-        with T.autocast("bfloat16", enabled=args.bf16):
-            loss = model.loss(x, y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    run = ember.jit(step)
-    losses = [run(T.Tensor(tokens[s, :, :-1].astype(np.int32)), T.Tensor(tokens[s, :, 1:].astype(np.int32))).item()
-              for s in range(args.steps)]
+    _, losses = timed_steps(model.loss, opt, lambda s: (T.Tensor(tokens[s, :, :-1].astype(np.int32)),
+                                                       T.Tensor(tokens[s, :, 1:].astype(np.int32))),
+                            args.steps, "bfloat16" if args.bf16 else None, jit=True)
 
     dev = torch.device(args.device)
     tm = TorchGPT(c).to(dev)

@@ -30,9 +30,9 @@ from ember.models.gpt import GPT, GPTConfig  # noqa: E402
 
 
 def timed_steps(loss_fn: Callable, opt: optim.Optimizer, batches: Callable, steps: int, low: str | None,
-                jit: bool) -> tuple[list[float], float]:
+                jit: bool) -> tuple[list[float], list[float]]:
     """Seconds of each training step (the loss, backward, the optimizer's update, reading the
-    loss back), and the last loss; low: autocast's dtype; jit: the step through ember.jit
+    loss back), and each step's loss; low: autocast's dtype; jit: the step through ember.jit
     (replayed without its Python from the third call on). batches(s) gives step s's (x, y)."""
     def step(x: T.Tensor, y: T.Tensor) -> T.Tensor:
         opt.zero_grad()
@@ -43,13 +43,13 @@ def timed_steps(loss_fn: Callable, opt: optim.Optimizer, batches: Callable, step
         return loss
 
     run = ember.jit(step) if jit else step
-    times, loss_value = [], 0.0
+    times, losses = [], []
     for s in range(steps):
         x, y = batches(s)
         t0 = time.perf_counter()
-        loss_value = run(x, y).item()
+        losses.append(run(x, y).item())
         times.append(time.perf_counter() - t0)
-    return times, loss_value
+    return times, losses
 
 
 def ember_steps(c: GPTConfig, steps: int, tokens: np.ndarray, device: str,
@@ -59,10 +59,10 @@ def ember_steps(c: GPTConfig, steps: int, tokens: np.ndarray, device: str,
     T.manual_seed(0)  # the same weights with and without jit: the losses agree
     model = GPT(c)
     opt = optim.AdamW(model.parameters(), lr=3e-4)
-    times, loss_value = timed_steps(model.loss, opt, lambda s: (T.Tensor(tokens[s % len(tokens)][:, :-1]),
-                                                               T.Tensor(tokens[s % len(tokens)][:, 1:])),
-                                    steps, low, jit)
-    return times[0], times[2 if jit else 1:], loss_value
+    times, losses = timed_steps(model.loss, opt, lambda s: (T.Tensor(tokens[s % len(tokens)][:, :-1]),
+                                                           T.Tensor(tokens[s % len(tokens)][:, 1:])),
+                                steps, low, jit)
+    return times[0], times[2 if jit else 1:], losses[-1]
 
 
 class TorchGPT(torch.nn.Module):
