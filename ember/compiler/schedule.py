@@ -78,11 +78,42 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
         # only kernels that fused a newly realized node change (this keeps scheduling linear in
         # the graph's size: a 12-layer GPT's step took 36 s when every iteration lowered all)
         lowered = {t: k for t, k in lowered.items() if not (k.visited & more)}
+    kernels = outputs_early(kernels)
     in_order = [k.out for k in kernels if k.out.kind == "temp"]
     sched = Schedule(inputs, [out_bufs[o] for o in graph], kernels, in_order)
     sched.slots = plan_memory(sched)
     debug.kernels(3, "after scheduling and lowering", kernels)
     return sched
+
+
+def outputs_early(kernels: list[Kernel]) -> list[Kernel]:
+    """The kernels in graph order, but each output's as soon as what it reads is computed. In a
+    training step the weight gradients (and updates) then follow the backward pass layer by
+    layer instead of all coming at the end: the temporaries they read die sooner, and a
+    gradient's all-reduce (distributed.py) can start while the backward pass goes on."""
+    made = {k.out.id for k in kernels}
+    placed: set[int] = set()
+    waiting = [k for k in kernels if k.out.kind == "output"]
+    order: list[Kernel] = []
+
+    def place_ready() -> None:
+        nonlocal waiting
+        while True:
+            ready = [k for k in waiting if all(b.id in placed or b.id not in made for b in k.reads)]
+            if not ready:
+                return
+            order.extend(ready)
+            placed.update(k.out.id for k in ready)
+            waiting = [k for k in waiting if k not in ready]
+
+    place_ready()
+    for k in kernels:
+        if k.out.kind != "output":
+            order.append(k)
+            placed.add(k.out.id)
+            if waiting:
+                place_ready()
+    return order + waiting
 
 
 def plan_memory(sched: Schedule) -> dict[int, int]:
