@@ -28,8 +28,8 @@ from .tensor import Tensor
 
 
 class Trace:
-    """The events of one call: ("host", fn), ("run", canonical, sources), ("assign", leaf node,
-    (run index, output index))."""
+    """The events of one call: ("host", fn), ("run", canonical, sources, averaged outputs),
+    ("assign", leaf node, (run index, output index))."""
 
     def __init__(self, args: tuple) -> None:
         self.args = {a.node: i for i, a in enumerate(args) if isinstance(a, Tensor)}
@@ -39,6 +39,9 @@ class Trace:
         self.values: dict[int, tuple[int, int]] = {}    # id(value) -> the same
         self.runs = 0
         self.broken = ""    # why this call cannot be replayed, if it cannot
+        self.alive: list = []   # what outputs and values are keyed by, alive until the call ends: an id
+                                # is unique only while its object lives (a gradient replaced by a
+                                # detached leaf would lend its id to a new tensor)
 
     def source(self, p: Node) -> tuple:
         if p in self.args:
@@ -50,11 +53,13 @@ class Trace:
             return ("leaf", p)
         return ("data", T._host(value))
 
-    def on_run(self, canonical: list[Node], slots: dict[Node, Node], todo: list[Tensor], results: list) -> None:
+    def on_run(self, canonical: list[Node], slots: dict[Node, Node], todo: list[Tensor], results: list,
+               average: tuple[int, ...]) -> None:
         sources = [(slot, self.source(p)) for p, slot in slots.items()]
         for i, (t, v) in enumerate(zip(todo, results)):
             self.outputs[id(t)] = self.values[id(v)] = (self.runs, i)
-        self.events.append(("run", tuple(canonical), sources))
+        self.alive += [*todo, *results]
+        self.events.append(("run", tuple(canonical), sources, average))
         self.runs += 1
 
     def on_assign(self, leaf: Tensor, source: Tensor) -> None:
@@ -73,7 +78,8 @@ class Trace:
         for a, b in zip(self.events, other.events):
             if a[0] != b[0] or a[0] == "assign" and a[1:] != b[1:]:
                 return False
-            if a[0] == "run" and (a[1] != b[1] or not all(_same_source(x, y) for x, y in zip(a[2], b[2]))):
+            if a[0] == "run" and (a[1:2] + a[3:] != b[1:2] + b[3:] or
+                                  not all(_same_source(x, y) for x, y in zip(a[2], b[2]))):
                 return False
         return True
 
@@ -125,6 +131,7 @@ class jit:
             returns = [_returned(trace, t) if isinstance(t, Tensor) else t for t in returned]
         finally:
             T.context.trace = None
+            trace.alive.clear()   # the record keeps positions, not objects: the step's values may go
         if trace.broken:
             self._give_up(trace.broken)
         elif self.last is not None and self.last.same(trace) and None not in returns:
@@ -146,7 +153,7 @@ class jit:
                 event[1]()
             elif event[0] == "run":
                 values = {slot: self._value(src, args, results) for slot, src in event[2]}
-                results.append(T.execute(list(event[1]), values))
+                results.append(T.execute(list(event[1]), values, event[3]))
             else:
                 _, node, (run, i) = event
                 T._DATA[node] = results[run][i]

@@ -65,6 +65,7 @@ class Context:
     autocast: "DType | None" = None    # matmuls run in this dtype (ember.autocast)
     pending_assigns: dict = field(default_factory=dict)  # leaf node -> (leaf, value): assign(lazy=True)
     trace: Any = None                  # ember.jit's record of the step being captured
+    averaged: set = field(default_factory=set)  # params whose gradients are all-reduced (DataParallel)
 
 
 context = Context()
@@ -235,7 +236,9 @@ class Tensor:
             _DATA[out.node] = _DATA[self.node]
             _LEAVES[out.node] = out
             return out
-        return Tensor(self.numpy(), self.dtype)
+        realize(self)
+        value = self.value()
+        return Tensor(value) if hasattr(value, "ptr") else Tensor(value, self.dtype)   # a GPU's stays there
 
     @property
     def is_leaf(self) -> bool:
@@ -1436,6 +1439,12 @@ class Tensor:
             g = Tensor(ir.grad(self.node, t.node))
             t.grad = g if t.grad is None else t.grad + g
         context.pending_loss = self
+        averaged = [t for t in leaves if t.node in context.averaged]
+        if averaged:  # a distributed.DataParallel model's: computed now, and all-reduced as they finish
+            grads = [t.grad for t in averaged]
+            realize(self, *grads, average=[self, *grads])
+            for t in averaged:  # leaves holding the averages: the update reads them (its graph
+                t.grad = t.grad.detach()   # would otherwise compute this rank's gradients again)
 
 
 def _leaves(t: Tensor) -> list[Tensor]:
@@ -1648,13 +1657,15 @@ def canonical_program(outputs: list[Node]) -> tuple[list[Node], dict[Node, Node]
     return substitute(outputs, slots), slots
 
 
-def realize(*tensors: Tensor) -> None:
+def realize(*tensors: Tensor, average: Sequence[Tensor] = ()) -> None:
     """Compute the tensors in one compiled program and attach their values. On "cuda" the
-    values stay on the GPU (a step's new weights feed the next step without a copy)."""
+    values stay on the GPU (a step's new weights feed the next step without a copy). average:
+    those of the tensors whose values are averaged over the data-parallel ranks as they are
+    computed (distributed.py)."""
     assigns, context.pending_assigns = list(context.pending_assigns.values()), {}
     todo = list({id(t): t for t in [t for t in tensors if t.value() is None] +
                  [v for _, v in assigns if v.value() is None]}.values())
-    _compute(todo)
+    _compute(todo, {id(t) for t in average})
     for leaf, v in assigns:
         _DATA[leaf.node] = v.value()
         if context.trace is not None:
@@ -1673,7 +1684,7 @@ def host(fn: Callable[[], None]) -> None:
         trace.on_host(fn)
 
 
-def _compute(todo: list[Tensor]) -> None:
+def _compute(todo: list[Tensor], average: set[int]) -> None:
     for t in [t for t in todo if t.numel() == 0]:  # empty: nothing to compute
         t._value = np.empty(t.shape, _np_dtype(t.dtype))
     todo = [t for t in todo if t.numel()]
@@ -1683,23 +1694,27 @@ def _compute(todo: list[Tensor]) -> None:
     canonical, slots = canonical_program([t.node for t in todo])
     values = {slot: _DATA[p] for p, slot in slots.items()}
     context.python_s += time.perf_counter() - t0
-    results = execute(canonical, values)
+    averaged = tuple(i for i, t in enumerate(todo) if id(t) in average)
+    results = execute(canonical, values, averaged)
     for t, v in zip(todo, results):
         t._value = v  # the node stays: gradients can still flow through t
     if context.trace is not None:
-        context.trace.on_run(canonical, slots, todo, results)
+        context.trace.on_run(canonical, slots, todo, results, averaged)
 
 
-def execute(canonical: list[Node], values: dict[Node, Any]) -> list:
+def execute(canonical: list[Node], values: dict[Node, Any], average: tuple[int, ...] = ()) -> list:
     """Run a canonical program (its params are slots) on the default device: the results stay
-    there (a GPU's in device memory)."""
+    there (a GPU's in device memory). average: the outputs averaged over the data-parallel
+    ranks."""
     device = default_device()
     if device == "cuda":
         from .backend import cuda
         try:
-            results = cuda.run_device(canonical, values)
+            results = cuda.run_device(canonical, values, average)
         except (RuntimeError, NotImplementedError) as e:
             raise backends.BackendError(str(e)) from None
+    elif average:
+        raise backends.BackendError("data-parallel training runs on cuda (the default device is cpu)")
     else:
         results = [np.asarray(v) for v in backends.RUNNERS[device](canonical, {k: _host(v) for k, v in values.items()})]
     context.runs += 1

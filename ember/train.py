@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import nn, optim
+from . import distributed, nn, optim
 from . import tensor as T
 from .capture import jit
 from .models.gpt import GPT, GPTConfig, build, kv_caches
@@ -62,10 +62,10 @@ def model_config(args: argparse.Namespace, vocab: int) -> GPTConfig:
                      arch="llama" if args.model == "llama" else "gpt", tied=args.model == "gpt2")
 
 
-def tokenize(text: bytes, model: str, out: Path) -> tuple[np.ndarray, int]:
+def tokenize(text: bytes, model: str, out: Path | None) -> tuple[np.ndarray, int]:
     """The text as token ids, and the vocabulary size. Bytes for the byte model; else a
     byte-level BPE trained on this text with the `tokenizers` library, cached on disk by the
-    text's hash (training it takes a while) and copied to the run folder for ember sample."""
+    text's hash (training it takes a while) and copied to the run folder (out) for ember sample."""
     if model == "byte":
         return np.frombuffer(text, dtype=np.uint8), 256
     import hashlib
@@ -89,9 +89,14 @@ def tokenize(text: bytes, model: str, out: Path) -> tuple[np.ndarray, int]:
         tok.train_from_iterator([words], vocab_size=BPE_TOKENS, min_frequency=2, special_tokens=["<|endoftext|>"],
                                 show_progress=False)
         ids = np.array(tok.encode(words).ids, dtype=np.int32)
-        tok.save(str(path))
-        np.save(ids_path, ids)
-    shutil.copyfile(path, out / "tokenizer.json")
+        pid = os.getpid()   # written under another name, then renamed: ranks may tokenize at once
+        tok.save(str(path.with_suffix(f".{pid}.tmp")))
+        with open(ids_path.with_suffix(f".{pid}.tmp"), "wb") as f:
+            np.save(f, ids)
+        os.replace(path.with_suffix(f".{pid}.tmp"), path)
+        os.replace(ids_path.with_suffix(f".{pid}.tmp"), ids_path)
+    if out is not None:
+        shutil.copyfile(path, out / "tokenizer.json")
     return ids, BPE_VOCAB
 
 
@@ -105,7 +110,10 @@ def split_data(tokens: np.ndarray, chunk: int = 1 << 16) -> tuple[np.ndarray, np
 
 
 def batch(data: np.ndarray, rng: random.Random, b: int, t: int) -> tuple[T.Tensor, T.Tensor]:
+    """b sequences of t tokens and their next tokens; with data parallelism, this rank's share
+    of them (every rank draws the same b starts, so the checkpointed generator stays one)."""
     starts = [rng.randrange(len(data) - t - 1) for _ in range(b)]
+    starts = starts[distributed.shard(b, distributed.rank(), distributed.world_size())]
     x = np.stack([data[s:s + t] for s in starts]).astype(np.int32)
     y = np.stack([data[s + 1:s + t + 1] for s in starts]).astype(np.int32)
     return T.Tensor(x), T.Tensor(y)
@@ -114,7 +122,7 @@ def batch(data: np.ndarray, rng: random.Random, b: int, t: int) -> tuple[T.Tenso
 def evaluate(model: GPT, val: np.ndarray, b: int, t: int, batches: int = 4) -> float:
     model.eval()
     rng = random.Random(1234)  # the same held-out batches every time
-    losses = [model.loss(*batch(val, rng, b, t)).item() for _ in range(batches)]
+    losses = [distributed.average(model.loss(*batch(val, rng, b, t))).item() for _ in range(batches)]
     model.train()
     return float(sum(losses) / len(losses))
 
@@ -158,7 +166,10 @@ def train(argv: list[str] | None = None) -> int:
                     help="byte: a small byte-level GPT; gpt2: GPT-2 124M's shape with a byte-level BPE of 50257 "
                          "tokens trained on the data (vocab 50304); llama: the same size with RMSNorm, RoPE, SwiGLU "
                          "and no biases")
-    ap.add_argument("--batch", type=int, default=16, help="sequences per step")
+    ap.add_argument("--batch", type=int, default=16, help="sequences per step (over all GPUs)")
+    ap.add_argument("--gpus", type=int, default=1,
+                    help="data-parallel processes, one per GPU of this host (RANK/WORLD_SIZE from a launcher also "
+                         "work)")
     ap.add_argument("--block", type=int, help="context length in tokens (default: the model's, 64 or 1024)")
     ap.add_argument("--dim", type=int, help="model width (default: the model's, 96 or 768)")
     ap.add_argument("--layers", type=int, help="transformer blocks (default: the model's, 2 or 12)")
@@ -188,6 +199,17 @@ def train(argv: list[str] | None = None) -> int:
             setattr(args, name, value)
     if args.dry_run:
         return dry_run(args)
+    try:
+        launch = distributed.from_env()
+        if args.gpus > 1 and launch.world == 1:   # the launcher: one process per GPU runs this again
+            return launch_ranks(args, argv)
+        distributed.shard(args.batch, 0, launch.world)   # the batch must split evenly
+        if distributed.init(launch) is not None:
+            args.device = "cuda"
+    except distributed.DistributedError as e:
+        print(f"ember train: {e}", file=sys.stderr)
+        return 3
+    main = distributed.rank() == 0
     if args.device == "cuda":
         from . import backends
         from .backend import cuda
@@ -200,7 +222,7 @@ def train(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "ckpt.safetensors"
     text, source = load_text(args.data, args.max_bytes)
-    tokens, vocab = tokenize(text, args.model, out)
+    tokens, vocab = tokenize(text, args.model, out if main else None)
     train_data, val_data = split_data(tokens)
 
     config = model_config(args, vocab)
@@ -208,6 +230,8 @@ def train(argv: list[str] | None = None) -> int:
     model = build(config)
     opt = optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     rng = random.Random(args.seed)
+    if distributed.world_size() > 1:   # rank 0's weights everywhere; gradients averaged at backward()
+        distributed.DataParallel(model)
     run = Run(args, model, opt, rng, train_data, val_data, config, ckpt, out, 0)
     if ckpt.exists() and not args.fresh:
         arrays, meta = nn.load_safetensors(ckpt)
@@ -218,24 +242,31 @@ def train(argv: list[str] | None = None) -> int:
         opt.load_state_dict({k[4:]: v for k, v in arrays.items() if k.startswith("opt.")})
         rng.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in saved["rng"]))
         run.history, run.start = saved["history"], saved["step"]
-        print(f"resuming {ckpt} at step {run.start}", file=sys.stderr)
+        if main:
+            print(f"resuming {ckpt} at step {run.start}", file=sys.stderr)
     params = sum(p.numel() for p in model.parameters())
     unit = "bytes" if args.model == "byte" else "tokens"
-    print(f"ember train: {params:,} parameters, {len(tokens):,} {unit} from {source}, device {T.default_device()}",
-          file=sys.stderr)
+    gpus = f" x {distributed.world_size()} GPUs" if distributed.world_size() > 1 else ""
+    if main:
+        print(f"ember train: {params:,} parameters, {len(tokens):,} {unit} from {source}, "
+              f"device {T.default_device()}{gpus}", file=sys.stderr)
 
     from tqdm import tqdm
-    bar = tqdm(total=args.steps, initial=run.start, unit="step", file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(total=args.steps, initial=run.start, unit="step", file=sys.stderr, dynamic_ncols=True, disable=not main)
     try:
         for step in range(run.start, args.steps):
             run.step(step, bar)
     except KeyboardInterrupt:  # keep what was learned: a checkpoint that resumes here, then one line
         bar.close()
-        done = run.history["train"][-1][0] if run.history["train"] else run.start
-        run.save(done)
-        print(f"ember train: interrupted after step {done}; checkpoint {ckpt} (run again to resume)", file=sys.stderr)
+        if main:
+            done = run.history["train"][-1][0] if run.history["train"] else run.start
+            run.save(done)
+            print(f"ember train: interrupted after step {done}; checkpoint {ckpt} (run again to resume)",
+                  file=sys.stderr)
         return 130
     bar.close()
+    if not main:   # rank 0 writes the files and the summary
+        return 0
     steps_run = args.steps - run.start
     history = run.history
     summary = {"steps": args.steps, "final_train_loss": history["train"][-1][1] if history["train"] else None,
@@ -249,6 +280,17 @@ def train(argv: list[str] | None = None) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
     return 0
+
+
+def launch_ranks(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """--gpus N: the text tokenized once here (the cache the ranks then read), then one process
+    per GPU, each running `ember train` with the same arguments as one rank."""
+    if args.model != "byte":
+        text, _ = load_text(args.data, args.max_bytes)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        tokenize(text, args.model, Path(args.out))
+    codes = distributed.spawn(train, args.gpus, sys.argv[2:] if argv is None else argv)
+    return max(codes)
 
 
 def precision(args: argparse.Namespace) -> T.autocast:
@@ -362,8 +404,9 @@ class Run:
         tps = a.batch * a.accum * a.block * max(step - self.start, 1) / self.t_rest if self.t_rest else 0.0
         if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
             self.history["val"].append((step + 1, evaluate(self.model, self.val_data, a.batch, a.block)))
-            self.save(step + 1)
-            plot(self.history, self.out / "loss.png")
+            if distributed.rank() == 0:
+                self.save(step + 1)
+                plot(self.history, self.out / "loss.png")
         val = f"{self.history['val'][-1][1]:.3f}" if self.history["val"] else "-"
         bar.set_postfix_str(f"loss {value:.3f}, val {val}, {tps / 1000:.1f}k tok/s", refresh=False)
         bar.update(1)
@@ -378,6 +421,8 @@ class Run:
             with precision(a):
                 loss = self.model.loss(x, y) * (1.0 / a.accum)
             loss.backward()
+            if distributed.world_size() > 1:   # computed (and averaged) by backward(): its value, not its graph
+                loss = loss.detach()
             total = loss if total is None else total + loss
         assert total is not None
         T.context.pending_loss = total  # the step's program computes the mean loss of all micro-batches

@@ -317,18 +317,40 @@ def _check(result: Any) -> Any:
     return result[1] if len(result) == 2 else result[1:]
 
 
+_ORDINAL = 0   # the GPU this process uses (distributed.init sets one per rank)
+
+
+def set_device(ordinal: int) -> None:
+    """Run on GPU `ordinal` of this host: before anything has run on a GPU (a process uses one)."""
+    global _ORDINAL
+    if _device.cache_info().currsize and ordinal != _ORDINAL:
+        raise RuntimeError(f"set_device({ordinal}): this process already runs on GPU {_ORDINAL}")
+    _ORDINAL = ordinal
+
+
+def device_count() -> int:
+    """The GPUs cuda-python sees (0 without it or without a driver)."""
+    try:
+        from cuda.bindings import driver as cu
+        _check((cu.cuInit(0)[0], None))
+        return int(_check(cu.cuDeviceGetCount()))
+    except (ImportError, RuntimeError):
+        return 0
+
+
 @functools.lru_cache(maxsize=None)
 def _device() -> tuple[Any, str] | None:
-    """The context and target architecture of GPU 0, or None without cuda-python or a GPU."""
+    """The context and target architecture of this process's GPU (set_device; GPU 0 unless
+    set), or None without cuda-python or a GPU."""
     try:
         from cuda.bindings import driver as cu
     except ImportError:
         return None
     try:
         _check((cu.cuInit(0)[0], None))
-        if _check(cu.cuDeviceGetCount()) < 1:
+        if _check(cu.cuDeviceGetCount()) <= _ORDINAL:
             return None
-        dev = _check(cu.cuDeviceGet(0))
+        dev = _check(cu.cuDeviceGet(_ORDINAL))
         major = _check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
         minor = _check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
         ctx = _check(cu.cuDevicePrimaryCtxRetain(dev))
@@ -351,7 +373,7 @@ def target_arch() -> str:
 def device_name() -> str:
     """GPU 0's name (searched plans are stored per device)."""
     from cuda.bindings import driver as cu
-    raw = _check(cu.cuDeviceGetName(64, _check(cu.cuDeviceGet(0))))
+    raw = _check(cu.cuDeviceGetName(64, _check(cu.cuDeviceGet(_ORDINAL))))
     return bytes(raw).split(b"\0")[0].decode()
 
 
@@ -466,10 +488,9 @@ class CUDAProgram:
                     for m, (_, ks) in zip(self.modules, units) for k in ks}
         self.functions = [function[k.name] for k in self.sched.kernels]
         self.configs = [launch_config(k) for k in self.sched.kernels]
-        self._ptr: dict[int, int] | None = None  # the program's device memory (see _arena)
-        self._launches: list = []
+        self._temp_ptr: dict[int, int] | None = None  # the temporaries' device memory (_temps)
+        self._io: tuple[dict[int, int], list] | None = None   # bind's buffers and launches
         self._graphs: collections.OrderedDict = collections.OrderedDict()  # buffers -> captured run
-        self._stream: Any = None
         self._seen: dict[tuple, int] = {}   # runs per set of buffers (graphs are captured on the second)
         for fn, (_, _, smem) in zip(self.functions, self.configs):
             _allow_smem(fn, smem)
@@ -478,15 +499,12 @@ class CUDAProgram:
                      f"nvrtc+load {self.compile_seconds[1] * 1e3:.1f} ms")
         debug.log(2, self.source)
 
-    def _arena(self) -> dict[int, int]:
-        """Device memory for every buffer of the program, allocated at its first run and kept:
+    def _temps(self) -> dict[int, int]:
+        """Device memory for the program's temporaries, allocated at its first run and kept:
         later runs allocate nothing (temps share slots as schedule.plan_memory decided)."""
-        if self._ptr is None:
+        if self._temp_ptr is None:
             cu, sched = self.cu, self.sched
             ptr: dict[int, int] = {}
-            for buf in [*sched.inputs.values(), *sched.outputs]:
-                if buf.id not in ptr:
-                    ptr[buf.id] = int(_check(cu.cuMemAlloc(max(buf.nbytes, 1))))
             slot_ptr: dict[int, int] = {}
             for buf in sched.temps:
                 s = sched.slots[buf.id]
@@ -494,16 +512,26 @@ class CUDAProgram:
                     size = max(b.nbytes for b in sched.temps if sched.slots[b.id] == s)
                     slot_ptr[s] = int(_check(cu.cuMemAlloc(max(size, 1))))
                 ptr[buf.id] = slot_ptr[s]
-            self._ptr = ptr
-            self._launches = []
-            for k, fn, (grid, block, smem) in zip(sched.kernels, self.functions, self.configs):
-                self._launches.append((k, fn, grid, block, smem, *_launch_args(k, ptr)))
-        return self._ptr
+            self._temp_ptr = ptr
+        return self._temp_ptr
+
+    def _launch_list(self, ptr: dict[int, int]) -> list:
+        """(kernel, function, grid, block, shared bytes, argument arrays, their addresses) per
+        kernel, for buffers at ptr."""
+        return [(k, fn, grid, block, smem, *_launch_args(k, ptr))
+                for k, fn, (grid, block, smem) in zip(self.sched.kernels, self.functions, self.configs)]
 
     def bind(self, inputs: dict[Node, np.ndarray]) -> tuple[Callable[[], None], Callable[[], list[np.ndarray]]]:
-        """Copy inputs to the device; returns (launch all kernels, copy the outputs back)."""
+        """Copy inputs to the device; returns (launch all kernels, copy the outputs back). The
+        host path's inputs and outputs get buffers of their own, kept for the next bind."""
         cu, sched = self.cu, self.sched
-        ptr = self._arena()
+        if self._io is None:
+            io = dict(self._temps())
+            for buf in [*sched.inputs.values(), *sched.outputs]:
+                if buf.id not in io:
+                    io[buf.id] = int(_check(cu.cuMemAlloc(max(buf.nbytes, 1))))
+            self._io = (io, self._launch_list(io))
+        ptr, launches = self._io
         for node, buf in sched.inputs.items():
             arr = np.ascontiguousarray(inputs[node], dtype=np.dtype(buf.dtype.np_name))
             _check((cu.cuMemcpyHtoD(ptr[buf.id], arr.ctypes.data, arr.nbytes)[0], None))
@@ -516,23 +544,26 @@ class CUDAProgram:
                 _check((cu.cuMemcpyDtoH(arr.ctypes.data, ptr[buf.id], arr.nbytes)[0], None))
                 outs.append(arr.reshape(buf.node.shape))
             return outs
-        return self.run, fetch
+        return lambda: self._issue(launches, 0), fetch
 
-    def run(self) -> None:
-        """Launch every kernel on the stream (EMBER_PROFILE=1: timed one by one with events)."""
+    def _issue(self, launches: list, stream: Any, after: dict[int, list[Callable]] | None = None) -> None:
+        """Launch every kernel on the stream; after[i]: what to start once launch i is enqueued
+        (gradients' all-reduces, distributed.py). EMBER_PROFILE=1: timed one by one with events."""
         cu = self.cu
-        profile = PROFILE.enabled
-        for k, fn, (gx, gy, gz), block, smem, args, addrs in self._launches:
+        profile = PROFILE.enabled and stream == 0
+        for i, (k, fn, (gx, gy, gz), block, smem, args, addrs) in enumerate(launches):
             if profile:
                 start, end = PROFILE.events()
                 _check((cu.cuEventRecord(start, 0)[0], None))
             if k.atomic:  # a scatter adds into its output
-                _check((cu.cuMemsetD8Async(int(args[0][0]), 0, k.out.nbytes, 0)[0], None))
-            _check((cu.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, smem, 0, addrs.ctypes.data, 0)[0], None))
+                _check((cu.cuMemsetD8Async(int(args[0][0]), 0, k.out.nbytes, stream)[0], None))
+            _check((cu.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, smem, stream, addrs.ctypes.data, 0)[0], None))
             if profile:
                 _check((cu.cuEventRecord(end, 0)[0], None))
                 what = "contraction" if k.contraction else "reduce" if k.reduces else "map"
                 PROFILE.pending.append((f"{k.out.node.dtype}{list(k.out.node.shape)} {what}", gx * gy * gz, start, end))
+            for hook in (after or {}).get(i, ()):
+                hook(stream)
         if debug.level() >= 1 or profile:
             _check((cu.cuCtxSynchronize()[0], None))
             PROFILE.collect()
@@ -561,22 +592,24 @@ class CUDAProgram:
         for exe in self._graphs.values():
             self.cu.cuGraphExecDestroy(exe)
         self._graphs.clear()
-        for p in set((self._ptr or {}).values()):
+        io = self._io[0] if self._io else {}
+        for p in set((self._temp_ptr or {}).values()) | set(io.values()):
             self.cu.cuMemFree(p)
-        self._ptr = None
+        self._temp_ptr, self._io = None, None
 
     def __call__(self, inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
         run, fetch = self.bind(inputs)
         run()
         return fetch()
 
-    def run_device(self, values: dict[Node, "np.ndarray | DeviceArray"]) -> list[DeviceArray]:
+    def run_device(self, values: dict[Node, "np.ndarray | DeviceArray"],
+                   average: tuple[int, ...] = ()) -> list[DeviceArray]:
         """One run with inputs taken where they are (host values are uploaded) and outputs left
         on the GPU: the training loop's path, where a step's new weights are the next step's
-        inputs and nothing crosses PCIe but the batch and the loss."""
+        inputs and nothing crosses PCIe but the batch and the loss. average: outputs averaged
+        over the data-parallel ranks (distributed.py) as soon as their kernels are done."""
         sched = self.sched
-        temps = self._arena()
-        ptr: dict[int, int] = {}
+        ptr: dict[int, int] = dict(self._temps())
         keep = []
         for node, buf in sched.inputs.items():
             v = values[node]
@@ -594,52 +627,62 @@ class CUDAProgram:
                 ptr[buf.id] = out.ptr
                 keep.append(out)
             results.append(next(a for a in keep if a.ptr == ptr[buf.id]))
-        for buf in sched.temps:
-            ptr[buf.id] = temps[buf.id]
-        key = tuple(ptr[b.id] for b in [*sched.inputs.values(), *sched.outputs])
+        key = (average, *(ptr[b.id] for b in [*sched.inputs.values(), *sched.outputs]))
         if key in self._graphs:  # the same buffers as a captured run: replay it
             self._graphs.move_to_end(key)
-            _check((self.cu.cuGraphLaunch(self._graphs[key], self._stream)[0], None))
+            _check((self.cu.cuGraphLaunch(self._graphs[key], _graph_stream())[0], None))
             return results
-        launches = []
-        for (k, fn, grid, block, smem, _, _) in self._launches:
-            launches.append((k, fn, grid, block, smem, *_launch_args(k, ptr)))
-        self._launches, saved = launches, self._launches
-        try:
-            self._seen[key] = self._seen.get(key, 0) + 1
-            if len(self._seen) > 64:  # buffers that never come back
-                self._seen.clear()
-            if GRAPHS and self._seen[key] >= 2 and not PROFILE.enabled and debug.level() == 0:
-                self._capture(key)  # the second run on these buffers: they will likely recur
-            else:
-                self.run()
-        finally:
-            self._launches = saved
+        launches = self._launch_list(ptr)
+        after = self._averaging(average, results) if average else None
+        if len(self._seen) >= 64 and key not in self._seen:  # buffers that never come back
+            self._seen.clear()
+        self._seen[key] = self._seen.get(key, 0) + 1
+        if GRAPHS and self._seen[key] >= 2 and not PROFILE.enabled and debug.level() == 0:
+            self._capture(key, launches, after)  # the second run on these buffers: they will likely recur
+        else:
+            self._issue(launches, 0, after)
         return results
 
-    def _capture(self, key: tuple) -> None:
+    def _averaging(self, average: tuple[int, ...], results: list[DeviceArray]) -> dict[int, list[Callable]]:
+        """The hooks that average the outputs `average` over the ranks: in buckets of about
+        BUCKET_BYTES, each started right after the launch that finishes its last output, so the
+        all-reduce of the last layers' gradients overlaps the backward pass of the first ones."""
+        from .. import distributed
+        group = distributed.group()
+        done_at = {k.out.id: i for i, k in enumerate(self.sched.kernels)}   # the last writer of each
+        outs = [self.sched.outputs[i] for i in average]
+        plan = distributed.bucket_plan([done_at.get(b.id, -1) for b in outs], [b.nbytes for b in outs],
+                                       distributed.BUCKET_BYTES)
+        after: dict[int, list[Callable]] = {}
+        for launch, members in plan:
+            arrays = [results[average[m]] for m in members]
+            after.setdefault(launch, []).append(lambda stream, arrays=arrays: group.all_reduce(arrays, stream))
+        last = len(self.sched.kernels) - 1
+        after.setdefault(last, []).append(group.join)   # the step's stream waits for every bucket
+        if -1 in after:   # outputs no kernel writes (an input given back): before the first launch
+            after.setdefault(0, [])[:0] = after.pop(-1)
+        return after
+
+    def _capture(self, key: tuple, launches: list, after: dict[int, list[Callable]] | None) -> None:
         """Record the launches as a CUDA graph and run it: later runs on the same buffers replay
         it with one call instead of a Python loop over every kernel (5-9 us each, and the GPU
         waits whenever Python does). The pool hands a training step the same blocks every other
-        step, so a few graphs per program cover the steady state."""
+        step, so a few graphs per program cover the steady state. All-reduces (after) are
+        captured too: NCCL's kernels on their stream, joined to this one by events."""
         cu = self.cu
-        self._stream = _graph_stream()
-        _check((cu.cuStreamBeginCapture(self._stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)[0], None))
+        stream = _graph_stream()
+        _check((cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)[0], None))
         try:
-            for k, fn, (gx, gy, gz), block, smem, args, addrs in self._launches:
-                if k.atomic:
-                    _check((cu.cuMemsetD8Async(int(args[0][0]), 0, k.out.nbytes, self._stream)[0], None))
-                _check((cu.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, smem, self._stream, addrs.ctypes.data, 0)[0],
-                        None))
+            self._issue(launches, stream, after)
         finally:
-            graph = _check(cu.cuStreamEndCapture(self._stream))
+            graph = _check(cu.cuStreamEndCapture(stream))
         exe = _check(cu.cuGraphInstantiate(graph, 0))
         cu.cuGraphDestroy(graph)
         self._graphs[key] = exe
         if len(self._graphs) > 4:
             _, old = self._graphs.popitem(last=False)
             cu.cuGraphExecDestroy(old)
-        _check((cu.cuGraphLaunch(exe, self._stream)[0], None))
+        _check((cu.cuGraphLaunch(exe, stream)[0], None))
 
     def __del__(self) -> None:
         try:
@@ -712,9 +755,11 @@ class DeviceArray:
             pass
 
 
-def run_device(outputs: list[Node], values: dict[Node, "np.ndarray | DeviceArray"]) -> list[DeviceArray]:
-    """Run the program on values that may already be on the GPU; the results stay there."""
-    return compile(outputs).run_device(values)
+def run_device(outputs: list[Node], values: dict[Node, "np.ndarray | DeviceArray"],
+               average: tuple[int, ...] = ()) -> list[DeviceArray]:
+    """Run the program on values that may already be on the GPU; the results stay there.
+    average: the outputs averaged over the data-parallel ranks (CUDAProgram.run_device)."""
+    return compile(outputs).run_device(values, average)
 
 
 class _Profile:

@@ -114,3 +114,31 @@ def test_a_value_made_on_the_host_inside_the_step_runs_as_written() -> None:
         got = [g(et.Tensor(np.ones(3, np.float32))).item() for _ in range(4)]
     assert got == [3.0, 6.0, 9.0, 12.0] and calls[0] == 4
     assert sum("no program of the step computed" in str(w.message) for w in seen) == 1
+
+
+def test_tensors_made_after_others_died_are_told_apart(monkeypatch) -> None:
+    """DataParallel's backward() (here on one process: averaging is left out) realizes the
+    gradients and replaces them by detached leaves, and the step returns a detached loss: the
+    tensors the trace keyed by id die inside the call, and their ids must not be taken for the
+    new tensors' (ember train --gpus 2 read a gradient for the loss)."""
+    execute = et.execute
+    monkeypatch.setattr(et, "execute", lambda canonical, values, average=(): execute(canonical, values))
+
+    def losses(jit: bool) -> list[float]:
+        et.manual_seed(0)
+        model = GPT(GPTConfig(vocab=32, block=8, dim=16, n_layer=1, n_head=2))
+        opt = optim.AdamW(model.parameters(), lr=1e-2)
+        monkeypatch.setattr(et.context, "averaged", {p.node for p in model.parameters()})
+
+        def step(x: et.Tensor, y: et.Tensor) -> et.Tensor:
+            opt.zero_grad()
+            loss = model.loss(x, y)
+            loss.backward()
+            loss = loss.detach()
+            opt.step()
+            return loss
+        run = ember.jit(step) if jit else step
+        rng = np.random.default_rng(0)
+        tokens = [rng.integers(0, 32, (2, 9)).astype(np.int32) for _ in range(5)]
+        return [run(et.Tensor(t[:, :-1]), et.Tensor(t[:, 1:])).item() for t in tokens]
+    assert losses(True) == losses(False)
