@@ -476,6 +476,9 @@ class KernelWriter:
         if op is Op.BUFFER:
             return self.buf(n)
         if op is Op.REDUCE:
+            online = self.k.online
+            if online is not None and (n is online.max or n in online.sums):
+                return self.emit_online(n, scope)
             return self.emit_reduce(n, scope)
         if op is Op.LOAD and n in self.staged:  # read the staged copy
             name, st = self.staged[n]
@@ -544,6 +547,49 @@ class KernelWriter:
         if free_lanes:
             return LaneArray(acc, free_lanes)
         return f"{acc}[0]" if own_lanes else acc
+
+
+    def emit_online(self, n: Node, scope: Scope) -> "str | LaneArray":
+        """The max and its sums of an online group (compiler/online.py) in one loop: the sums
+        follow the running max, rescaled by exp2((m - m') * c) whenever it grows."""
+        g = self.k.online
+        d, ct = g.max.dtype, self.r.ctype(g.max.dtype)
+        (j,) = g.max.arg[1]
+        m, c = self.var("m"), self.r.literal(g.scale.arg, d)
+        scope.put(f"{ct} {m} = (-INFINITY);")
+        accs: dict[Node, tuple[str, tuple[Node, ...]]] = {}
+        for s in g.sums:
+            assert self.target(s, scope) is scope, "an online sum placed apart from its max"
+            lanes = tuple(sorted(self.deps[s] & self.lanes, key=lambda r: self.range_order.get(r, 0)))
+            size = math.prod(r.arg[1] for r in lanes)
+            accs[s] = (self.var("acc"), lanes)
+            scope.put(f"{ct} {accs[s][0]}[{size}];")
+            scope.put(f"for (int j = 0; j < {size}; j++) {accs[s][0]}[j] = 0;")
+        loop = scope.open(frozenset([j]), self.reduce_header(g.max, j, True, scope))
+        sj = self.ref(self.value(g.max.srcs[0], loop), g.max.srcs[0])
+        new, rescale = self.var("m"), self.var("r")
+        exp2 = self.r.math64[Op.EXP2] if d is dt.f64 else self.r.math32[Op.EXP2]
+        loop.put(f"{ct} {new} = {self.r.combine(Op.RMAX, d, m, sj)};")
+        loop.put(f"{ct} {rescale} = {new} == {m} ? 1 : {exp2}(({m} - {new}) * {c});")
+        loop.put(f"{m} = {new};")
+        self.memo[(g.max, id(scope))] = m   # the terms read the running max
+        for s, (acc, lanes) in accs.items():
+            inner = loop
+            opened = []
+            for r in lanes:
+                inner = inner.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
+                opened.append(inner)
+            v = self.ref(self.value(s.srcs[0], inner), s.srcs[0])
+            slot = f"{acc}[{self.lane_index(lanes)}]"
+            inner.put(f"{slot} = {slot} * {rescale} + ({m} == (-INFINITY) ? 0 : {v});")
+            for o in reversed(opened):
+                o.close()
+        loop.close()
+        for s, (acc, lanes) in accs.items():   # scores all -inf: every term was exp2(nan)
+            size = math.prod(r.arg[1] for r in lanes)
+            scope.put(f"if ({m} == (-INFINITY)) for (int j = 0; j < {size}; j++) {acc}[j] = NAN;")
+            self.memo[(s, id(scope))] = LaneArray(acc, lanes) if lanes else f"{acc}[0]"
+        return self.memo[(n, id(scope))]
 
 
 class ElementWriter(KernelWriter):

@@ -80,6 +80,7 @@ class Kernel:
     origin: dict[Node, Node] = field(default_factory=dict)  # kernel node -> tensor node (lowering)
     atomic: bool = False               # GPU: the store adds into a zeroed output (a scatter, optimize.py)
     visited: frozenset = frozenset()   # the tensor nodes its lowering went through (schedule.py's cache)
+    online: "object | None" = None      # CPU: a max and its exponential sums in one loop (online.py)
 
     @property
     def value(self) -> Node:

@@ -17,7 +17,7 @@ import math
 
 from .. import dtype as dt
 from ..ir import Node, Op, toposort
-from . import contraction
+from . import contraction, online
 from . import symbolic as sym
 from .lower import Kernel, Stage, enclosing_reduces, free_ranges, index_of, selector
 from .schedule import Schedule
@@ -299,7 +299,9 @@ def _optimize(sched: Schedule, target: str, arch: str) -> None:
     for k in sched.kernels:
         if target == "c":
             if not cpu_packed(k):
-                cpu_lanes(k)
+                k.online = online.find(k)
+                if k.online is None:
+                    cpu_lanes(k)
         elif target == "cuda":
             gpu_plan(k, arch)
         outer = [r for r in k.ranges if r not in k.lanes]

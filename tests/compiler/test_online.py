@@ -1,0 +1,87 @@
+"""Online reductions (compiler/online.py): a max and the sums weighted by its exponentials run
+in one loop on the C backend, and agree with the reference evaluator, special values included."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ember import backends, ir, text
+from ember import dtype as dt
+from ember.backend import c
+from ember.ir import Op
+
+pytestmark = pytest.mark.skipif("c" not in backends.available(), reason="no C compiler")
+
+SOFTMAX = """ember 1
+x = param {t}[5,6]
+m = max x axes=[1]
+mb = expand m shape=[5,6]
+d = sub x mb
+k = const 1.4426950408889634 {t}[5,6]
+a = mul d k
+e = exp2 a
+l = sum e axes=[1]
+lb = expand l shape=[5,6]
+p = div e lb
+lg = log2 l
+lse = add m lg
+return {out}
+"""
+
+ROWS = np.array([[0.5, -1.0, 2.0, 3.0, 0.0, 1.0],
+                 [-np.inf, -np.inf, 1.0, 2.0, -np.inf, 0.5],     # masked at the start: the running max is -inf
+                 [-np.inf] * 6,                                  # all masked: NaN, as the reference
+                 [1.0, np.inf, 2.0, 0.0, 3.0, 4.0],
+                 [1.0, 2.0, np.nan, 0.0, 3.0, 4.0]], np.float32)
+
+
+def both(outputs: list, inputs: dict) -> tuple[list, list]:
+    return ([np.asarray(v) for v in backends.RUNNERS["c"](outputs, inputs)],
+            [np.asarray(v) for v in backends.RUNNERS["ref"](outputs, inputs)])
+
+
+@pytest.mark.parametrize("out", ["p", "lse"])
+def test_softmax_and_logsumexp_in_one_pass_match_the_reference(out: str) -> None:
+    prog = text.parse(SOFTMAX.format(t="f32", out=out))
+    (k,) = c.prepare(prog.output_nodes).kernels
+    assert k.online is not None and len(k.online.sums) == 1   # the max and the sum in one loop
+    (got,), (want,) = both(prog.output_nodes, {prog.nodes["x"]: ROWS})
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7, equal_nan=True)
+
+
+def test_half_precision_keeps_its_rounding_per_op() -> None:
+    prog = text.parse(SOFTMAX.format(t="bf16", out="p"))
+    assert all(k.online is None for k in c.prepare(prog.output_nodes).kernels)
+
+
+def attention(s: int, d: int, causal: bool) -> tuple[list, list]:
+    q, k, v = (ir.param(n, dt.f32, (2, s, d)) for n in "qkv")
+    dot = ir.binary(Op.MUL, ir.expand(ir.reshape(q, (2, s, 1, d)), (2, s, s, d)),
+                    ir.expand(ir.reshape(k, (2, 1, s, d)), (2, s, s, d)))
+    sc = ir.binary(Op.MUL, ir.reshape(ir.reduce(Op.SUM, dot, (3,)), (2, s, s)), ir.const(d ** -0.5, dt.f32, (2, s, s)))
+    if causal:
+        future = ir.binary(Op.CMPLT, ir.iota(dt.i32, (2, s, s), 1), ir.iota(dt.i32, (2, s, s), 2))
+        sc = ir.where(future, ir.const(-math.inf, dt.f32, (2, s, s)), sc)
+    m = ir.expand(ir.reduce(Op.RMAX, sc, (2,)), (2, s, s))
+    e = ir.unary(Op.EXP2, ir.binary(Op.MUL, ir.binary(Op.SUB, sc, m), ir.const(1.4426950408889634, dt.f32, (2, s, s))))
+    p = ir.binary(Op.DIV, e, ir.expand(ir.reduce(Op.SUM, e, (2,)), (2, s, s)))
+    o = ir.reduce(Op.SUM, ir.binary(Op.MUL, ir.expand(ir.reshape(p, (2, s, s, 1)), (2, s, s, d)),
+                                    ir.expand(ir.reshape(v, (2, 1, s, d)), (2, s, s, d))), (2,))
+    return [q, k, v], [ir.reshape(o, (2, s, d))]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_is_one_loop_over_the_keys(causal: bool) -> None:
+    params, outputs = attention(24, 8, causal)
+    sched = c.prepare(outputs)
+    assert len(sched.kernels) == 1 and not sched.temps
+    (k,) = sched.kernels
+    assert k.online is not None and len(k.online.sums) == 2   # the denominator and the weighted sum of v
+    source = "\n".join(c.render(sched).kernels)
+    assert source.count("ember_exp2f(") == 2    # a term and a rescale, in the one loop: no other pass
+    rng = np.random.default_rng(0)
+    inputs = {p: rng.standard_normal(p.shape).astype(np.float32) * 2 for p in params}
+    (got,), (want,) = both(outputs, inputs)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)   # sums of +-2 terms: absolute error
