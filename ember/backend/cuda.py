@@ -225,14 +225,6 @@ class CUDAKernelWriter(KernelWriter):
         t = self.r.acc_ctype(n.arg[0], n.dtype)
         return [f"{acc} = ember_block_reduce<{t}, {int(n.arg[0] is Op.RMAX)}>({acc});"]
 
-    def online_finish(self, m: str, accs: list[str], c: str, ct: str, scope: Scope) -> list[str]:
-        if not self.cooperative(scope):
-            return []
-        f = self.var("f")   # the sums side by side (a group on the GPU has no lanes: online.find)
-        return [f"{ct} {f}[{len(accs)}] = {{{', '.join(f'{a}[0]' for a in accs)}}};",
-                f"ember_block_online<{ct}, {len(accs)}>({m}, {f}, {c});",
-                *(f"{a}[0] = {f}[{i}];" for i, a in enumerate(accs))]
-
 
 def _bitcast_helpers(pairs: set[tuple[DType, DType]]) -> str:
     return "".join(f"EMBER_D {d.c_name} ember_bitcast_{s.name}_{d.name}({s.c_name} x) "
@@ -240,44 +232,11 @@ def _bitcast_helpers(pairs: set[tuple[DType, DType]]) -> str:
                    for s, d in sorted(pairs, key=lambda p: (p[0].name, p[1].name)))
 
 
-ONLINE = r"""
-/* an online group's (max, sums) combined over the block (compiler/online.py): the sums of the
-   smaller max are rescaled by exp2((m - m') * c); every thread gets the result */
-EMBER_D float ember_exp2(float x) { return exp2f(x); }
-EMBER_D double ember_exp2(double x) { return exp2(x); }
-template <typename T, int N> EMBER_D void ember_online_merge(T &m, T (&a)[N], T mo, const T *b, T c) {
-  T mn = ember_max2(m, mo);
-  T s1 = mn == m ? (T)1 : ember_exp2((m - mn) * c), s2 = mn == mo ? (T)1 : ember_exp2((mo - mn) * c);
-  for (int i = 0; i < N; i++) a[i] = a[i] * s1 + b[i] * s2;
-  m = mn;
-}
-template <typename T, int N> EMBER_D void ember_block_online(T &m, T (&a)[N], T c) {
-  __shared__ T pm[32];
-  __shared__ T pa[32][N];
-  for (int o = 16; o > 0; o >>= 1) {
-    T b[N];
-    for (int i = 0; i < N; i++) b[i] = ember_shfl(a[i], o);
-    ember_online_merge(m, a, ember_shfl(m, o), b, c);
-  }
-  __syncthreads();  /* pm and pa may still be read by the previous group */
-  if ((threadIdx.x & 31) == 0) {
-    pm[threadIdx.x >> 5] = m;
-    for (int i = 0; i < N; i++) pa[threadIdx.x >> 5][i] = a[i];
-  }
-  __syncthreads();
-  m = pm[0];
-  for (int i = 0; i < N; i++) a[i] = pa[0][i];
-  for (int w = 1; w < (int)(blockDim.x >> 5); w++) ember_online_merge(m, a, pm[w], pa[w], c);
-}
-"""
-
-
 def _source(kernels: list[Kernel], prefix: str = "") -> str:
     """One CUDA source for these kernels: the prelude, the helpers they use, the kernels."""
     r = CUDARenderer()
     bodies = [r.render_kernel(k, prefix) for k in kernels]
-    online = ONLINE if any(k.online is not None for k in kernels) else ""
-    return PRELUDE + online + mma.helpers(kernels) + _bitcast_helpers(r.bitcasts) + "\n" + "\n".join(bodies)
+    return PRELUDE + mma.helpers(kernels) + _bitcast_helpers(r.bitcasts) + "\n" + "\n".join(bodies)
 
 
 def render(sched: Schedule, prefix: str = "") -> str:

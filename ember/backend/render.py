@@ -554,6 +554,7 @@ class KernelWriter:
         follow the running max, rescaled by exp2((m - m') * c) whenever it grows."""
         g = self.k.online
         d, ct = g.max.dtype, self.r.ctype(g.max.dtype)
+        (j,) = g.max.arg[1]
         m, c = self.var("m"), self.r.literal(g.scale.arg, d)
         scope.put(f"{ct} {m} = (-INFINITY);")
         accs: dict[Node, tuple[str, tuple[Node, ...]]] = {}
@@ -564,13 +565,7 @@ class KernelWriter:
             accs[s] = (self.var("acc"), lanes)
             scope.put(f"{ct} {accs[s][0]}[{size}];")
             scope.put(f"for (int j = 0; j < {size}; j++) {accs[s][0]}[j] = 0;")
-        ranges = g.max.arg[1]
-        last = [r for r in ranges if r not in self.lanes][-1]
-        loop, opened = scope, []
-        for r in ranges:   # a lane of the reduction's own is a plain inner loop: the max runs through it
-            loop = loop.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False) if r in self.lanes
-                             else self.reduce_header(g.max, r, r is last, scope))
-            opened.append(loop)
+        loop = scope.open(frozenset([j]), self.reduce_header(g.max, j, True, scope))
         sj = self.ref(self.value(g.max.srcs[0], loop), g.max.srcs[0])
         new, rescale = self.var("m"), self.var("r")
         exp2 = self.r.math64[Op.EXP2] if d is dt.f64 else self.r.math32[Op.EXP2]
@@ -579,28 +574,22 @@ class KernelWriter:
         loop.put(f"{m} = {new};")
         self.memo[(g.max, id(scope))] = m   # the terms read the running max
         for s, (acc, lanes) in accs.items():
-            inner, inside = loop, []
+            inner = loop
+            opened = []
             for r in lanes:
                 inner = inner.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
-                inside.append(inner)
+                opened.append(inner)
             v = self.ref(self.value(s.srcs[0], inner), s.srcs[0])
             slot = f"{acc}[{self.lane_index(lanes)}]"
             inner.put(f"{slot} = {slot} * {rescale} + ({m} == (-INFINITY) ? 0 : {v});")
-            for o in reversed(inside):
+            for o in reversed(opened):
                 o.close()
-        for o in reversed(opened):
-            o.close()
-        for line in self.online_finish(m, [acc for acc, _ in accs.values()], c, ct, scope):
-            scope.put(line)
+        loop.close()
         for s, (acc, lanes) in accs.items():   # scores all -inf: every term was exp2(nan)
             size = math.prod(r.arg[1] for r in lanes)
             scope.put(f"if ({m} == (-INFINITY)) for (int j = 0; j < {size}; j++) {acc}[j] = NAN;")
             self.memo[(s, id(scope))] = LaneArray(acc, lanes) if lanes else f"{acc}[0]"
         return self.memo[(n, id(scope))]
-
-    def online_finish(self, m: str, accs: list[str], c: str, ct: str, scope: Scope) -> list[str]:
-        """Statements after an online group's loop (CUDA: combine the threads' (max, sums))."""
-        return []
 
 
 class ElementWriter(KernelWriter):

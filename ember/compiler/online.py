@@ -33,9 +33,9 @@ LANES = 256   # a sum may depend on output ranges the max does not (attention's 
 @dataclass(eq=False)
 class Online:
     """The running max, the factor c, and the sums that run in its loop (over the max's range)."""
-    max: Node              # REDUCE(RMAX, (s,), ranges j)
+    max: Node              # REDUCE(RMAX, (s,), (j,))
     scale: Node            # CONST c of exp2((s - max) * c)
-    sums: list[Node]       # REDUCE(SUM, (exp2((s - max) * c) * h,), the same ranges j)
+    sums: list[Node]       # REDUCE(SUM, (exp2((s - max) * c) * h,), (j,))
 
 
 def _exp_scale(e: Node, m: Node) -> tuple[Node, Node] | None:
@@ -73,15 +73,15 @@ def _same(a: Node, b: Node, bound: dict[Node, Node], budget: list[int]) -> bool:
     return all(_same(x, y, bound, budget) for x, y in zip(a.srcs, b.srcs))
 
 
-def _factors(body: Node, own: frozenset[Node]) -> tuple[list[Node], list[Node]]:
-    """body as a product: (its factors, its divisors that depend on none of the ranges own)."""
+def _factors(body: Node, j: Node) -> tuple[list[Node], list[Node]]:
+    """body as a product: (its factors, its divisors that do not depend on j)."""
     deps = free_ranges(body)
     num, den, stack = [], [], [body]
     while stack:
         n = stack.pop()
         if n.op is Op.MUL:
             stack.extend(n.srcs)
-        elif n.op is Op.DIV and not own & deps[n.srcs[1]]:
+        elif n.op is Op.DIV and j not in deps[n.srcs[1]]:
             stack.append(n.srcs[0])
             den.append(n.srcs[1])
         else:
@@ -96,23 +96,21 @@ def _product(d: dt.DType, factors: list[Node]) -> Node | None:
     return out
 
 
-def find(k: Kernel, lanes: bool = True) -> Online | None:
+def find(k: Kernel) -> Online | None:
     """Rewrite k so that one max and the sums weighted by its exponentials run in one loop
-    (k.store changes; the returned record says which nodes the renderer emits together).
-    lanes: a sum may depend on output ranges the max does not, made whole lanes (the CPU's
-    attention over d); without, such a group is left as it is."""
+    (k.store changes; the returned record says which nodes the renderer emits together)."""
     nodes = toposort([k.store])
     for m in nodes:
-        if m.op is Op.REDUCE and m.arg[0] is Op.RMAX and m.dtype in (dt.f32, dt.f64) and \
-                not free_ranges(m)[m] & k.lanes:   # a max per lane would need lanes of maxima
-            found = _rewrite(k, m, nodes, lanes)
-            if found is not None:
-                return found
+        if m.op is not Op.REDUCE or m.arg[0] is not Op.RMAX or len(m.arg[1]) != 1 or m.dtype not in (dt.f32, dt.f64):
+            continue
+        found = _rewrite(k, m, nodes)
+        if found is not None:
+            return found
     return None
 
 
-def _rewrite(k: Kernel, m: Node, nodes: list[Node], lanes: bool) -> Online | None:
-    own, s = m.arg[1], m.srcs[0]
+def _rewrite(k: Kernel, m: Node, nodes: list[Node]) -> Online | None:
+    (j,), s = m.arg[1], m.srcs[0]
     users = [r for r in nodes if r.op is Op.REDUCE and r is not m and m in toposort([r.srcs[0]])]
     if not users:
         return None
@@ -121,10 +119,10 @@ def _rewrite(k: Kernel, m: Node, nodes: list[Node], lanes: bool) -> Online | Non
     scale: Node | None = None
     deps = free_ranges(k.store)
     for r in users:   # toposort order: a sum that divides by another comes after it
-        if r.arg[0] is not Op.SUM or [x.arg[1] for x in r.arg[1]] != [x.arg[1] for x in own] or r.dtype is not m.dtype:
+        if r.arg[0] is not Op.SUM or len(r.arg[1]) != 1 or r.arg[1][0].arg[1] != j.arg[1] or r.dtype is not m.dtype:
             return None
-        (body,) = substitute([r.srcs[0]], dict(zip(r.arg[1], own)))
-        num, den = _factors(body, frozenset(own))
+        (body,) = substitute([r.srcs[0]], {r.arg[1][0]: j})
+        num, den = _factors(body, j)
         exps = [f for f in num if m in toposort([f])]
         if len(exps) != 1 or len({f.dtype for f in num + den} - {m.dtype}):
             return None
@@ -137,9 +135,9 @@ def _rewrite(k: Kernel, m: Node, nodes: list[Node], lanes: bool) -> Online | Non
         (e,) = substitute([exps[0]], {s2: s})   # the max's own score: computed once per j
         rest = [f for f in num if f is not exps[0]]
         extra = deps[r] - deps[m]   # output ranges the sum needs beyond the max's: whole lanes
-        if extra and (not lanes or any(x not in k.ranges for x in extra) or _size(extra) > LANES):
+        if any(x not in k.ranges for x in extra) or _size(extra) > LANES:
             return None
-        new = Node(Op.REDUCE, r.dtype, (_product(r.dtype, [e, *rest]),), (Op.SUM, own))
+        new = Node(Op.REDUCE, r.dtype, (_product(r.dtype, [e, *rest]),), (Op.SUM, (j,)))
         sums.append(new)
         divisor = _product(r.dtype, substitute(den, mapping) if den else [])
         mapping[r] = new if divisor is None else Node(Op.DIV, r.dtype, (new, divisor))

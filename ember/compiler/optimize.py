@@ -286,7 +286,6 @@ def gpu_plan(k: Kernel, arch: str) -> None:
     for r in {n.arg[1][-1] for n in reduces}:
         if r.arg[1] % lanes == 0 and r.arg[1] >= 32 * lanes:
             split_range(k, r, lanes)
-    k.online = online.find(k, lanes=False)   # softmax's max and sum in one pass over the row
 
 
 def optimize(sched: Schedule, target: str, arch: str = "") -> None:

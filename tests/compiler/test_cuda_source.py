@@ -23,13 +23,13 @@ def _unit(arch: str) -> str:
     for i, outputs in enumerate(programs):
         sched = cuda.prepare(outputs, arch)
         assert not any(k.contraction for k in sched.kernels)  # their helpers are not one line each
-        src = cuda.render(sched, prefix=f"p{i}_")[len(cuda.PRELUDE):].replace(cuda.ONLINE, "")
+        src = cuda.render(sched, prefix=f"p{i}_")[len(cuda.PRELUDE):]
         for line in src.splitlines(keepends=True):
             if line.startswith("EMBER_D "):
                 helpers[line] = None
             else:
                 kernels.append(line)
-    return cuda.PRELUDE + cuda.ONLINE + "".join(helpers) + "".join(kernels)
+    return cuda.PRELUDE + "".join(helpers) + "".join(kernels)
 
 
 @pytest.mark.skipif(COMPILER is None, reason="neither nvcc nor NVRTC is installed")
