@@ -116,7 +116,7 @@ class CUDARenderer(CLike):
             return f"ember_imax<{t}>({acc}, ({t})({v}))"
         return super().combine(op, d, acc, v)
 
-    def loop_header(self, r: Node, var: str, lane: bool, parallel: bool) -> list[str]:
+    def loop_header(self, r: Node, var: str, lane: bool, parallel: bool, uneven: bool = False) -> list[str]:
         return (["#pragma unroll"] if lane else []) + [f"for ({r.dtype.c_name} {var} = 0; {var} < {r.arg[1]}; {var}++)"]
 
     def stage_open(self, name: str, ctype: str, size: int, count: int, var: str) -> tuple[list[str], list[str]]:

@@ -278,11 +278,13 @@ class CLike:
         return f"({v} > {acc} ? {v} : {acc})"
 
     # --------------------------------------------------------------------------- kernels
-    def loop_header(self, r: Node, var: str, lane: bool, parallel: bool) -> list[str]:
+    def loop_header(self, r: Node, var: str, lane: bool, parallel: bool, uneven: bool = False) -> list[str]:
+        """uneven: iterations of a parallel loop differ in cost (rows of causal attention), so
+        threads take every n-th instead of a contiguous block each."""
         size = r.arg[1]
         pragma = []
         if parallel:
-            pragma = ["#pragma omp parallel for"]
+            pragma = ["#pragma omp parallel for" + (" schedule(static, 1)" if uneven else "")]
         elif lane:
             pragma = [f"#pragma GCC unroll {size}"]
         elif size <= 16:
@@ -351,8 +353,9 @@ class KernelWriter:
         outer = [r for r in self.k.ranges if r not in self.lanes]
         inner = [r for r in self.k.ranges if r in self.lanes]
         for i, r in enumerate(outer + inner):
+            uneven = self.k.online is not None and self.k.online.stop is not None
             scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), r in self.lanes,
-                                                                  parallel=i < self.k.parallel))
+                                                                  parallel=i < self.k.parallel, uneven=uneven))
             self.fill_stages(r, scope)
         return scope
 
@@ -565,7 +568,12 @@ class KernelWriter:
             accs[s] = (self.var("acc"), lanes)
             scope.put(f"{ct} {accs[s][0]}[{size}];")
             scope.put(f"for (int j = 0; j < {size}; j++) {accs[s][0]}[j] = 0;")
-        loop = scope.open(frozenset([j]), self.reduce_header(g.max, j, True, scope))
+        header = self.reduce_header(g.max, j, True, scope)
+        if g.stop is not None:   # a causal mask: no term past the diagonal is computed
+            stop = self.ref(self.value(g.stop, scope), g.stop)
+            v = self.range_var(j)
+            header = [f"for (int {v} = 0; {v} < ({stop} < {j.arg[1]} ? {stop} : {j.arg[1]}); {v}++)"]
+        loop = scope.open(frozenset([j]), header)
         sj = self.ref(self.value(g.max.srcs[0], loop), g.max.srcs[0])
         new, rescale = self.var("m"), self.var("r")
         exp2 = self.r.math64[Op.EXP2] if d is dt.f64 else self.r.math32[Op.EXP2]

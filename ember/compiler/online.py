@@ -17,13 +17,20 @@ three loops (an f32 result moves by a few ulp), so it is made for f32 and f64 va
 f16/bf16 are rounded after every op by the spec, and no rescaling keeps that. Rows whose
 scores are all -inf have the reference's NaN (every term is exp2(nan)); terms seen while the
 running max is still -inf add nothing, as they would with the final max.
+
+A causal mask (the scores are where(j <= i, s, -inf), or any comparison of j with an index free
+of it) ends the loop at the diagonal: the terms past it are exp2(-inf) = 0 and leave the max
+alone, so skipping them changes nothing, except where a skipped term's other factor is inf or
+NaN (0 * inf is NaN in the reference; such a value of v behind the mask is not seen).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .. import dtype as dt
 from ..ir import Node, Op, toposort
+from . import symbolic as sym
 from .lower import Kernel, free_ranges
 from .rewrite import substitute
 
@@ -36,6 +43,7 @@ class Online:
     max: Node              # REDUCE(RMAX, (s,), (j,))
     scale: Node            # CONST c of exp2((s - max) * c)
     sums: list[Node]       # REDUCE(SUM, (exp2((s - max) * c) * h,), (j,))
+    stop: Node | None = None   # s_j is -inf for every j >= stop (a causal mask): the loop ends there
 
 
 def _exp_scale(e: Node, m: Node) -> tuple[Node, Node] | None:
@@ -71,6 +79,40 @@ def _same(a: Node, b: Node, bound: dict[Node, Node], budget: list[int]) -> bool:
     elif a.arg != b.arg:
         return False
     return all(_same(x, y, bound, budget) for x, y in zip(a.srcs, b.srcs))
+
+
+def _index(n: Node, j: Node) -> tuple[bool, Node] | None:
+    """(whether n is j, else n as an index free of j) through widening casts of indices."""
+    while n.op is Op.CAST and n.srcs[0].dtype is sym.INDEX and n.dtype in (dt.i32, dt.i64):
+        n = n.srcs[0]
+    if n is j:
+        return True, n
+    return (False, n) if n.dtype is sym.INDEX and j not in free_ranges(n)[n] else None
+
+
+def _stop(s: Node, j: Node) -> Node | None:
+    """An index b (free of j) such that s_j is -inf for every j >= b: s is where(c, x, -inf)
+    with c meaning j < b or j <= a, or where(c, -inf, x) with c meaning a < j or j >= b."""
+    if s.op is not Op.WHERE:
+        return None
+    c, x, y = s.srcs
+    masked_when_true = x.op is Op.CONST and x.arg == -math.inf
+    if not masked_when_true and not (y.op is Op.CONST and y.arg == -math.inf):
+        return None
+    negated = c.op is Op.CMPEQ and c.srcs[1].op is Op.CONST and c.srcs[1].arg in (0, False)
+    if negated:
+        c = c.srcs[0]
+    if c.op is not Op.CMPLT:
+        return None
+    left, right = _index(c.srcs[0], j), _index(c.srcs[1], j)
+    if left is None or right is None or left[0] == right[0]:
+        return None
+    keep_when = negated == masked_when_true   # the comparison's value for the kept scores
+    if left[0] and keep_when:          # kept while j < b
+        return right[1]
+    if right[0] and not keep_when:     # kept while not (a < j): j <= a
+        return sym.add(left[1], sym.const(1))
+    return None
 
 
 def _factors(body: Node, j: Node) -> tuple[list[Node], list[Node]]:
@@ -144,7 +186,7 @@ def _rewrite(k: Kernel, m: Node, nodes: list[Node]) -> Online | None:
     assert scale is not None
     k.store = _replace(k.store, mapping)
     k.lanes = k.lanes | frozenset(x for r in sums for x in free_ranges(r)[r] - deps[m])
-    return Online(m, scale, sums)
+    return Online(m, scale, sums, _stop(s, j))
 
 
 def _replace(root: Node, mapping: dict[Node, Node]) -> Node:

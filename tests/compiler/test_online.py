@@ -79,9 +79,29 @@ def test_attention_is_one_loop_over_the_keys(causal: bool) -> None:
     assert len(sched.kernels) == 1 and not sched.temps
     (k,) = sched.kernels
     assert k.online is not None and len(k.online.sums) == 2   # the denominator and the weighted sum of v
+    assert (k.online.stop is not None) == causal     # past the diagonal, no score is computed
     source = "\n".join(c.render(sched).kernels)
     assert source.count("ember_exp2f(") == 2    # a term and a rescale, in the one loop: no other pass
     rng = np.random.default_rng(0)
     inputs = {p: rng.standard_normal(p.shape).astype(np.float32) * 2 for p in params}
     (got,), (want,) = both(outputs, inputs)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)   # sums of +-2 terms: absolute error
+
+
+@pytest.mark.parametrize("mask", ["causal", "bool", "none"])
+def test_the_frontends_attention_ends_its_loop_at_the_diagonal(mask: str) -> None:
+    """F.scaled_dot_product_attention's causal mask (where(cols <= rows, s, -inf)) bounds the
+    loop over the keys; a boolean mask of data does not (nothing is known of it)."""
+    from ember import functional as F
+    from ember import tensor as T
+    rng = np.random.default_rng(0)
+    q, k, v = (T.Tensor(rng.standard_normal((1, 2, 20, 8)).astype(np.float32)) for _ in range(3))
+    keep = T.Tensor(rng.random((20, 20)) < 0.7)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep if mask == "bool" else None,
+                                         is_causal=mask == "causal")
+    outputs, slots = T.canonical_program([out.node])
+    last = c.prepare(outputs).kernels[-1]
+    assert last.online is not None and (last.online.stop is not None) == (mask == "causal")
+    inputs = {slot: T._host(T._DATA[p]) for p, slot in slots.items()}
+    (got,), (want,) = both(outputs, inputs)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
