@@ -199,6 +199,12 @@ def train(argv: list[str] | None = None) -> int:
             setattr(args, name, value)
     if args.dry_run:
         return dry_run(args)
+    if args.gpus < 1:
+        print(f"ember train: --gpus {args.gpus}: at least 1", file=sys.stderr)
+        return 2
+    if args.gpus > 1 and args.device == "cpu":
+        print("ember train: --gpus runs one process per GPU; it does not go with --device cpu", file=sys.stderr)
+        return 2
     try:
         launch = distributed.from_env()
         if args.gpus > 1 and launch.world == 1:   # the launcher: one process per GPU runs this again

@@ -90,6 +90,14 @@ def test_too_few_gpus_is_one_line() -> None:
                                              f"{cuda.device_count()} GPU{'' if cuda.device_count() == 1 else 's'}"]
 
 
+@pytest.mark.parametrize("args, message", [(["--gpus", "0"], "ember train: --gpus 0: at least 1"),
+                                           (["--gpus", "2", "--device", "cpu"], "ember train: --gpus runs one process "
+                                            "per GPU; it does not go with --device cpu")])
+def test_gpus_that_cannot_be_are_one_line(args: list[str], message: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "ember", "train", *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip() == message
+
+
 def _train(world: int, steps: int, global_batch: int) -> tuple[list[float], list[np.ndarray]]:
     """A rank's run: a small GPT, this rank's share of each global batch, AdamW through ember.jit."""
     T.set_default_device("cuda")
