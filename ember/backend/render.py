@@ -581,6 +581,12 @@ class KernelWriter:
         loop.put(f"{ct} {rescale} = {new} == {m} ? 1 : {exp2}(({m} - {new}) * {c});")
         loop.put(f"{m} = {new};")
         self.memo[(g.max, id(scope))] = m   # the terms read the running max
+        # while it is -inf a term's exponential is exp2(nan): 0 with the final max (or the whole
+        # sum is NaN, set after the loop); 0 * h keeps an inf or NaN of h, as the reference does
+        e = self.ref(self.value(g.exp, loop), g.exp)
+        guarded = self.var("e")
+        loop.put(f"{ct} {guarded} = {m} == (-INFINITY) ? 0 : {e};")
+        self.memo[(g.exp, id(self.target(g.exp, loop)))] = guarded
         for s, (acc, lanes) in accs.items():
             inner = loop
             opened = []
@@ -589,10 +595,23 @@ class KernelWriter:
                 opened.append(inner)
             v = self.ref(self.value(s.srcs[0], inner), s.srcs[0])
             slot = f"{acc}[{self.lane_index(lanes)}]"
-            inner.put(f"{slot} = {slot} * {rescale} + ({m} == (-INFINITY) ? 0 : {v});")
+            inner.put(f"{slot} = {slot} * {rescale} + {v};")
             for o in reversed(opened):
                 o.close()
         loop.close()
+        for s, h in zip(g.sums, g.others):   # past the diagonal a term is 0 * h: an inf or NaN of h counts
+            if g.stop is None or h is None:
+                continue
+            acc, lanes = accs[s]
+            v = self.range_var(j)
+            inner = scope.open(frozenset([j]), [f"for (int {v} = ({stop} > 0 ? {stop} : 0); {v} < {j.arg[1]}; {v}++)"])
+            opened = [inner]
+            for r in lanes:
+                inner = inner.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
+                opened.append(inner)
+            inner.put(f"{acc}[{self.lane_index(lanes)}] += 0 * {self.ref(self.value(h, inner), h)};")
+            for o in reversed(opened):
+                o.close()
         for s, (acc, lanes) in accs.items():   # scores all -inf: every term was exp2(nan)
             size = math.prod(r.arg[1] for r in lanes)
             scope.put(f"if ({m} == (-INFINITY)) for (int j = 0; j < {size}; j++) {acc}[j] = NAN;")

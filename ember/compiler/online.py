@@ -13,15 +13,17 @@ which after the last j is the sum with the final max. One loop then computes eve
 does not depend on j (attention's 1/denominator) is applied after the loop instead.
 
 The rewrite is exact in real arithmetic; in floating point it rounds differently from the
-three loops (an f32 result moves by a few ulp), so it is made for f32 and f64 values only:
+three loops (an f32 result moves by a few ulp, and a weight that underflows to 0 there may stay
+a tiny positive number here: times an inf of v, inf where the reference has 0 * inf = NaN),
+so it is made for f32 and f64 values only:
 f16/bf16 are rounded after every op by the spec, and no rescaling keeps that. Rows whose
 scores are all -inf have the reference's NaN (every term is exp2(nan)); terms seen while the
 running max is still -inf add nothing, as they would with the final max.
 
 A causal mask (the scores are where(j <= i, s, -inf), or any comparison of j with an index free
-of it) ends the loop at the diagonal: the terms past it are exp2(-inf) = 0 and leave the max
-alone, so skipping them changes nothing, except where a skipped term's other factor is inf or
-NaN (0 * inf is NaN in the reference; such a value of v behind the mask is not seen).
+of it) ends the loop at the diagonal: the terms past it are exp2(-inf) * h = 0 * h and leave
+the max alone. Their scores are not computed; a short loop adds 0 * h for them, which is 0
+unless h (attention's v) holds an inf or a NaN there, as in the reference.
 """
 from __future__ import annotations
 
@@ -43,7 +45,9 @@ class Online:
     max: Node              # REDUCE(RMAX, (s,), (j,))
     scale: Node            # CONST c of exp2((s - max) * c)
     sums: list[Node]       # REDUCE(SUM, (exp2((s - max) * c) * h,), (j,))
-    stop: Node | None = None   # s_j is -inf for every j >= stop (a causal mask): the loop ends there
+    exp: Node              # their exp2((s - max) * c), one node
+    others: list[Node | None]   # each sum's h (None: 1)
+    stop: Node | None = None    # s_j is -inf for every j >= stop (a causal mask): the loop ends there
 
 
 def _exp_scale(e: Node, m: Node) -> tuple[Node, Node] | None:
@@ -158,6 +162,8 @@ def _rewrite(k: Kernel, m: Node, nodes: list[Node]) -> Online | None:
         return None
     mapping: dict[Node, Node] = {}
     sums: list[Node] = []
+    others: list[Node | None] = []
+    exp: Node | None = None
     scale: Node | None = None
     deps = free_ranges(k.store)
     for r in users:   # toposort order: a sum that divides by another comes after it
@@ -179,14 +185,19 @@ def _rewrite(k: Kernel, m: Node, nodes: list[Node]) -> Online | None:
         extra = deps[r] - deps[m]   # output ranges the sum needs beyond the max's: whole lanes
         if any(x not in k.ranges for x in extra) or _size(extra) > LANES:
             return None
+        if sums and e is not exp:
+            return None
+        exp = e
         new = Node(Op.REDUCE, r.dtype, (_product(r.dtype, [e, *rest]),), (Op.SUM, (j,)))
         sums.append(new)
+        others.append(_product(r.dtype, rest))
         divisor = _product(r.dtype, substitute(den, mapping) if den else [])
         mapping[r] = new if divisor is None else Node(Op.DIV, r.dtype, (new, divisor))
     assert scale is not None
     k.store = _replace(k.store, mapping)
     k.lanes = k.lanes | frozenset(x for r in sums for x in free_ranges(r)[r] - deps[m])
-    return Online(m, scale, sums, _stop(s, j))
+    assert exp is not None
+    return Online(m, scale, sums, exp, others, _stop(s, j))
 
 
 def _replace(root: Node, mapping: dict[Node, Node]) -> Node:

@@ -105,3 +105,27 @@ def test_the_frontends_attention_ends_its_loop_at_the_diagonal(mask: str) -> Non
     inputs = {slot: T._host(T._DATA[p]) for p, slot in slots.items()}
     (got,), (want,) = both(outputs, inputs)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_attention_matches_the_reference(seed: int) -> None:
+    """Batches, heads, lengths of queries and keys, masks (causal, boolean, additive, none),
+    scales, and an inf in v behind the mask: C against the reference evaluator."""
+    from ember import functional as F
+    from ember import tensor as T
+    rng = np.random.default_rng(seed)
+    b, h, s, t, d = (int(rng.choice(c)) for c in ([1, 2], [1, 3], [1, 5, 17], [1, 3, 17, 40], [1, 3, 8]))
+    mask = str(rng.choice(["none", "causal", "bool", "float"]))
+    q, k, v = (rng.standard_normal((b, h, n, d)).astype(np.float32) * 2 for n in (s, t, t))
+    keep = rng.random((s, t)) < 0.6
+    if mask == "bool":   # the first key is inf in v, and masked in half the rows: 0 * inf is NaN
+        v[..., 0, :] = np.inf          # there (seen while the running max is still -inf), inf elsewhere
+        keep[:, 0] = np.arange(s) % 2 == 0
+    mine = T.Tensor(keep) if mask == "bool" else T.Tensor(rng.standard_normal((s, t)).astype(np.float32)) \
+        if mask == "float" else None
+    out = F.scaled_dot_product_attention(T.Tensor(q), T.Tensor(k), T.Tensor(v), attn_mask=mine,
+                                         is_causal=mask == "causal" and s == t, scale=float(rng.choice([0.1, 1.0])))
+    outputs, slots = T.canonical_program([out.node])
+    inputs = {slot: T._host(T._DATA[p]) for p, slot in slots.items()}
+    (got,), (want,) = both(outputs, inputs)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
