@@ -6,10 +6,12 @@ The reference evaluator interprets; compiled backends generate, build and run co
 from __future__ import annotations
 
 import functools
+import importlib
 import statistics
 import sys
 import time
-from typing import Callable
+from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
@@ -22,49 +24,59 @@ class BackendError(Exception):
     """A backend that cannot run here, or a program it cannot run (exit status 3)."""
 
 
-def _run_ref(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
-    try:
-        return ref.evaluate(outputs, inputs)
-    except ref.Unsupported as e:
-        raise BackendError(str(e)) from None
+@dataclass(frozen=True)
+class Backend:
+    """One target: its name, the frontend's device names for it, and for a compiled target the
+    module that generates, builds and runs its code (ember.backend.c or ember.backend.cuda:
+    available, prepare, source, compile, run_values; a module with run_device keeps values in
+    its device's memory between programs)."""
+    name: str
+    devices: tuple[str, ...]
+    module: str | None = None
+
+    @property
+    def compiler(self) -> ModuleType | None:
+        return importlib.import_module(f"ember.backend.{self.module}") if self.module else None
+
+    def available(self) -> bool:
+        return self.compiler is None or self.compiler.available()
+
+    def why_unavailable(self) -> str:
+        return self.compiler.why_unavailable() if self.compiler is not None else ""
+
+    @property
+    def keeps_values(self) -> bool:
+        """Whether results stay on the device (run_device) instead of coming back to the host."""
+        return hasattr(self.compiler, "run_device")
+
+    def run(self, outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
+        """Values of outputs, given the params' values, both as the reference evaluator holds them."""
+        try:
+            if self.compiler is None:
+                return ref.evaluate(outputs, inputs)
+            return self.compiler.run_values(outputs, inputs)
+        except (ref.Unsupported, RuntimeError, NotImplementedError) as e:   # C's CompileError is a RuntimeError
+            raise BackendError(str(e)) from None
+
+    def source(self, outputs: list[Node], arch: str | None = None) -> str:
+        """The generated source (arch: the GPU architecture, for CUDA)."""
+        if self.compiler is None:
+            raise BackendError(f"backend '{self.name}' generates no source (use c or cuda)")
+        return self.compiler.source(outputs, arch) if self.name == "cuda" else self.compiler.source(outputs)
 
 
-def _run_c(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
-    from .backend import c
-    try:
-        return c.run_values(outputs, inputs)
-    except (c.CompileError, NotImplementedError) as e:
-        raise BackendError(str(e)) from None
-
-
-def _run_cuda(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
-    from .backend import cuda
-    try:
-        return cuda.run_values(outputs, inputs)
-    except (RuntimeError, NotImplementedError) as e:
-        raise BackendError(str(e)) from None
-
-
-RUNNERS: dict[str, Callable[[list[Node], dict[Node, np.ndarray]], list[np.ndarray]]] = {
-    "ref": _run_ref, "c": _run_c, "cuda": _run_cuda}
-
-
-DEVICES = {"cpu": "c", "c": "c", "cuda": "cuda", "ref": "ref"}   # the frontend's device names -> backends
+BACKENDS: dict[str, Backend] = {b.name: b for b in (Backend("ref", ("ref",)), Backend("c", ("cpu", "c"), "c"),
+                                                     Backend("cuda", ("cuda",), "cuda"))}
 
 
 def backend_of(device: object) -> str | None:
     """The backend a device name means ("cpu" and "cpu:0" are the C backend), or None."""
-    return DEVICES.get(str(device).split(":")[0])
+    name = str(device).split(":")[0]
+    return next((b.name for b in BACKENDS.values() if name in b.devices), None)
 
 
 def available() -> list[str]:
-    found = ["ref"]
-    from .backend import c, cuda
-    if c.available():
-        found.append("c")
-    if cuda.available():
-        found.append("cuda")
-    return found
+    return [name for name, b in BACKENDS.items() if b.available()]
 
 
 def default() -> str:
@@ -75,8 +87,8 @@ def default() -> str:
 
 def resolve(backend: str) -> str:
     """The backend that will run: a known, available one (CUDA falls back to C, said once)."""
-    if backend not in RUNNERS:
-        raise BackendError(f"unknown backend '{backend}' (backends: {', '.join(RUNNERS)})")
+    if backend not in BACKENDS:
+        raise BackendError(f"unknown backend '{backend}' (backends: {', '.join(BACKENDS)})")
     if backend == "cuda" and "cuda" not in available() and "c" in available():
         _notice_fallback()
         backend = "c"
@@ -88,15 +100,14 @@ def resolve(backend: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _notice_fallback() -> None:
-    from .backend import cuda
-    print(f"ember: {cuda.why_unavailable()}; running on the C backend instead", file=sys.stderr)
+    print(f"ember: {BACKENDS['cuda'].why_unavailable()}; running on the C backend instead", file=sys.stderr)
 
 
 def run_program(prog: Program, backend: str) -> list[np.ndarray]:
     """Values of the program's outputs (as the reference evaluator holds them)."""
     backend = resolve(backend)
     inputs = {prog.nodes[p]: prog.input_values(p) for p in prog.params}
-    return RUNNERS[backend](prog.output_nodes, inputs)
+    return BACKENDS[backend].run(prog.output_nodes, inputs)
 
 
 def bench_program(prog: Program, backend: str, runs: int) -> tuple[list[np.ndarray], float]:
@@ -105,18 +116,19 @@ def bench_program(prog: Program, backend: str, runs: int) -> tuple[list[np.ndarr
     backend = resolve(backend)
     inputs = {prog.nodes[p]: prog.input_values(p) for p in prog.params}
     outputs = prog.output_nodes
-    if backend == "ref":
-        values = _run_ref(outputs, inputs)
+    compiler = BACKENDS[backend].compiler
+    if compiler is None:
+        values = BACKENDS[backend].run(outputs, inputs)
         times = []
         for _ in range(runs):
             t = time.perf_counter()
             ref.evaluate(outputs, inputs)
             times.append((time.perf_counter() - t) * 1e3)
     else:
-        from .backend import c, cuda, timed_values
+        from .backend import timed_values
         try:
-            values, times = timed_values((c if backend == "c" else cuda).compile(outputs), inputs, runs)
-        except (c.CompileError, RuntimeError, NotImplementedError) as e:
+            values, times = timed_values(compiler.compile(outputs), inputs, runs)
+        except (RuntimeError, NotImplementedError) as e:   # C's CompileError is a RuntimeError
             raise BackendError(str(e)) from None
     return values, statistics.median(times)
 

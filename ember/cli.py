@@ -91,14 +91,7 @@ def cmd_source(args: argparse.Namespace) -> int:
     backend = args.backend or ("cuda" if "cuda" in backends.available() else "c")
     try:
         prog = parse_file(args.file)
-        if backend == "c":
-            from .backend import c
-            print(c.source(prog.output_nodes))
-        elif backend == "cuda":
-            from .backend import cuda
-            print(cuda.source(prog.output_nodes, args.arch))
-        else:
-            return _fail(f"ember source: backend '{backend}' generates no source (use c or cuda)", 3)
+        print(backends.BACKENDS[backend].source(prog.output_nodes, args.arch))
     except EirError as e:
         return _fail(str(e), 2)
     except BackendError as e:
@@ -368,7 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("source", help="print the generated source of a program", formatter_class=fmt)
     p.add_argument("file", help="the .eir file")
-    p.add_argument("--backend", choices=["c", "cuda"], help="which source (default: cuda with a GPU, else c)")
+    p.add_argument("--backend", choices=[n for n, b in backends.BACKENDS.items() if b.module],
+                   help="which source (default: cuda with a GPU, else c)")
     from .backend.cuda import ARCHS
     p.add_argument("--arch", choices=ARCHS, default=None,
                    help="the GPU the CUDA source is for (default: this machine's GPU, else sm_86)")

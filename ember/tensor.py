@@ -104,8 +104,7 @@ def set_default_device(device: str) -> None:
     if name is None:
         raise ValueError(f"set_default_device({device!r}): devices are 'cpu', 'cuda' and 'ref'")
     if name not in backends.available():
-        from .backend import cuda
-        raise RuntimeError(f"set_default_device({device!r}): {cuda.why_unavailable()}")
+        raise RuntimeError(f"set_default_device({device!r}): {backends.BACKENDS[name].why_unavailable()}")
     context.device = name
 
 
@@ -1706,17 +1705,16 @@ def execute(canonical: list[Node], values: dict[Node, Any], average: tuple[int, 
     """Run a canonical program (its params are slots) on the default device: the results stay
     there (a GPU's in device memory). average: the outputs averaged over the data-parallel
     ranks."""
-    device = default_device()
-    if device == "cuda":
-        from .backend import cuda
+    backend = backends.BACKENDS[default_device()]
+    if backend.keeps_values:
         try:
-            results = cuda.run_device(canonical, values, average)
+            results = backend.compiler.run_device(canonical, values, average)
         except (RuntimeError, NotImplementedError) as e:
             raise backends.BackendError(str(e)) from None
     elif average:
-        raise backends.BackendError("data-parallel training runs on cuda (the default device is cpu)")
+        raise backends.BackendError(f"data-parallel training runs on cuda (the default device is {backend.name})")
     else:
-        results = [np.asarray(v) for v in backends.RUNNERS[device](canonical, {k: _host(v) for k, v in values.items()})]
+        results = [np.asarray(v) for v in backend.run(canonical, {k: _host(v) for k, v in values.items()})]
     context.runs += 1
     return results
 

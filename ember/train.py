@@ -218,9 +218,8 @@ def train(argv: list[str] | None = None) -> int:
     main = distributed.rank() == 0
     if args.device == "cuda":
         from . import backends
-        from .backend import cuda
         if "cuda" not in backends.available():
-            print(f"ember train: --device cuda: {cuda.why_unavailable()}", file=sys.stderr)
+            print(f"ember train: --device cuda: {backends.BACKENDS['cuda'].why_unavailable()}", file=sys.stderr)
             return 3
     if args.device:
         T.Tensor(np.zeros(1)).to(args.device)

@@ -27,9 +27,9 @@ from typing import Callable
 import numpy as np
 
 from .. import debug
-from ..compiler import optimize
+from ..compiler import pipeline
 from ..compiler.lower import Kernel
-from ..compiler.schedule import Schedule, schedule
+from ..compiler.schedule import Schedule
 from ..dtype import DType
 from ..ir import Node, Op, toposort
 from . import cache_dir, cached, packed
@@ -151,6 +151,10 @@ def available() -> bool:
     return _cc() is not None
 
 
+def why_unavailable() -> str:
+    return "no C compiler was found (install gcc or clang, or set CC)"
+
+
 @functools.lru_cache(maxsize=None)
 def _flags(opt: str = "-O3") -> tuple[str, ...]:
     """opt: -O3 always, except when the fuzzer asks whether a wrong answer is the C compiler's."""
@@ -170,7 +174,7 @@ def _supports(flag: str) -> bool:
         return proc.returncode == 0
 
 
-class CompileError(Exception):
+class CompileError(RuntimeError):
     pass
 
 
@@ -284,9 +288,7 @@ compile = cached(CProgram)
 
 def prepare(outputs: list[Node]) -> Schedule:
     """The program's kernels, scheduled (short reductions may nest) and optimized for the CPU."""
-    sched = schedule(outputs, nest=NEST)
-    optimize.optimize(sched, target="c")
-    return sched
+    return pipeline.compile_schedule(outputs, "c", nest=NEST)
 
 
 def source(outputs: list[Node]) -> str:

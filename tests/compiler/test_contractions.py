@@ -121,7 +121,7 @@ def test_packed_cpu_matches_reference(name: str) -> None:
     (k,) = _kernels(outputs, target="c")
     assert k.contraction is not None and (k.contraction[0].a.k_major, k.contraction[0].b.k_major) == (a_kmajor, b_kmajor)
     inputs = _inputs(outputs)
-    got = backends.RUNNERS["c"](outputs, inputs)
+    got = backends.BACKENDS["c"].run(outputs, inputs)
     want = ref.evaluate(outputs, inputs)
     assert all(np.array_equal(np.asarray(g, np.float64), np.asarray(w, np.float64)) for g, w in zip(got, want))
 

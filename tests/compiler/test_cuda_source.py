@@ -8,6 +8,7 @@ import pytest
 
 from ember import text
 from ember.backend import cuda
+from ember.compiler.split import split_large_reductions
 
 from .cuda_compile import COMPILER, compile_cuda
 from .randprog import random_program
@@ -63,7 +64,7 @@ def test_long_1d_full_reduction_is_split_across_blocks() -> None:
     from ember.ir import Op
     x = ir.param("x", dt.f64, (1 << 20,))
     out = ir.reduce(Op.SUM, x, (0,))
-    (split,) = cuda._split_large_reductions([out])
+    (split,) = split_large_reductions([out])
     assert split is not out and len(cuda.prepare([out]).kernels) == 2
     v = np.random.default_rng(0).standard_normal(1 << 20)
     np.testing.assert_allclose(ref.evaluate([split], {x: v})[0], ref.evaluate([out], {x: v})[0], rtol=1e-12)
@@ -107,7 +108,7 @@ def test_few_outputs_of_long_reductions_are_split() -> None:
         kernels = cuda.prepare([out]).kernels
         blocks = [cuda.launch_config(k)[0][0] for k in kernels]
         assert len(kernels) == 2 and blocks[0] >= 64, (shape, blocks)
-        (split,) = cuda._split_large_reductions([out])
+        (split,) = split_large_reductions([out])
         v = np.random.default_rng(0).standard_normal(shape)
         np.testing.assert_allclose(ref.evaluate([split], {x: v})[0], ref.evaluate([out], {x: v})[0], rtol=1e-12,
                                    atol=1e-9)

@@ -18,7 +18,7 @@ COMPILED = [b for b in ("c", "cuda") if b in backends.available()]
 def test_random_programs_match_reference(backend: str, seed: int, steps: int) -> None:
     outputs, inputs = random_program(seed, steps)
     want = ref.evaluate(outputs, inputs)
-    got = backends.RUNNERS[backend](outputs, inputs)
+    got = backends.BACKENDS[backend].run(outputs, inputs)
     problem = compare(outputs, got, want)
     assert problem is None, f"seed={seed} steps={steps}: {problem}"
 

@@ -65,6 +65,6 @@ def test_gpu_plan_matches_reference(name: str) -> None:
     params = [n for n in ir.toposort(outputs) if n.op is Op.PARAM]
     inputs = {p: rng.standard_normal(p.shape).astype(np.float32) if p.dtype is dt.f32
               else rng.integers(0, 301, p.shape).astype(np.int32) for p in params}
-    got = backends.RUNNERS["cuda"](outputs, inputs)
+    got = backends.BACKENDS["cuda"].run(outputs, inputs)
     assert compare(outputs, got, ref.evaluate(outputs, inputs)) is None
 

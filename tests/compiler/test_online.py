@@ -38,8 +38,8 @@ ROWS = np.array([[0.5, -1.0, 2.0, 3.0, 0.0, 1.0],
 
 
 def both(outputs: list, inputs: dict) -> tuple[list, list]:
-    return ([np.asarray(v) for v in backends.RUNNERS["c"](outputs, inputs)],
-            [np.asarray(v) for v in backends.RUNNERS["ref"](outputs, inputs)])
+    return ([np.asarray(v) for v in backends.BACKENDS["c"].run(outputs, inputs)],
+            [np.asarray(v) for v in backends.BACKENDS["ref"].run(outputs, inputs)])
 
 
 @pytest.mark.parametrize("out", ["p", "lse"])

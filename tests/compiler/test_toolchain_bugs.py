@@ -29,7 +29,7 @@ def test_case_matches_reference(path: Path, backend: str) -> None:
     prog = parse_file(str(path))
     inputs = {prog.nodes[p]: prog.input_values(p) for p in prog.params}
     want = ref.evaluate(prog.output_nodes, inputs)
-    got = backends.RUNNERS[backend](prog.output_nodes, inputs)
+    got = backends.BACKENDS[backend].run(prog.output_nodes, inputs)
     assert compare(prog.output_nodes, got, want) is None
 
 
