@@ -89,12 +89,13 @@ def tokenize(text: bytes, model: str, out: Path | None) -> tuple[np.ndarray, int
         tok.train_from_iterator([words], vocab_size=BPE_TOKENS, min_frequency=2, special_tokens=["<|endoftext|>"],
                                 show_progress=False)
         ids = np.array(tok.encode(words).ids, dtype=np.int32)
-        pid = os.getpid()   # written under another name, then renamed: ranks may tokenize at once
-        tok.save(str(path.with_suffix(f".{pid}.tmp")))
-        with open(ids_path.with_suffix(f".{pid}.tmp"), "wb") as f:
+        # written under other names, then renamed: ranks may tokenize at once
+        tmp_tok, tmp_ids = (p.with_name(f"{p.name}.{os.getpid()}.tmp") for p in (path, ids_path))
+        tok.save(str(tmp_tok))
+        with open(tmp_ids, "wb") as f:
             np.save(f, ids)
-        os.replace(path.with_suffix(f".{pid}.tmp"), path)
-        os.replace(ids_path.with_suffix(f".{pid}.tmp"), ids_path)
+        os.replace(tmp_tok, path)
+        os.replace(tmp_ids, ids_path)
     if out is not None:
         shutil.copyfile(path, out / "tokenizer.json")
     return ids, BPE_VOCAB
