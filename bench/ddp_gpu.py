@@ -16,7 +16,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -58,8 +57,7 @@ def ember_rank(config: dict, steps: int, per_gpu: int) -> dict:
 def torch_rank(rank: int, world: int, config: dict, steps: int, per_gpu: int, port: int, out) -> None:
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
-    from train_gpu import TorchGPT
+    from train_gpu import TorchGPT, torch_steps
     torch.cuda.set_device(rank)
     if world > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -68,23 +66,9 @@ def torch_rank(rank: int, world: int, config: dict, steps: int, per_gpu: int, po
     torch.manual_seed(0)
     model = TorchGPT(c).cuda()
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank]) if world > 1 else model
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    mine = batches(c, per_gpu * world, rank, world)
-    times = []
-    for s in range(steps):
-        batch = torch.from_numpy(mine[s % 4]).long().cuda()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = ddp(batch[:, :-1], sdpa=True)
-            loss = F.cross_entropy(logits.reshape(-1, c.vocab).float(), batch[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        loss.item()
-        times.append(time.perf_counter() - t0)
+    times = torch_steps(c, steps, batches(c, per_gpu * world, rank, world), True, ddp)   # after the first
     if rank == 0:
-        out.put({"step": statistics.median(times[3:]), "memory": torch.cuda.max_memory_allocated() / 2 ** 30})
+        out.put({"step": statistics.median(times[2:]), "memory": torch.cuda.max_memory_allocated() / 2 ** 30})
     if world > 1:
         dist.destroy_process_group()
 

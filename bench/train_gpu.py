@@ -105,8 +105,11 @@ def device_memory_used() -> float:
     return (total - free) / 2 ** 30 if err == cu.CUresult.CUDA_SUCCESS else float("nan")
 
 
-def torch_steps(c: GPTConfig, steps: int, tokens: np.ndarray, bf16: bool) -> list[float]:
-    model = TorchGPT(c).cuda()
+def torch_steps(c: GPTConfig, steps: int, tokens: np.ndarray, bf16: bool,
+                model: torch.nn.Module | None = None) -> list[float]:
+    """Seconds of each step after the first; model: what to train (a DistributedDataParallel
+    one, bench/ddp_gpu.py), else a new TorchGPT."""
+    model = TorchGPT(c).cuda() if model is None else model
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     times = []
     for s in range(steps):
