@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for everything GPU: the GPU tests, a differential fuzz batch, then the
-# benchmarks beside PyTorch (memory-bound kernels, matmuls, convolutions, training), each
-# printing its table.
+# benchmarks beside PyTorch (memory-bound kernels, matmuls, convolutions, training, GPT-2 124M,
+# loss parity), each printing its table. About 6 minutes with FUZZ=300 STEPS=6.
 #   (on the device machine, from the repository root) bash bench/device.sh [--quick]
 # FUZZ=N programs (default 400), STEPS=N training steps (default 8).
 set -uo pipefail
@@ -24,6 +24,8 @@ echo "== convolutions"
 python3 bench/cnn_gpu.py --steps "${STEPS:-8}" 2>&1 | tee "$OUT/cnn_bench.txt"
 echo "== training"
 python3 bench/train_gpu.py --steps "${STEPS:-8}" 2>&1 | tee "$OUT/train_bench.txt"
+echo "== GPT-2 124M (bf16, batch 16, vocab 50304)"
+python3 bench/train_gpu.py --layers 12 --batch 16 --vocab 50304 --bf16-only --steps "${STEPS:-8}" 2>&1 | tee "$OUT/gpt2_bench.txt"
 echo "== loss parity with PyTorch (200 steps, f32 then bf16)"
 python3 bench/loss_parity.py 2>&1 | tail -1
 python3 bench/loss_parity.py --bf16 2>&1 | tail -1
