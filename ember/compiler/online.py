@@ -167,6 +167,8 @@ def _rewrite(k: Kernel, m: Node, nodes: list[Node]) -> Online | None:
     scale: Node | None = None
     deps = free_ranges(k.store)
     for r in users:   # toposort order: a sum that divides by another comes after it
+        if not any(x in deps[n] for x in r.arg[1] for n in toposort([r.srcs[0]]) if m in n.srcs):
+            continue   # it reads the finished max (cross-entropy's pick of log-probabilities): after the loop
         if r.arg[0] is not Op.SUM or len(r.arg[1]) != 1 or r.arg[1][0].arg[1] != j.arg[1] or r.dtype is not m.dtype:
             return None
         (body,) = substitute([r.srcs[0]], {r.arg[1][0]: j})
@@ -193,7 +195,8 @@ def _rewrite(k: Kernel, m: Node, nodes: list[Node]) -> Online | None:
         others.append(_product(r.dtype, rest))
         divisor = _product(r.dtype, substitute(den, mapping) if den else [])
         mapping[r] = new if divisor is None else Node(Op.DIV, r.dtype, (new, divisor))
-    assert scale is not None
+    if scale is None:
+        return None
     k.store = _replace(k.store, mapping)
     k.lanes = k.lanes | frozenset(x for r in sums for x in free_ranges(r)[r] - deps[m])
     assert exp is not None

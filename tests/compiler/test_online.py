@@ -129,3 +129,18 @@ def test_random_attention_matches_the_reference(seed: int) -> None:
     inputs = {slot: T._host(T._DATA[p]) for p, slot in slots.items()}
     (got,), (want,) = both(outputs, inputs)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_cross_entropy_joins_its_max_and_sum() -> None:
+    """The pick of the target's log-probability reads the finished max, so it stays a reduction
+    after the loop; the max and the sum of exponentials run together (two passes, not three)."""
+    from ember import functional as F
+    from ember import tensor as T
+    rng = np.random.default_rng(0)
+    logits = T.Tensor(rng.standard_normal((16, 300)).astype(np.float32) * 4)
+    target = T.Tensor(np.where(np.arange(16) % 5 == 0, -100, rng.integers(0, 300, 16)).astype(np.int64))
+    outputs, slots = T.canonical_program([F.cross_entropy(logits, target).node])
+    assert any(k.online is not None for k in c.prepare(outputs).kernels)
+    inputs = {slot: T._host(T._DATA[p]) for p, slot in slots.items()}
+    (got,), (want,) = both(outputs, inputs)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
