@@ -98,8 +98,9 @@ def test_gpus_that_cannot_be_are_one_line(args: list[str], message: str) -> None
     assert r.returncode == 2 and r.stderr.strip() == message
 
 
-def _train(world: int, steps: int, global_batch: int) -> tuple[list[float], list[np.ndarray]]:
-    """A rank's run: a small GPT, this rank's share of each global batch, AdamW through ember.jit."""
+def _train(world: int, steps: int, global_batch: int, accum: int = 1) -> tuple[list[float], list[np.ndarray]]:
+    """A rank's run: a small GPT, this rank's share of each global batch (in accum micro-batches),
+    AdamW through ember.jit."""
     T.set_default_device("cuda")
     T.manual_seed(0)
     model = GPT(GPTConfig(vocab=64, block=32, dim=64, n_layer=2, n_head=2))
@@ -109,10 +110,15 @@ def _train(world: int, steps: int, global_batch: int) -> tuple[list[float], list
 
     def step(x: T.Tensor, y: T.Tensor) -> T.Tensor:
         opt.zero_grad()
-        loss = model.loss(x, y)
-        loss.backward()
+        rows, total = x.shape[0] // accum, None
+        for i in range(accum):   # each backward() of a DataParallel model averages what it adds
+            loss = model.loss(x[i * rows:(i + 1) * rows], y[i * rows:(i + 1) * rows]) * (1.0 / accum)
+            loss.backward()
+            loss = loss.detach() if world > 1 else loss
+            total = loss if total is None else total + loss
+        T.context.pending_loss = total   # computed in the update's program, from the weights before it
         opt.step()
-        return loss
+        return total
     run = ember.jit(step)
     rng = np.random.default_rng(0)
     losses = []
@@ -132,9 +138,10 @@ def _nccl_present() -> bool:
 
 
 @pytest.mark.skipif(cuda.device_count() < 2 or not _nccl_present(), reason="needs 2 GPUs and NCCL")
-def test_two_gpus_take_the_same_steps_as_one() -> None:
-    (one,) = distributed.spawn(_train, 1, 1, 6, 8)
-    two = distributed.spawn(_train, 2, 2, 6, 8)
+@pytest.mark.parametrize("accum", [1, 2])
+def test_two_gpus_take_the_same_steps_as_one(accum: int) -> None:
+    (one,) = distributed.spawn(_train, 1, 1, 6, 8, accum)
+    two = distributed.spawn(_train, 2, 2, 6, 8, accum)
     for losses, params in two:   # both ranks report the whole batch's loss and hold the same weights
         np.testing.assert_allclose(losses, one[0], rtol=2e-5)
         for a, b in zip(params, one[1]):   # Adam divides by sqrt(v): where a gradient is near zero, the
