@@ -89,7 +89,7 @@ def shard(rows: int, rank: int, world: int) -> slice:
 def bucket_plan(done_at: Sequence[int], nbytes: Sequence[int], cap: int) -> list[tuple[int, list[int]]]:
     """Group values into all-reduce buckets in the order their kernels finish them: (the launch
     after which the bucket starts, the values' positions). done_at[i]: the index of the launch
-    that writes value i last (-1: written by none); a bucket closes once it holds cap bytes."""
+    that writes value i last; a bucket closes once it holds cap bytes."""
     order = sorted(range(len(done_at)), key=lambda i: done_at[i])
     plan: list[tuple[int, list[int]]] = []
     members: list[int] = []
@@ -343,7 +343,7 @@ def spawn(fn: Callable, nprocs: int, *args: Any) -> list[Any]:
                 rank_, status, value = results.get(timeout=1.0)
             except queue.Empty:
                 dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in out]
-                if dead and len(out) + len(failed) < nprocs:
+                if dead:
                     failed += [f"rank {r} exited with status {procs[r].exitcode}" for r in dead]
                     break
                 continue

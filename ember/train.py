@@ -291,11 +291,9 @@ def train(argv: list[str] | None = None) -> int:
 def launch_ranks(args: argparse.Namespace, argv: list[str] | None) -> int:
     """--gpus N: the text tokenized once here (the cache the ranks then read), then one process
     per GPU, each running `ember train` with the same arguments as one rank."""
-    if args.model != "byte":
-        text, _ = load_text(args.data, args.max_bytes)
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        tokenize(text, args.model, Path(args.out))
-    codes = distributed.spawn(train, args.gpus, sys.argv[2:] if argv is None else argv)
+    if args.model != "byte":   # rank 0 copies the tokenizer to the run folder
+        tokenize(load_text(args.data, args.max_bytes)[0], args.model, None)
+    codes = distributed.spawn(train, args.gpus, sys.argv[1:] if argv is None else argv)   # as parse_args read them
     return max(codes)
 
 

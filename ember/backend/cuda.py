@@ -604,18 +604,15 @@ class CUDAProgram:
         all-reduce of the last layers' gradients overlaps the backward pass of the first ones."""
         from .. import distributed
         group = distributed.group()
-        done_at = {k.out.id: i for i, k in enumerate(self.sched.kernels)}   # the last writer of each
+        done_at = {k.out.id: i for i, k in enumerate(self.sched.kernels)}   # each output's writer (one each)
         outs = [self.sched.outputs[i] for i in average]
-        plan = distributed.bucket_plan([done_at.get(b.id, -1) for b in outs], [b.nbytes for b in outs],
+        plan = distributed.bucket_plan([done_at[b.id] for b in outs], [b.nbytes for b in outs],
                                        distributed.BUCKET_BYTES)
         after: dict[int, list[Callable]] = {}
         for launch, members in plan:
             arrays = [results[average[m]] for m in members]
             after.setdefault(launch, []).append(lambda stream, arrays=arrays: group.all_reduce(arrays, stream))
-        last = len(self.sched.kernels) - 1
-        after.setdefault(last, []).append(group.join)   # the step's stream waits for every bucket
-        if -1 in after:   # outputs no kernel writes (an input given back): before the first launch
-            after.setdefault(0, [])[:0] = after.pop(-1)
+        after.setdefault(len(self.sched.kernels) - 1, []).append(group.join)   # the step's stream waits for all
         return after
 
     def _capture(self, key: tuple, launches: list, after: dict[int, list[Callable]] | None) -> None:

@@ -352,8 +352,8 @@ class KernelWriter:
         scope = root
         outer = [r for r in self.k.ranges if r not in self.lanes]
         inner = [r for r in self.k.ranges if r in self.lanes]
+        uneven = self.k.online is not None and self.k.online.stop is not None
         for i, r in enumerate(outer + inner):
-            uneven = self.k.online is not None and self.k.online.stop is not None
             scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), r in self.lanes,
                                                                   parallel=i < self.k.parallel, uneven=uneven))
             self.fill_stages(r, scope)
@@ -521,9 +521,8 @@ class KernelWriter:
             inner = inner.open(frozenset([r]), self.reduce_header(n, r, i == len(loops) - 1, scope))
             self.fill_stages(r, inner)
             opened.append(inner)
-        for r in free_lanes + own_lanes:
-            inner = inner.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
-            opened.append(inner)
+        opened += self.open_lanes(inner, free_lanes + own_lanes)
+        inner = opened[-1] if opened else inner
         body = n.srcs[0]
         v = self.ref(self.value(body, inner), body)
         slot = f"{acc}[{self.lane_index(free_lanes + own_lanes)}]" if size > 1 else acc
@@ -552,6 +551,14 @@ class KernelWriter:
         return f"{acc}[0]" if own_lanes else acc
 
 
+    def open_lanes(self, scope: Scope, lanes: tuple[Node, ...]) -> list[Scope]:
+        """The lane loops, one inside the other, opened in scope; the innermost is last."""
+        opened: list[Scope] = []
+        for r in lanes:
+            opened.append((opened[-1] if opened else scope).open(
+                frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False)))
+        return opened
+
     def emit_online(self, n: Node, scope: Scope) -> "str | LaneArray":
         """The max and its sums of an online group (compiler/online.py) in one loop: the sums
         follow the running max, rescaled by exp2((m - m') * c) whenever it grows."""
@@ -572,7 +579,7 @@ class KernelWriter:
         if g.stop is not None:   # a causal mask: no term past the diagonal is computed
             stop = self.ref(self.value(g.stop, scope), g.stop)
             v = self.range_var(j)
-            header = [f"for (int {v} = 0; {v} < ({stop} < {j.arg[1]} ? {stop} : {j.arg[1]}); {v}++)"]
+            header = [f"for ({j.dtype.c_name} {v} = 0; {v} < ({stop} < {j.arg[1]} ? {stop} : {j.arg[1]}); {v}++)"]
         loop = scope.open(frozenset([j]), header)
         sj = self.ref(self.value(g.max.srcs[0], loop), g.max.srcs[0])
         new, rescale = self.var("m"), self.var("r")
@@ -588,11 +595,8 @@ class KernelWriter:
         loop.put(f"{ct} {guarded} = {m} == (-INFINITY) ? 0 : {e};")
         self.memo[(g.exp, id(self.target(g.exp, loop)))] = guarded
         for s, (acc, lanes) in accs.items():
-            inner = loop
-            opened = []
-            for r in lanes:
-                inner = inner.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
-                opened.append(inner)
+            opened = self.open_lanes(loop, lanes)
+            inner = opened[-1] if opened else loop
             v = self.ref(self.value(s.srcs[0], inner), s.srcs[0])
             slot = f"{acc}[{self.lane_index(lanes)}]"
             inner.put(f"{slot} = {slot} * {rescale} + {v};")
@@ -603,13 +607,10 @@ class KernelWriter:
             if g.stop is None or h is None:
                 continue
             acc, lanes = accs[s]
-            v = self.range_var(j)
-            inner = scope.open(frozenset([j]), [f"for (int {v} = ({stop} > 0 ? {stop} : 0); {v} < {j.arg[1]}; {v}++)"])
-            opened = [inner]
-            for r in lanes:
-                inner = inner.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
-                opened.append(inner)
-            inner.put(f"{acc}[{self.lane_index(lanes)}] += 0 * {self.ref(self.value(h, inner), h)};")
+            v, t = self.range_var(j), j.dtype.c_name
+            tail = scope.open(frozenset([j]), [f"for ({t} {v} = ({stop} > 0 ? {stop} : 0); {v} < {j.arg[1]}; {v}++)"])
+            opened = [tail, *self.open_lanes(tail, lanes)]
+            opened[-1].put(f"{acc}[{self.lane_index(lanes)}] += 0 * {self.ref(self.value(h, opened[-1]), h)};")
             for o in reversed(opened):
                 o.close()
         for s, (acc, lanes) in accs.items():   # scores all -inf: every term was exp2(nan)

@@ -185,7 +185,7 @@ def _rewrite(k: Kernel, m: Node, nodes: list[Node]) -> Online | None:
         (e,) = substitute([exps[0]], {s2: s})   # the max's own score: computed once per j
         rest = [f for f in num if f is not exps[0]]
         extra = deps[r] - deps[m]   # output ranges the sum needs beyond the max's: whole lanes
-        if any(x not in k.ranges for x in extra) or _size(extra) > LANES:
+        if any(x not in k.ranges for x in extra) or math.prod(x.arg[1] for x in extra) > LANES:
             return None
         if sums and e is not exp:
             return None
@@ -215,9 +215,3 @@ def _replace(root: Node, mapping: dict[Node, Node]) -> Node:
         done[n] = n if srcs == n.srcs else Node(n.op, n.dtype, srcs, n.arg, n.shape)
     return done[root]
 
-
-def _size(ranges: frozenset[Node]) -> int:
-    out = 1
-    for r in ranges:
-        out *= r.arg[1]
-    return out
