@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for everything GPU: the GPU tests, a differential fuzz batch, then the
-# benchmarks beside PyTorch (memory-bound kernels, matmuls, convolutions, training, GPT-2 124M,
-# loss parity), each printing its table. About 6 minutes with FUZZ=300 STEPS=6.
+# benchmarks beside PyTorch (memory-bound kernels, matmuls, attention, convolutions, training, GPT-2 124M,
+# loss parity), each printing its table. About 8 minutes with FUZZ=300 STEPS=12.
 #   (on the device machine, from the repository root) bash bench/device.sh [--quick]
 # FUZZ=N programs (default 400), STEPS=N training steps (default 8).
 set -uo pipefail
@@ -11,7 +11,8 @@ quick=${1:-}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 echo "== GPU tests"
 python3 -m pytest -q -p no:cacheprovider tests/test_corpus.py tests/compiler/test_differential.py \
-  tests/compiler/test_gpu_plans.py tests/compiler/test_contractions.py tests/frontend/test_device_values.py \
+  tests/compiler/test_gpu_plans.py tests/compiler/test_contractions.py tests/compiler/test_attention.py \
+  tests/frontend/test_device_values.py \
   tests/frontend/test_autocast.py tests/compiler/test_toolchain_bugs.py tests/compiler/test_cuda_source.py \
   -k "cuda or gpu or tensor_core or device or autocast or toolchain or split" 2>&1 | tail -5
 echo "== differential fuzz, cuda vs ref"
@@ -20,6 +21,8 @@ echo "== memory-bound kernels"
 python3 bench/gpu.py $quick 2>&1 | tee "$OUT/gpu_bench.txt"
 echo "== matmuls"
 python3 bench/matmul.py $quick 2>&1 | tee "$OUT/matmul_bench.txt"
+echo "== attention (flash kernels beside SDPA)"
+python3 bench/attention_gpu.py $quick 2>&1 | tee "$OUT/attention_bench.txt"
 echo "== convolutions"
 python3 bench/cnn_gpu.py --steps "${STEPS:-8}" 2>&1 | tee "$OUT/cnn_bench.txt"
 echo "== training"

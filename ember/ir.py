@@ -35,6 +35,8 @@ class Op(Enum):
     SUM = auto(); RMAX = auto()  # noqa: E702
     # autodiff
     GRAD = auto()
+    # made by the compiler, never written: a kernel rendered whole (compiler/attention.py)
+    FUSED = auto()
     # kernel level: see ember/compiler/lower.py
     BUFFER = auto(); RANGE = auto(); LOAD = auto(); REDUCE = auto(); STORE = auto()  # noqa: E702
 

@@ -130,7 +130,31 @@ def eval_node(node: Node, srcs: list[np.ndarray]) -> np.ndarray:
             return np.sum(x, axis=node.arg, keepdims=True, dtype=x.dtype)  # wraps, as the spec asks
         if op is Op.RMAX:
             return np.max(x, axis=node.arg, keepdims=True)
+        if op is Op.FUSED:
+            return _attention(node, srcs)
     raise Unsupported(f"the reference evaluator cannot run '{op.name.lower()}' here")
+
+
+def _attention(node: Node, srcs: list[np.ndarray]) -> np.ndarray:
+    """The flash-attention kernels the CUDA pipeline puts in a graph (compiler/attention.py), in
+    f64: tests evaluate a rewritten graph here against the graph it came from. Scores are in
+    base 2 (c folds the softmax's own scale); "attention" returns o beside the logsumexp of each
+    row, [N, T, D + 1]; "attention_dq" dq; "attention_dkdv" dk beside dv, [N, S, 2 D]."""
+    kind, causal, c = node.arg
+    q, k, v = (a.astype(np.float64) for a in srcs[:3])
+    s = q @ k.transpose(0, 2, 1) * c
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[1:], bool)), s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    lse = m + np.log2(np.exp2(s - m).sum(-1, keepdims=True))
+    p = np.exp2(s - lse)
+    if kind == "attention":
+        return _float(np.concatenate([p @ v, lse], -1), node.dtype)
+    do, di = srcs[4].astype(np.float64), srcs[5].astype(np.float64)[..., None]
+    ds = p * (do @ v.transpose(0, 2, 1) - di) * (c * np.log(2.0))
+    if kind == "attention_dq":
+        return _float(ds @ k, node.dtype)
+    return _float(np.concatenate([ds.transpose(0, 2, 1) @ q, p.transpose(0, 2, 1) @ do], -1), node.dtype)
 
 
 def evaluate(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:

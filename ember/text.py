@@ -487,9 +487,11 @@ def node_line(node: Node, name: str, names: dict[Node, str]) -> str:
         return f"{name} = const {fmt_number(node.arg)} {typ}"
     if node.op is Op.IOTA:
         return f"{name} = iota {typ} axis={node.arg}"
-    parts = [name, "=", _OPNAMES[node.op], *(names[s] for s in node.srcs)]
+    parts = [name, "=", _OPNAMES.get(node.op, node.op.name.lower()), *(names[s] for s in node.srcs)]
     op, arg = node.op, node.arg
-    if op in (Op.CAST, Op.BITCAST):
+    if op is Op.FUSED:  # debug output only: the compiler makes these (compiler/attention.py)
+        parts.append(f"kernel={arg}")
+    elif op in (Op.CAST, Op.BITCAST):
         parts.append(f"dtype={node.dtype.name}")
     elif op in (Op.RESHAPE, Op.EXPAND):
         parts.append(f"shape={_ints(node.shape)}")

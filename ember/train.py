@@ -365,8 +365,9 @@ def dry_run(args: argparse.Namespace) -> int:
         cbackend.build(source)
         times[f"cc ({os.cpu_count()} cores)"] = clock.perf_counter() - t
     contractions = sum(k.contraction is not None for k in sched.kernels)
-    print(f"ember train --dry-run: device {device}, {len(sched.kernels)} kernels ({contractions} contractions), "
-          f"{sum(p.numel() for p in model.parameters()):,} parameters")
+    flash = sum(getattr(k, "fused", None) is not None for k in sched.kernels)
+    print(f"ember train --dry-run: device {device}, {len(sched.kernels)} kernels ({contractions} contractions, "
+          f"{flash} flash attention), {sum(p.numel() for p in model.parameters()):,} parameters")
     for phase, seconds in times.items():
         print(f"  {phase:28s} {seconds:8.2f} s")
     return 0

@@ -31,7 +31,7 @@ from ..compiler.lower import Kernel
 from ..compiler.schedule import Schedule
 from ..dtype import DType
 from ..ir import Node, Op, toposort
-from . import cache_dir, cached, mma, search
+from . import cache_dir, cached, flash, mma, search
 from . import run_values as shared_run_values
 from .render import HALF_HELPERS, CLike, KernelWriter, Scope
 
@@ -130,6 +130,8 @@ class CUDARenderer(CLike):
     def render_kernel(self, k: Kernel, prefix: str = "") -> str:
         if k.contraction is not None:
             return mma.render(self, k, *k.contraction, prefix)
+        if k.fused is not None:
+            return flash.render(k, prefix)
         return CUDAKernelWriter(self, k, prefix).write()
 
 
@@ -150,6 +152,8 @@ def launch_config(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
     if k.contraction is not None:
         c, p = k.contraction
         return mma.grid(c, p), mma.threads(p), mma.smem_bytes(p)
+    if k.fused is not None:
+        return flash.launch(k)
     if k.rows is not None:
         return (max(1, math.prod(r.arg[1] for r in k.rows)), 1, 1), block_size(k), 0
     total = math.prod(r.arg[1] for r in k.ranges if r not in k.lanes)
@@ -236,7 +240,8 @@ def _source(kernels: list[Kernel], prefix: str = "") -> str:
     """One CUDA source for these kernels: the prelude, the helpers they use, the kernels."""
     r = CUDARenderer()
     bodies = [r.render_kernel(k, prefix) for k in kernels]
-    return PRELUDE + mma.helpers(kernels) + _bitcast_helpers(r.bitcasts) + "\n" + "\n".join(bodies)
+    helpers = mma.helpers(kernels) + flash.helpers(kernels) + _bitcast_helpers(r.bitcasts)
+    return PRELUDE + helpers + "\n" + "\n".join(bodies)
 
 
 def render(sched: Schedule, prefix: str = "") -> str:
@@ -515,7 +520,7 @@ class CUDAProgram:
             _check((cu.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, smem, stream, addrs.ctypes.data, 0)[0], None))
             if profile:
                 _check((cu.cuEventRecord(end, 0)[0], None))
-                what = "contraction" if k.contraction else "reduce" if k.reduces else "map"
+                what = "contraction" if k.contraction else "attention" if k.fused else "reduce" if k.reduces else "map"
                 PROFILE.pending.append((f"{k.out.node.dtype}{list(k.out.node.shape)} {what}", gx * gy * gz, start, end))
             for hook in (after or {}).get(i, ()):
                 hook(stream)

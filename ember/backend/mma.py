@@ -76,7 +76,7 @@ def _wgmma_helper(kind: str, n: int, trans_a: int, trans_b: int) -> str:
 def helpers(kernels: list[Kernel]) -> str:
     """The device functions the tensor-core kernels among these use."""
     plans = [k.contraction for k in kernels if k.contraction is not None]
-    if not plans:
+    if not plans and not any(k.fused is not None for k in kernels):   # flash.py uses them too
         return ""
     out = HELPERS
     hopper = sorted({(c.dtype.name, p.block_n, int(not c.a.k_major), int(not c.b.k_major))

@@ -15,6 +15,7 @@ import math
 from .. import data, ir
 from .. import dtype as dt
 from ..ir import Node, Op, toposort
+from . import attention
 from .rewrite import P, RuleSet, rewrite
 
 LN2 = math.log(2.0)
@@ -85,6 +86,8 @@ def vjp(n: Node, g: Node) -> list[tuple[Node, Node]]:
         return [(s[0], ir.flip(g, n.arg))]
     if op is Op.SUM:
         return [(s[0], ir.expand(g, s[0].shape))]
+    if op is Op.FUSED:
+        return attention.vjp(n, g)
     if op is Op.RMAX and n.dtype.is_float:  # split equally among the elements equal to the max
         x = s[0]
         hit = ir.binary(Op.CMPEQ, x, ir.expand(n, x.shape))

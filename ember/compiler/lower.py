@@ -81,6 +81,7 @@ class Kernel:
     atomic: bool = False               # GPU: the store adds into a zeroed output (a scatter, optimize.py)
     visited: frozenset = frozenset()   # the tensor nodes its lowering went through (schedule.py's cache)
     online: "object | None" = None      # CPU: a max and its exponential sums in one loop (online.py)
+    fused: "tuple[Node, list[Buffer]] | None" = None   # a FUSED node and its sources' buffers (attention.py)
 
     @property
     def value(self) -> Node:
@@ -329,6 +330,13 @@ def selections_to_loads(value: Node) -> Node:
 
 
 def lower_kernel(name: str, root: Node, out: Buffer, realized: dict[Node, Buffer], nest: int = 0) -> Kernel:
+    if root.op is Op.FUSED:  # rendered whole by the backend; its sources must be buffers
+        store = Node(Op.STORE, root.dtype, (out.ref(), sym.const(0), Node(Op.CONST, root.dtype, (), 0.0)))
+        bufs = [realized.get(_through_reshapes(s, realized)) for s in root.srcs]
+        missing = {s for s, b in zip(root.srcs, bufs) if b is None}
+        reads = list({b.id: b for b in bufs if b is not None}.values())
+        return Kernel(name, out, [], store, reads, problems=missing, visited=frozenset([root, *root.srcs]),
+                      fused=None if missing else (root, bufs))  # type: ignore[arg-type]
     lw = Lowerer(realized, root, prefix=f"{name}_", nest=nest)
     ranges = [sym.rng(f"{name}_o{d}", n) for d, n in enumerate(root.shape)]
     idx = tuple(r if r.arg[1] > 1 else sym.const(0) for r in ranges)
@@ -339,6 +347,14 @@ def lower_kernel(name: str, root: Node, out: Buffer, realized: dict[Node, Buffer
     store = Node(Op.STORE, root.dtype, (out.ref(), index, value))
     return Kernel(name, out, [r for r in ranges if r.arg[1] > 1], store, lw.reads, lw.reduces, problems=lw.problems,
                   origin=lw.origin, visited=frozenset(t for t, _, _ in lw.memo))
+
+
+def _through_reshapes(t: Node, realized: dict[Node, Buffer]) -> Node:
+    """The realized node t is a reshape of (its buffer holds t's elements in order), else t."""
+    x = t
+    while x.op is Op.RESHAPE and x not in realized:
+        x = x.srcs[0]
+    return x if x in realized else t
 
 
 # ------------------------------------------------------------------------------- loop facts

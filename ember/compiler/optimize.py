@@ -297,6 +297,8 @@ def optimize(sched: Schedule, target: str, arch: str = "") -> None:
 
 def _optimize(sched: Schedule, target: str, arch: str) -> None:
     for k in sched.kernels:
+        if k.fused is not None:   # rendered whole (backend/flash.py)
+            continue
         if target == "c":
             if not cpu_packed(k):
                 k.online = online.find(k)

@@ -1,9 +1,11 @@
 """The compiler's stages, in order, for one target. Every backend goes through this function:
 
-1. gradients become ordinary ops (autodiff.expand_grads);
-2. the target's rewrite of the tensor graph (CUDA: long reductions in two stages, split.py);
-3. simplification, fusion and lowering into kernels (schedule.py, simplify.py, lower.py);
-4. optimization: the parallel loop, lanes, contraction plans, online reductions (optimize.py).
+1. CUDA: attention found and replaced by the flash kernels (attention.py), before the
+   gradients, so that its gradient is theirs;
+2. gradients become ordinary ops (autodiff.expand_grads);
+3. the target's rewrite of the tensor graph (CUDA: long reductions in two stages, split.py);
+4. simplification, fusion and lowering into kernels (schedule.py, simplify.py, lower.py);
+5. optimization: the parallel loop, lanes, contraction plans, online reductions (optimize.py).
 
 What follows is the backend's: placement and linearization into C-like text (backend/render.py),
 then its compiler and runtime.
@@ -11,7 +13,7 @@ then its compiler and runtime.
 from __future__ import annotations
 
 from ..ir import Node
-from . import autodiff
+from . import attention, autodiff
 from .optimize import optimize
 from .schedule import Schedule, schedule
 from .split import split_large_reductions
@@ -20,6 +22,8 @@ from .split import split_large_reductions
 def compile_schedule(outputs: list[Node], target: str, arch: str = "", nest: int = 0) -> Schedule:
     """target: "c" or "cuda"; arch: the GPU architecture (sm_86, sm_90a...); nest: the C
     backend's allowance for short reductions inside others (lower.Lowerer)."""
+    if target == "cuda" and int(arch[3:5]) >= 80:   # flash attention on tensor cores (mma.sync)
+        outputs = attention.fuse(outputs)
     graph = autodiff.expand_grads(outputs)   # gradients first: their reductions are split too
     if target == "cuda":
         graph = split_large_reductions(graph)

@@ -48,7 +48,9 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
     for o in graph:
         if o not in out_bufs:
             out_bufs[o] = Buffer(next(ids), o.dtype, o.numel, "output", o)
-    temps: dict[Node, Buffer] = {}
+    # kernels the backend renders whole (attention.py) always have buffers of their own
+    temps: dict[Node, Buffer] = {n: Buffer(next(ids), n.dtype, n.numel, "temp", n)
+                                 for n in toposort(graph) if n.op is Op.FUSED and n not in out_bufs}
     position = {n: i for i, n in enumerate(toposort(graph))}
     lowered: dict[Node, Kernel] = {}  # target -> its kernel, kept while no node it fused is realized
     while True:

@@ -1,0 +1,379 @@
+"""CUDA rendering of the flash-attention kernels that compiler/attention.py puts in the graph.
+
+Three kernels on `mma.sync.m16n8k16` (sm_80 and later; f16 or bf16 operands, f32 accumulators),
+4 warps per block, each warp owning 16 rows of the block's 64:
+- forward: a block per 64 query rows; tiles of 64 keys and values arrive by `cp.async` into a
+  double buffer while the warps compute s = q k^T, update the running max and sum per row (the
+  4 threads of a row combine with shuffles), rescale o and add p v, with p converted to the
+  operand dtype in registers (the accumulator layout of s is the A layout of p). Key tiles past
+  the diagonal are never loaded; the diagonal tile and the edges are masked. It writes o / l and
+  the base-2 logsumexp m + log2(l) of every row, [N, T, D + 1] in f32.
+- dq: a block per 64 query rows; per key tile it recomputes p = exp2(s c - lse), dp = do v^T and
+  ds = p (dp - rowsum(do o)), and adds ds k.
+- dk, dv: a block per 64 keys; per query tile (64 rows, 32 for D = 128 so the accumulators fit
+  in registers) it computes s^T = k q^T directly (keys as rows, so p^T and ds^T are A operands
+  with no transpose), then adds p^T do to dv and ds^T q to dk.
+Shared-memory tiles are rows of D 16-bit values in 16-byte chunks, the chunk index XORed with
+the row (eight rows one `ldmatrix` reads fall in eight bank groups).
+"""
+from __future__ import annotations
+
+import math
+
+from ..compiler.lower import Kernel
+
+THREADS = 128
+
+HELPERS = r"""
+/* ---- flash attention (backend/flash.py) ---- */
+template <bool BF16> EMBER_D unsigned ember_pack2(float lo, float hi) {
+  unsigned r;
+  if (BF16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+template <bool BF16> EMBER_D void ember_mma16816(float* c, const unsigned* a, const unsigned* b) {
+  if (BF16) ember_mma_bf16(c, a, b); else ember_mma_f16(c, a, b);
+}
+/* element offset of (row, 16-byte chunk) in a tile of rows of D values */
+template <int D> EMBER_D int ember_swz(int row, int chunk) { return (row * (D / 8) + (chunk ^ (row & 7))) * 8; }
+/* rows [row0, row0 + ROWS) of a [nrows][D] matrix into a tile; rows past nrows are zeros */
+template <int D, int ROWS>
+EMBER_D void ember_tile_load(unsigned short* s, const unsigned short* g, int row0, int nrows) {
+  for (int i = threadIdx.x; i < ROWS * (D / 8); i += blockDim.x) {
+    int r = i / (D / 8), c = i % (D / 8);
+    bool ok = row0 + r < nrows;
+    ember_cp_async16(s + ember_swz<D>(r, c), ok ? g + (size_t)(row0 + r) * D + c * 8 : g, ok);
+  }
+}
+/* A fragment: rows row0..row0+15, columns 16 kk..16 kk+15 */
+template <int D> EMBER_D void ember_frag_a(unsigned* a, const unsigned short* s, int row0, int kk) {
+  int lane = threadIdx.x & 31;
+  ember_ldmatrix4(a, s + ember_swz<D>(row0 + (lane & 15), 2 * kk + (lane >> 4)));
+}
+/* B fragments of two n-tiles (b[0..1]: n0..n0+7, b[2..3]: n0+8..15) from a tile whose rows are n
+   and columns k (columns 16 kk..16 kk+15) */
+template <int D> EMBER_D void ember_frag_b(unsigned* b, const unsigned short* s, int n0, int kk) {
+  int lane = threadIdx.x & 31;
+  ember_ldmatrix4(b, s + ember_swz<D>(n0 + ((lane >> 4) << 3) + (lane & 7), 2 * kk + ((lane >> 3) & 1)));
+}
+/* the same from a tile whose rows are k (rows k0..k0+15) and columns n (n0 a multiple of 16) */
+template <int D> EMBER_D void ember_frag_bt(unsigned* b, const unsigned short* s, int k0, int n0) {
+  int lane = threadIdx.x & 31;
+  ember_ldmatrix4_trans(b, s + ember_swz<D>(k0 + ((lane >> 3) & 1) * 8 + (lane & 7), n0 / 8 + (lane >> 4)));
+}
+/* acc[NT][4] += A (16 x 16 BK, in registers as accumulators of 16 x 8 tiles) * B (BK x 8 NT) from
+   a tile whose rows are k */
+template <int D, int BK, int NT, bool BF16> EMBER_D void ember_acc_pt(float (*acc)[4], float (*p)[4],
+                                                                     const unsigned short* s) {
+#pragma unroll
+  for (int kk = 0; kk < BK / 16; kk++) {
+    unsigned a[4] = {ember_pack2<BF16>(p[2 * kk][0], p[2 * kk][1]), ember_pack2<BF16>(p[2 * kk][2], p[2 * kk][3]),
+                     ember_pack2<BF16>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                     ember_pack2<BF16>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+    for (int dd = 0; dd < NT / 2; dd++) {
+      unsigned b[4];
+      ember_frag_bt<D>(b, s, kk * 16, dd * 16);
+      ember_mma16816<BF16>(acc[2 * dd], a, b);
+      ember_mma16816<BF16>(acc[2 * dd + 1], a, b + 2);
+    }
+  }
+}
+/* s[m][BN/8][4] = A (WM tiles of 16 rows from row0, all D columns, from tile sa) * B^T (BN rows
+   of tile sb): each B fragment loaded once serves the WM row tiles */
+template <int D, int BN, int WM, bool BF16>
+EMBER_D void ember_scores(float (*s)[BN / 8][4], const unsigned short* sa, int row0, const unsigned short* sb) {
+#pragma unroll
+  for (int m = 0; m < WM; m++)
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) {
+    unsigned a[WM][4];
+#pragma unroll
+    for (int m = 0; m < WM; m++) ember_frag_a<D>(a[m], sa, row0 + 16 * m, kk);
+#pragma unroll
+    for (int nn = 0; nn < BN / 16; nn++) {
+      unsigned b[4];
+      ember_frag_b<D>(b, sb, nn * 16, kk);
+#pragma unroll
+      for (int m = 0; m < WM; m++) {
+        ember_mma16816<BF16>(s[m][2 * nn], a[m], b);
+        ember_mma16816<BF16>(s[m][2 * nn + 1], a[m], b + 2);
+      }
+    }
+  }
+}
+
+/* WM tiles of 16 query rows per warp (64 WM per block), BN keys per tile */
+template <int D, int WM, int BN, bool CAUSAL, bool BF16>
+EMBER_D void ember_flash_fwd(float* out, const unsigned short* q, const unsigned short* k,
+                             const unsigned short* v, int T, int S, float c) {
+  constexpr int BM = 64 * WM, NT = D / 8;
+  extern __shared__ __align__(128) unsigned short ember_flash_smem[];
+  unsigned short *sq = ember_flash_smem, *sk = sq + BM * D, *sv = sk + 2 * BN * D;
+  const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;  /* longest rows first */
+  q += (size_t)nb * T * D; k += (size_t)nb * S * D; v += (size_t)nb * S * D;
+  int tiles = (S + BN - 1) / BN;
+  if (CAUSAL) tiles = min(tiles, (row0 + BM - 1) / BN + 1);
+  ember_tile_load<D, BM>(sq, q, row0, T);
+  ember_tile_load<D, BN>(sk, k, 0, S);
+  ember_tile_load<D, BN>(sv, v, 0, S);
+  ember_cp_async_commit();
+  float o[WM][NT][4], m[WM][2], l[WM][2];
+#pragma unroll
+  for (int w = 0; w < WM; w++) {
+    m[w][0] = m[w][1] = -INFINITY;
+    l[w][0] = l[w][1] = 0.f;
+#pragma unroll
+    for (int x = 0; x < NT; x++) o[w][x][0] = o[w][x][1] = o[w][x][2] = o[w][x][3] = 0.f;
+  }
+  const int r_lo = row0 + warp * 16 * WM + (lane >> 2);   /* rows r_lo + 16 w and r_lo + 16 w + 8 */
+  for (int t = 0; t < tiles; t++) {
+    if (t + 1 < tiles) {
+      ember_tile_load<D, BN>(sk + ((t + 1) & 1) * BN * D, k, (t + 1) * BN, S);
+      ember_tile_load<D, BN>(sv + ((t + 1) & 1) * BN * D, v, (t + 1) * BN, S);
+    }
+    ember_cp_async_commit();
+    ember_cp_async_wait<1>();
+    __syncthreads();
+    const unsigned short *ck = sk + (t & 1) * BN * D, *cv = sv + (t & 1) * BN * D;
+    float s[WM][BN / 8][4];
+    ember_scores<D, BN, WM, BF16>(s, sq, warp * 16 * WM, ck);
+    if (t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0)) {
+#pragma unroll
+      for (int w = 0; w < WM; w++)
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            int col = t * BN + n * 8 + (lane & 3) * 2 + (e & 1), row = r_lo + 16 * w + (e >> 1) * 8;
+            if (col >= S || (CAUSAL && col > row)) s[w][n][e] = -INFINITY;
+          }
+    }
+#pragma unroll
+    for (int w = 0; w < WM; w++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        float mx = m[w][h];
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(s[w][n][2 * h], s[w][n][2 * h + 1]) * c);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float base = mx == -INFINITY ? 0.f : mx;   /* no key seen yet: every weight is 0 */
+        const float r = exp2f(m[w][h] - base);
+        m[w][h] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; e++) {
+            s[w][n][e] = exp2f(fmaf(s[w][n][e], c, -base));
+            sum += s[w][n][e];
+          }
+        l[w][h] = l[w][h] * r + sum;
+#pragma unroll
+        for (int x = 0; x < NT; x++) { o[w][x][2 * h] *= r; o[w][x][2 * h + 1] *= r; }
+      }
+#pragma unroll
+    for (int w = 0; w < WM; w++) ember_acc_pt<D, BN, NT, BF16>(o[w], s[w], cv);
+    __syncthreads();   /* this slot is filled again two tiles on */
+  }
+#pragma unroll
+  for (int w = 0; w < WM; w++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      l[w][h] += __shfl_xor_sync(0xffffffffu, l[w][h], 1);
+      l[w][h] += __shfl_xor_sync(0xffffffffu, l[w][h], 2);
+      const int row = r_lo + 16 * w + h * 8;
+      if (row >= T) continue;
+      const float inv = 1.f / l[w][h];
+      float* dst = out + ((size_t)nb * T + row) * (D + 1);
+#pragma unroll
+      for (int x = 0; x < NT; x++) {
+        dst[x * 8 + (lane & 3) * 2] = o[w][x][2 * h] * inv;
+        dst[x * 8 + (lane & 3) * 2 + 1] = o[w][x][2 * h + 1] * inv;
+      }
+      if ((lane & 3) == 0) dst[D] = m[w][h] + log2f(l[w][h]);
+    }
+}
+
+/* p = exp2(s c - lse) and ds = p (dp - di) for the 2 rows (ROWS_ARE_KEYS: 2 key rows, so the
+   columns are queries) and BN columns of this thread; masked entries are 0 */
+template <int BN, bool CAUSAL, bool ROWS_ARE_KEYS>
+EMBER_D void ember_flash_ds(float (*s)[4], float (*dp)[4], float c, int r_lo, int col0, int T, int S,
+                            const float* lse, int lse_stride, const float* di, bool edge) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int row = r_lo + (e >> 1) * 8, col = col0 + n * 8 + (lane & 3) * 2 + (e & 1);
+      const int i = ROWS_ARE_KEYS ? col : row, j = ROWS_ARE_KEYS ? row : col;
+      const bool ok = !edge || (i < T && j < S && (!CAUSAL || j <= i));
+      const float p = ok ? exp2f(fmaf(s[n][e], c, -lse[(size_t)(i < T ? i : 0) * lse_stride])) : 0.f;
+      s[n][e] = p;
+      dp[n][e] = p * (dp[n][e] - (i < T ? di[i] : 0.f));
+    }
+}
+
+template <int D, bool CAUSAL, bool BF16>
+EMBER_D void ember_flash_dq(float* out, const unsigned short* q, const unsigned short* k, const unsigned short* v,
+                            const float* packed, const unsigned short* dout, const float* di, int T, int S,
+                            float c, float cs) {
+  constexpr int BM = 64, BN = 64, NT = D / 8;
+  extern __shared__ __align__(128) unsigned short ember_flash_smem[];
+  unsigned short *sq = ember_flash_smem, *sdo = sq + BM * D, *sk = sdo + BM * D, *sv = sk + 2 * BN * D;
+  const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
+  q += (size_t)nb * T * D; dout += (size_t)nb * T * D; k += (size_t)nb * S * D; v += (size_t)nb * S * D;
+  packed += (size_t)nb * T * (D + 1); di += (size_t)nb * T;
+  int tiles = (S + BN - 1) / BN;
+  if (CAUSAL) tiles = min(tiles, (row0 + BM - 1) / BN + 1);
+  ember_tile_load<D, BM>(sq, q, row0, T);
+  ember_tile_load<D, BM>(sdo, dout, row0, T);
+  ember_tile_load<D, BN>(sk, k, 0, S);
+  ember_tile_load<D, BN>(sv, v, 0, S);
+  ember_cp_async_commit();
+  float acc[NT][4];
+#pragma unroll
+  for (int x = 0; x < NT; x++) acc[x][0] = acc[x][1] = acc[x][2] = acc[x][3] = 0.f;
+  const int r_lo = row0 + warp * 16 + (lane >> 2);
+  for (int t = 0; t < tiles; t++) {
+    if (t + 1 < tiles) {
+      ember_tile_load<D, BN>(sk + ((t + 1) & 1) * BN * D, k, (t + 1) * BN, S);
+      ember_tile_load<D, BN>(sv + ((t + 1) & 1) * BN * D, v, (t + 1) * BN, S);
+    }
+    ember_cp_async_commit();
+    ember_cp_async_wait<1>();
+    __syncthreads();
+    const unsigned short *ck = sk + (t & 1) * BN * D, *cv = sv + (t & 1) * BN * D;
+    float s[1][BN / 8][4], dp[1][BN / 8][4];
+    ember_scores<D, BN, 1, BF16>(s, sq, warp * 16, ck);
+    ember_scores<D, BN, 1, BF16>(dp, sdo, warp * 16, cv);
+    const bool edge = row0 + BM > T || t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0);
+    ember_flash_ds<BN, CAUSAL, false>(s[0], dp[0], c, r_lo, t * BN, T, S, packed + D, D + 1, di, edge);
+    ember_acc_pt<D, BN, NT, BF16>(acc, dp[0], ck);
+    __syncthreads();
+  }
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int row = r_lo + h * 8;
+    if (row >= T) continue;
+    float* dst = out + ((size_t)nb * T + row) * D;
+#pragma unroll
+    for (int x = 0; x < NT; x++)
+      *(float2*)(dst + x * 8 + (lane & 3) * 2) = make_float2(acc[x][2 * h] * cs, acc[x][2 * h + 1] * cs);
+  }
+}
+
+template <int D, bool CAUSAL, bool BF16>
+EMBER_D void ember_flash_dkdv(float* out, const unsigned short* q, const unsigned short* k, const unsigned short* v,
+                              const float* packed, const unsigned short* dout, const float* di, int T, int S,
+                              float c, float cs) {
+  constexpr int BN = 64, BM = D == 128 ? 32 : 64, NT = D / 8;   /* BN keys per block, BM queries per tile */
+  extern __shared__ __align__(128) unsigned short ember_flash_smem[];
+  unsigned short *sk = ember_flash_smem, *sv = sk + BN * D, *sq = sv + BN * D, *sdo = sq + 2 * BM * D;
+  const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int key0 = blockIdx.x * BN;
+  q += (size_t)nb * T * D; dout += (size_t)nb * T * D; k += (size_t)nb * S * D; v += (size_t)nb * S * D;
+  packed += (size_t)nb * T * (D + 1); di += (size_t)nb * T;
+  const int first = CAUSAL ? key0 / BM : 0, tiles = (T + BM - 1) / BM;
+  ember_tile_load<D, BN>(sk, k, key0, S);
+  ember_tile_load<D, BN>(sv, v, key0, S);
+  if (first < tiles) {
+    ember_tile_load<D, BM>(sq + (first & 1) * BM * D, q, first * BM, T);
+    ember_tile_load<D, BM>(sdo + (first & 1) * BM * D, dout, first * BM, T);
+  }
+  ember_cp_async_commit();
+  float dk[NT][4], dv[NT][4];
+#pragma unroll
+  for (int x = 0; x < NT; x++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dk[x][e] = dv[x][e] = 0.f;
+  const int r_lo = key0 + warp * 16 + (lane >> 2);   /* this thread's key rows */
+  for (int t = first; t < tiles; t++) {
+    if (t + 1 < tiles) {
+      ember_tile_load<D, BM>(sq + ((t + 1) & 1) * BM * D, q, (t + 1) * BM, T);
+      ember_tile_load<D, BM>(sdo + ((t + 1) & 1) * BM * D, dout, (t + 1) * BM, T);
+    }
+    ember_cp_async_commit();
+    ember_cp_async_wait<1>();
+    __syncthreads();
+    const unsigned short *cq = sq + (t & 1) * BM * D, *cdo = sdo + (t & 1) * BM * D;
+    float s[1][BM / 8][4], dp[1][BM / 8][4];
+    ember_scores<D, BM, 1, BF16>(s, sk, warp * 16, cq);     /* s^T: keys x queries */
+    ember_scores<D, BM, 1, BF16>(dp, sv, warp * 16, cdo);   /* dp^T = v do^T */
+    const bool edge = t * BM + BM > T || key0 + BN > S || (CAUSAL && key0 + BN - 1 > t * BM);
+    ember_flash_ds<BM, CAUSAL, true>(s[0], dp[0], c, r_lo, t * BM, T, S, packed + D, D + 1, di, edge);
+    ember_acc_pt<D, BM, NT, BF16>(dv, s[0], cdo);
+    ember_acc_pt<D, BM, NT, BF16>(dk, dp[0], cq);
+    __syncthreads();
+  }
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int row = r_lo + h * 8;
+    if (row >= S) continue;
+    float* dst = out + ((size_t)nb * S + row) * 2 * D;
+#pragma unroll
+    for (int x = 0; x < NT; x++) {
+      const int col = x * 8 + (lane & 3) * 2;
+      *(float2*)(dst + col) = make_float2(dk[x][2 * h] * cs, dk[x][2 * h + 1] * cs);
+      *(float2*)(dst + D + col) = make_float2(dv[x][2 * h], dv[x][2 * h + 1]);
+    }
+  }
+}
+"""
+
+
+def helpers(kernels: list[Kernel]) -> str:
+    return HELPERS if any(k.fused is not None for k in kernels) else ""
+
+
+def _sizes(k: Kernel) -> tuple[str, bool, float, int, int, int, int]:
+    assert k.fused is not None
+    node, _ = k.fused
+    kind, causal, c = node.arg
+    n, t_len, d = node.srcs[0].shape
+    return kind, causal, c, n, t_len, node.srcs[1].shape[1], d
+
+
+FORWARD = {64: (2, 64), 128: (2, 32)}   # head size -> (16-row tiles per warp, keys per tile)
+
+
+def smem_bytes(k: Kernel) -> int:
+    kind, _, _, _, _, _, d = _sizes(k)
+    wm, bn = FORWARD[d]
+    rows = {"attention": 64 * wm + 4 * bn, "attention_dq": 2 * 64 + 4 * 64,
+            "attention_dkdv": 2 * 64 + 4 * (32 if d == 128 else 64)}[kind]
+    return rows * d * 2
+
+
+def launch(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
+    kind, _, _, n, t_len, s_len, d = _sizes(k)
+    rows = s_len if kind == "attention_dkdv" else t_len
+    block = 64 * FORWARD[d][0] if kind == "attention" else 64
+    return (-(-rows // block), n, 1), THREADS, smem_bytes(k)
+
+
+def render(k: Kernel, prefix: str = "") -> str:
+    """The kernel's entry point: its buffers in `Kernel.args` order, handed to the template."""
+    assert k.fused is not None
+    node, bufs = k.fused
+    kind, causal, c, _, t_len, s_len, d = _sizes(k)
+    bf16 = node.srcs[0].dtype.name == "bf16"
+    params = ", ".join(f"{'float' if b is k.out else 'const ' + _ctype(b)}* __restrict__ b{b.id}" for b in k.args)
+    args = ", ".join(f"b{b.id}" for b in bufs)
+    scale = f"{c!r}f"
+    extra = "" if kind == "attention" else f", {c * math.log(2.0)!r}f"
+    fn = {"attention": "ember_flash_fwd", "attention_dq": "ember_flash_dq", "attention_dkdv": "ember_flash_dkdv"}[kind]
+    tiles = "{}, {}, ".format(*FORWARD[d]) if kind == "attention" else ""
+    return (f"extern \"C\" __global__ void __launch_bounds__({THREADS}) {prefix}{k.name}({params}) {{\n"
+            f"  {fn}<{d}, {tiles}{str(causal).lower()}, {str(bf16).lower()}>(b{k.out.id}, {args}, {t_len}, {s_len}, "
+            f"{scale}{extra});\n}}\n")
+
+
+def _ctype(b: object) -> str:
+    return "float" if b.dtype.name == "f32" else "unsigned short"  # type: ignore[attr-defined]

@@ -1,0 +1,225 @@
+"""Flash attention (compiler/attention.py, backend/flash.py): the primitive graph of attention is
+found in its written forms and replaced by the FUSED kernels; the rewritten graph, evaluated by
+the reference (which runs the FUSED kernels' math in f64), agrees with the graph it came from,
+gradients included; forms that are not attention are left alone; the CUDA source builds for
+sm_86 and sm_90a; and on a GPU, the kernels agree with the reference and PyTorch and hold no
+S x S buffer."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ember import backends, ir, ref
+from ember import dtype as dt
+from ember.compiler import attention, autodiff
+from ember.ir import Node, Op, toposort
+
+from .cuda_compile import COMPILER, compile_cuda
+from .randprog import compare
+from .test_contractions import matmul, t
+
+
+def softmax(s: Node) -> Node:
+    """As Tensor.softmax writes it: exp(x) = exp2(x * log2 e)."""
+    ax = len(s.shape) - 1
+    m = ir.expand(ir.reduce(Op.RMAX, s, (ax,)), s.shape)
+    e = ir.unary(Op.EXP2, ir.binary(Op.MUL, ir.binary(Op.SUB, s, m), ir.const(1 / math.log(2), s.dtype, s.shape)))
+    return ir.binary(Op.DIV, e, ir.expand(ir.reduce(Op.SUM, e, (ax,)), s.shape))
+
+
+def causal(s: Node, fill: float = -math.inf) -> Node:
+    """where(j <= i, s, fill) from two iotas, as scaled_dot_product_attention writes it."""
+    rows, cols = (ir.iota(dt.i64, s.shape[-2:], a) for a in (0, 1))
+    keep = ir.binary(Op.CMPEQ, ir.binary(Op.CMPLT, rows, cols), ir.const(False, dt.bool_, s.shape[-2:]))
+    return ir.where(ir.expand(ir.reshape(keep, (1,) * (len(s.shape) - 2) + s.shape[-2:]), s.shape), s,
+                    ir.const(fill, s.dtype, s.shape))
+
+
+def cast(x: Node, d: dt.DType) -> Node:
+    return x if x.dtype is d else ir.unary(Op.CAST, x, d)
+
+
+def attention_graph(q: Node, k: Node, v: Node, mask: bool, low: dt.DType, scale: float | None = None,
+                    fill: float = -math.inf) -> Node:
+    """softmax(q k^T * scale [masked]) v with the matmuls on `low` operands and the softmax in
+    q's dtype (f32 params: autocast's form; bf16 params: everything bf16)."""
+    hi = q.dtype
+    d = q.shape[-1]
+    s = cast(matmul(cast(q, low), t(cast(k, low))), hi)
+    s = ir.binary(Op.MUL, s, ir.const(scale or 1 / math.sqrt(d), hi, s.shape))
+    p = softmax(causal(s, fill) if mask else s)
+    return cast(matmul(cast(p, low), cast(v, low)), hi)
+
+
+def fused_kinds(outputs: list[Node]) -> list[str]:
+    return sorted(n.arg[0] for n in toposort(autodiff.expand_grads(attention.fuse(outputs))) if n.op is Op.FUSED)
+
+
+def inputs_for(outputs: list[Node], seed: int = 0) -> dict[Node, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    params = [n for n in toposort(outputs) if n.op is Op.PARAM]
+    return {p: ref.cast(rng.standard_normal(p.shape), dt.f64, p.dtype) for p in params}
+
+
+def loss_and_grads(o: Node, params: list[Node]) -> list[Node]:
+    w = ir.param("w", o.dtype, o.shape)   # a weighted sum: every output element gets its own gradient
+    loss = ir.reduce(Op.SUM, ir.binary(Op.MUL, o, w), tuple(range(len(o.shape))))
+    return [o] + [ir.grad(loss, p) for p in params]
+
+
+CASES = {
+    # name: (q shape, k/v shape, mask, param dtype, operand dtype)
+    "autocast_causal": ((2, 3, 80, 64), (2, 3, 80, 64), True, dt.f32, dt.bf16),
+    "autocast_full": ((1, 2, 48, 64), (1, 2, 100, 64), False, dt.f32, dt.bf16),   # T != S, batch of 1
+    "f16_causal_d128": ((2, 70, 128), (2, 70, 128), True, dt.f16, dt.f16),         # one batch axis, odd T
+    "bf16_causal": ((1, 2, 65, 64), (1, 2, 65, 64), True, dt.bf16, dt.bf16),
+}
+
+
+def case(name: str) -> tuple[list[Node], list[Node]]:
+    qs, ks, mask, hi, low = CASES[name]
+    q, k, v = ir.param("q", hi, qs), ir.param("k", hi, ks), ir.param("v", hi, ks)
+    return loss_and_grads(attention_graph(q, k, v, mask, low), [q, k, v]), [q, k, v]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_attention_and_its_gradient_are_fused(name: str) -> None:
+    outputs, _ = case(name)
+    assert fused_kinds(outputs) == ["attention", "attention_dkdv", "attention_dq"]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fused_graph_matches_the_graph_it_came_from(name: str) -> None:
+    """The rewrite's plumbing (axes, permutes, scale, mask, vjp) on the reference evaluator: the
+    FUSED nodes run in f64 there, so only the graph's own bf16/f16 roundings differ."""
+    outputs, _ = case(name)
+    inputs = inputs_for(outputs)
+    want = ref.evaluate(outputs, inputs)
+    got = ref.evaluate(autodiff.expand_grads(attention.fuse(outputs)), inputs)
+    assert compare(outputs, got, want, precision=CASES[name][4]) is None
+
+
+def test_layouts_of_the_products_do_not_matter() -> None:
+    """q k^T written with k already transposed, and the contraction axis last."""
+    q, k, v = (ir.param(n, dt.bf16, (2, 32, 64)) for n in "qkv")
+    qe = ir.expand(ir.reshape(q, (2, 32, 1, 64)), (2, 32, 32, 64))     # [b, i, j, d]
+    ke = ir.expand(ir.reshape(k, (2, 1, 32, 64)), (2, 32, 32, 64))
+    s = ir.reshape(ir.reduce(Op.SUM, ir.binary(Op.MUL, qe, ke), (3,)), (2, 32, 32))
+    s = ir.binary(Op.MUL, s, ir.const(0.125, dt.bf16, s.shape))
+    o = matmul(softmax(causal(s)), v)
+    outputs = loss_and_grads(o, [q, k, v])
+    assert fused_kinds(outputs) == ["attention", "attention_dkdv", "attention_dq"]
+    inputs = inputs_for(outputs, 1)
+    got = ref.evaluate(autodiff.expand_grads(attention.fuse(outputs)), inputs)
+    assert compare(outputs, got, ref.evaluate(outputs, inputs)) is None
+
+
+def test_frontend_forms_are_fused() -> None:
+    """nn.CausalSelfAttention's causal_attention (mask value -1e9) and F.scaled_dot_product_attention."""
+    import ember
+    from ember import functional as F
+    from ember import nn
+    from ember import tensor as T
+    rng = np.random.default_rng(0)
+    q, k, v = (T.Tensor(rng.standard_normal((2, 2, 40, 64)).astype(np.float32)) for _ in range(3))
+    with ember.autocast("bfloat16"):
+        forms = [nn.causal_attention(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                 F.scaled_dot_product_attention(q, k, v, scale=0.3)]
+    for o in forms:
+        assert fused_kinds([o.node]) == ["attention"]
+        inputs = inputs_for([o.node])
+        got = ref.evaluate(attention.fuse([o.node]), inputs)
+        assert compare([o.node], got, ref.evaluate([o.node], inputs), precision=dt.bf16) is None
+
+
+@pytest.mark.parametrize("what", ["f32", "head_dim_32", "strict_mask", "additive_mask", "small_fill",
+                                  "negative_scale", "grad_of_grad"])
+def test_what_is_not_flash_attention_is_left_alone(what: str) -> None:
+    hi, low, d = (dt.f32, dt.f32, 64) if what == "f32" else (dt.f32, dt.bf16, 32 if what == "head_dim_32" else 64)
+    q, k, v = (ir.param(n, hi, (2, 40, d)) for n in "qkv")
+    if what in ("strict_mask", "additive_mask"):
+        s = cast(matmul(cast(q, low), t(cast(k, low))), hi)
+        rows, cols = (ir.iota(dt.i64, (40, 40), a) for a in (0, 1))
+        if what == "strict_mask":   # j < i: the first row has no key
+            s = ir.where(ir.expand(ir.reshape(ir.binary(Op.CMPLT, cols, rows), (1, 40, 40)), s.shape), s,
+                         ir.const(-math.inf, hi, s.shape))
+        else:
+            s = ir.binary(Op.ADD, s, ir.param("bias", hi, s.shape))
+        o = cast(matmul(cast(softmax(s), low), cast(v, low)), hi)
+    else:
+        o = attention_graph(q, k, v, True, low, scale=-0.1 if what == "negative_scale" else None,
+                            fill=-100.0 if what == "small_fill" else -math.inf)
+    outputs = [o]
+    if what == "grad_of_grad":
+        g = ir.grad(ir.reduce(Op.SUM, o, (0, 1, 2)), q)
+        outputs = [ir.grad(ir.reduce(Op.SUM, ir.binary(Op.MUL, g, g), (0, 1, 2)), v)]
+    assert fused_kinds(outputs) == []
+
+
+@pytest.mark.skipif(COMPILER is None, reason="neither nvcc nor NVRTC is installed")
+@pytest.mark.parametrize("arch", ["sm_86", "sm_90a"])
+def test_flash_source_compiles(arch: str, tmp_path: Path) -> None:
+    from ember.backend import cuda
+    outputs = [o for name in CASES for o in case(name)[0]]
+    outputs.append(matmul(ir.param("a", dt.bf16, (64, 64)), ir.param("b", dt.bf16, (64, 64))))  # a tensor-core neighbour
+    sched = cuda.prepare(outputs, arch)
+    assert sum(k.fused is not None for k in sched.kernels) == 3 * len(CASES)
+    err = compile_cuda(cuda.render(sched), arch, tmp_path)
+    assert err is None, err
+
+
+def test_no_score_sized_buffer_is_planned() -> None:
+    """Causal attention with S = 1024: forward and backward hold O(S * D) values, never S x S."""
+    from ember.backend import cuda
+    outputs, _ = case("autocast_causal")
+    q, k, v = (ir.param(n, dt.f32, (1, 2, 1024, 64)) for n in "qkv")
+    outputs = loss_and_grads(attention_graph(q, k, v, True, dt.bf16), [q, k, v])
+    sched = cuda.prepare(outputs, "sm_90a")
+    assert max(b.size for b in sched.buffers) < 1024 * 1024
+    assert len(sched.kernels) <= 14, [k.name for k in sched.kernels]
+
+
+needs_gpu = pytest.mark.skipif("cuda" not in backends.available(), reason="no CUDA GPU")
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_flash_kernels_on_the_gpu_match_the_reference(name: str) -> None:
+    from ember.backend import cuda
+    outputs, _ = case(name)
+    inputs = inputs_for(outputs, 2)
+    assert sum(k.fused is not None for k in cuda.prepare(outputs).kernels) == 3
+    got = cuda.run_values(outputs, inputs)
+    assert compare(outputs, got, ref.evaluate(outputs, inputs), precision=CASES[name][4]) is None
+    # and closer still to what the kernels compute (the FUSED nodes in f64)
+    fused = ref.evaluate(autodiff.expand_grads(attention.fuse(outputs)), inputs)
+    assert compare(outputs, got, fused, precision=CASES[name][4]) is None
+
+
+@needs_gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_attention_on_the_gpu_matches_pytorch(causal: bool) -> None:
+    """bf16 at GPT-2's head shape, forward and backward, against torch's SDPA in f32."""
+    torch = pytest.importorskip("torch")
+    from ember import functional as F
+    from ember import tensor as T
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal((2, 4, 300, 64)).astype(np.float32) for _ in range(4)]
+    saved = T.context.device
+    T.set_default_device("cuda")
+    try:
+        q, k, v = (T.Tensor(a, requires_grad=True) for a in arrays[:3])
+        o = F.scaled_dot_product_attention(q.cast("bfloat16"), k.cast("bfloat16"), v.cast("bfloat16"), is_causal=causal)
+        (o.cast("float32") * T.Tensor(arrays[3])).sum().backward()
+        mine = [x.numpy() for x in (o, q.grad, k.grad, v.grad)]
+    finally:
+        T.context.device = saved
+    tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in arrays[:3])
+    to = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+    (to * torch.tensor(arrays[3])).sum().backward()
+    for got, theirs in zip(mine, (to, tq.grad, tk.grad, tv.grad)):
+        a, b = np.asarray(got, np.float64), theirs.detach().numpy().astype(np.float64)
+        assert np.abs(a - b).max() <= 0.03 * np.abs(b).max() + 1e-3
