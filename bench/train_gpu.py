@@ -13,6 +13,9 @@ replay's Python; the issue's target is 1 ms).
 from __future__ import annotations
 
 import argparse
+import cProfile
+import os
+import pstats
 import statistics
 import sys
 import time
@@ -29,6 +32,8 @@ import ember  # noqa: E402
 from ember import optim  # noqa: E402
 from ember import tensor as T  # noqa: E402
 from ember.models.gpt import GPT, GPTConfig  # noqa: E402
+
+PROFILE_HOST = os.environ.get("PROFILE_HOST") == "1"   # cProfile the replayed steps' Python, print the top
 
 
 def timed_steps(loss_fn: Callable, opt: optim.Optimizer, batches: Callable, steps: int, low: str | None,
@@ -48,14 +53,21 @@ def timed_steps(loss_fn: Callable, opt: optim.Optimizer, batches: Callable, step
 
     run = ember.jit(step) if jit else step
     times, losses = [], []
+    profile = cProfile.Profile() if PROFILE_HOST else None
     for s in range(steps):
         x, y = batches(s)
         t0 = time.perf_counter()
+        if profile is not None and s >= 4:   # the steady state: replays
+            profile.enable()
         loss = run(x, y)
+        if profile is not None:
+            profile.disable()
         if host is not None:
             host.append(time.perf_counter() - t0)
         losses.append(loss.item())
         times.append(time.perf_counter() - t0)
+    if profile is not None:
+        pstats.Stats(profile).sort_stats("tottime").print_stats(14)
     return times, losses
 
 

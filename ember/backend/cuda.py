@@ -452,6 +452,8 @@ class CUDAProgram:
         self._io: tuple[dict[int, int], list] | None = None   # bind's buffers and launches
         self._graphs: collections.OrderedDict = collections.OrderedDict()  # buffers -> captured run
         self._seen: dict[tuple, int] = {}   # runs per set of buffers (graphs are captured on the second)
+        self._blocks: dict[int, list[int]] = {}   # output buffer id -> device blocks it held lately
+        self._staged: dict[int, DeviceArray] = {}  # input buffer id -> where host values are uploaded
         for fn, (_, _, smem) in zip(self.functions, self.configs):
             _allow_smem(fn, smem)
         self.compile_seconds = (t1 - t0, time.perf_counter() - t1)
@@ -570,23 +572,30 @@ class CUDAProgram:
         over the data-parallel ranks (distributed.py) as soon as their kernels are done."""
         sched = self.sched
         ptr: dict[int, int] = dict(self._temps())
-        keep = []
+        arrays: dict[int, DeviceArray] = {}   # buffer id -> the array behind it (inputs kept alive too)
         for node, buf in sched.inputs.items():
             v = values[node]
-            if not isinstance(v, DeviceArray):
-                v = DeviceArray.upload(v, buf.dtype)
+            if not isinstance(v, DeviceArray):   # into a block of the program's own: the same every run
+                v = self._staged.get(buf.id) or self._staged.setdefault(buf.id, DeviceArray(buf.node.shape, buf.dtype))
+                v.copy_from(values[node])
             elif v.dtype is not buf.dtype or v.nbytes != buf.nbytes:
                 raise RuntimeError(f"a device value of {v.dtype}{list(v.shape)} given for "
                                    f"{buf.dtype}{list(buf.node.shape)}")
-            keep.append(v)
+            arrays[buf.id] = v
             ptr[buf.id] = v.ptr
-        results = []
         for buf in sched.outputs:
-            if buf.id not in ptr:
-                out = DeviceArray(buf.node.shape, buf.dtype)
-                ptr[buf.id] = out.ptr
-                keep.append(out)
-            results.append(next(a for a in keep if a.ptr == ptr[buf.id]))
+            if buf.id not in arrays:   # an output that is an input's buffer (a param returned) shares it
+                # each output takes back a block it had before if that one is free: a step's new
+                # weights then alternate between two blocks, and the run's buffers recur, so its
+                # CUDA graph is replayed (the pool's last-freed block makes a permutation of the
+                # weights' blocks whose period can be longer than the run of a training job)
+                used = self._blocks.setdefault(buf.id, [])
+                arrays[buf.id] = DeviceArray(buf.node.shape, buf.dtype, used)
+                ptr[buf.id] = arrays[buf.id].ptr
+                if ptr[buf.id] not in used:
+                    used.insert(0, ptr[buf.id])
+                    del used[3:]
+        results = [arrays[buf.id] for buf in sched.outputs]
         key = (average, *(ptr[b.id] for b in [*sched.inputs.values(), *sched.outputs]))
         if key in self._graphs:  # the same buffers as a captured run: replay it
             self._graphs.move_to_end(key)
@@ -663,17 +672,23 @@ class _Pool:
     the device and costs milliseconds for large blocks)."""
 
     def __init__(self) -> None:
-        self.free: dict[int, list[int]] = {}
+        self.free: dict[int, dict[int, None]] = {}   # size -> free blocks (an ordered set)
 
-    def take(self, nbytes: int) -> int:
+    def take(self, nbytes: int, prefer: list[int] = ()) -> int:  # type: ignore[assignment]
+        """A block of nbytes: one of `prefer` if one is free (see CUDAProgram.run_device), else
+        the last freed, else a new one."""
         blocks = self.free.get(nbytes)
         if blocks:
-            return blocks.pop()
+            for p in prefer:
+                if p in blocks:
+                    del blocks[p]
+                    return p
+            return blocks.popitem()[0]
         from cuda.bindings import driver as cu
         return int(_check(cu.cuMemAlloc(max(nbytes, 1))))
 
     def give(self, ptr: int, nbytes: int) -> None:
-        self.free.setdefault(nbytes, []).append(ptr)
+        self.free.setdefault(nbytes, {})[ptr] = None
 
 
 POOL = _Pool()
@@ -685,18 +700,25 @@ class DeviceArray:
 
     __slots__ = ("ptr", "nbytes", "shape", "dtype", "__weakref__")
 
-    def __init__(self, shape: tuple[int, ...], dtype: DType):
+    def __init__(self, shape: tuple[int, ...], dtype: DType, prefer: list[int] = ()):  # type: ignore[assignment]
         self.shape, self.dtype = shape, dtype
         self.nbytes = math.prod(shape) * dtype.itemsize
-        self.ptr = POOL.take(self.nbytes)
+        self.ptr = POOL.take(self.nbytes, prefer)
 
     @classmethod
     def upload(cls, values: np.ndarray, dtype: DType) -> "DeviceArray":
-        from cuda.bindings import driver as cu
-        arr = np.ascontiguousarray(data.to_storage(values, dtype))
-        out = cls(tuple(arr.shape), dtype)
-        _check((cu.cuMemcpyHtoD(out.ptr, arr.ctypes.data, arr.nbytes)[0], None))
+        out = cls(tuple(np.shape(values)), dtype)
+        out.copy_from(values)
         return out
+
+    def copy_from(self, values: np.ndarray) -> None:
+        """Overwrite with host values (synchronous: work already queued that reads this block
+        runs first, on the legacy default stream's ordering)."""
+        from cuda.bindings import driver as cu
+        arr = np.ascontiguousarray(data.to_storage(np.asarray(values), self.dtype))
+        if arr.nbytes != self.nbytes:
+            raise RuntimeError(f"{arr.nbytes} bytes given for a device value of {self.nbytes}")
+        _check((cu.cuMemcpyHtoD(self.ptr, arr.ctypes.data, arr.nbytes)[0], None))
 
     def numpy(self) -> np.ndarray:
         """The values, as the reference evaluator holds them (f16/bf16 as f32)."""
