@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import debug
-from ..ir import Node, Op, toposort
+from ..ir import ELEMENTWISE, Node, Op, toposort
 from . import autodiff, simplify
 from .lower import Buffer, Kernel, gathered_operands, lower_kernel, recompute_problems, recomputed_operands
 
@@ -70,6 +70,7 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
             for t in set(k.reduces.values()):
                 users[t] = users.get(t, 0) + 1
         more |= {t for t, n in users.items() if n > 1}
+        more |= shared_chains(graph, kernels, realized)
         more -= set(realized)
         if not more:
             break
@@ -86,6 +87,39 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
     sched.slots = plan_memory(sched)
     debug.kernels(3, "after scheduling and lowering", kernels)
     return sched
+
+
+CHAIN_READS = 4   # a value several kernels compute, reading at least this many tensors, gets a buffer
+
+
+def shared_chains(graph: list[Node], kernels: list[Kernel], realized: dict[Node, Buffer]) -> set[Node]:
+    """Values that several kernels compute again, each time reading many tensors: a transformer's
+    residual stream x_l = x_0 + a_1 + m_1 + ... + m_l (and its gradient going back) is an
+    elementwise chain, fused whole into every kernel that reads it, so layer l's kernels read
+    2 l + 1 tensors and the model reads O(L^2) of them. In graph order, a value used by two
+    kernels or more whose expression reads CHAIN_READS tensors or more gets a buffer, and the
+    values after it count it as one tensor."""
+    uses: dict[Node, int] = {}
+    for k in kernels:
+        for t in k.visited:
+            uses[t] = uses.get(t, 0) + 1
+    reads: dict[Node, frozenset[Node]] = {}   # the tensors n's expression reads, up to CHAIN_READS of them
+    largest: dict[Node, int] = {}             # the most elements of one of them
+    chosen: set[Node] = set()
+    for n in toposort(graph):
+        if n in realized or n.op is Op.PARAM:
+            reads[n] = frozenset([n]) if n.numel > 1 else frozenset()
+            largest[n] = n.numel
+            continue
+        got = frozenset().union(*(reads[s] for s in n.srcs)) if n.srcs else frozenset()
+        reads[n] = got if len(got) <= CHAIN_READS else frozenset(list(got)[:CHAIN_READS])  # enough to know
+        largest[n] = max((largest[s] for s in n.srcs), default=0)
+        # never a broadcast bigger than what it reads (a contraction's product)
+        if uses.get(n, 0) >= 2 and len(reads[n]) >= CHAIN_READS and 1 << 16 <= n.numel <= largest[n] \
+                and n.op in ELEMENTWISE:
+            chosen.add(n)
+            reads[n], largest[n] = frozenset([n]), n.numel
+    return chosen
 
 
 def outputs_early(kernels: list[Kernel]) -> list[Kernel]:
