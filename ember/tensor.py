@@ -1419,6 +1419,9 @@ class Tensor:
         low = context.autocast
         if low is not None and a.dtype.is_float and a.dtype.bits > low.bits:
             return a.cast(low).matmul(b.cast(low)).cast(a.dtype)
+        if a.ndim > 2 and b.ndim == 2:   # x @ W of a linear layer: one matmul of all rows, as PyTorch
+            # does (W is not broadcast over the batch, and its gradient is one contraction)
+            return a.reshape(-1, a.shape[-1]).matmul(b).reshape(*a.shape[:-1], b.shape[-1])
         batch = _broadcast_shape(a.shape[:-2], b.shape[:-2], "matmul")
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         ae = a._broadcast_to(batch + (m, k)).unsqueeze(-1)._broadcast_to(batch + (m, k, n))
