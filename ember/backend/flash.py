@@ -46,6 +46,19 @@ EMBER_D void ember_tile_load(unsigned short* s, const unsigned short* g, int row
     ember_cp_async16(s + ember_swz<D>(r, c), ok ? g + (size_t)(row0 + r) * D + c * 8 : g, ok);
   }
 }
+/* the next tile of two [nrows][D] matrices into the other slot of their double buffers (none
+   after the last), then wait until this tile's have arrived */
+template <int D, int ROWS> EMBER_D void ember_next_tiles(unsigned short* a, const unsigned short* ga,
+                                                        unsigned short* b, const unsigned short* gb,
+                                                        int t, int tiles, int nrows) {
+  if (t + 1 < tiles) {
+    ember_tile_load<D, ROWS>(a + ((t + 1) & 1) * ROWS * D, ga, (t + 1) * ROWS, nrows);
+    ember_tile_load<D, ROWS>(b + ((t + 1) & 1) * ROWS * D, gb, (t + 1) * ROWS, nrows);
+  }
+  ember_cp_async_commit();
+  ember_cp_async_wait<1>();
+  __syncthreads();
+}
 /* A fragment: rows row0..row0+15, columns 16 kk..16 kk+15 */
 template <int D> EMBER_D void ember_frag_a(unsigned* a, const unsigned short* s, int row0, int kk) {
   int lane = threadIdx.x & 31;
@@ -132,13 +145,7 @@ EMBER_D void ember_flash_fwd(float* out, const unsigned short* q, const unsigned
   }
   const int r_lo = row0 + warp * 16 * WM + (lane >> 2);   /* rows r_lo + 16 w and r_lo + 16 w + 8 */
   for (int t = 0; t < tiles; t++) {
-    if (t + 1 < tiles) {
-      ember_tile_load<D, BN>(sk + ((t + 1) & 1) * BN * D, k, (t + 1) * BN, S);
-      ember_tile_load<D, BN>(sv + ((t + 1) & 1) * BN * D, v, (t + 1) * BN, S);
-    }
-    ember_cp_async_commit();
-    ember_cp_async_wait<1>();
-    __syncthreads();
+    ember_next_tiles<D, BN>(sk, k, sv, v, t, tiles, S);
     const unsigned short *ck = sk + (t & 1) * BN * D, *cv = sv + (t & 1) * BN * D;
     float s[WM][BN / 8][4];
     ember_scores<D, BN, WM, BF16>(s, sq, warp * 16 * WM, ck);
@@ -242,13 +249,7 @@ EMBER_D void ember_flash_dq(float* out, const unsigned short* q, const unsigned 
   for (int x = 0; x < NT; x++) acc[x][0] = acc[x][1] = acc[x][2] = acc[x][3] = 0.f;
   const int r_lo = row0 + warp * 16 + (lane >> 2);
   for (int t = 0; t < tiles; t++) {
-    if (t + 1 < tiles) {
-      ember_tile_load<D, BN>(sk + ((t + 1) & 1) * BN * D, k, (t + 1) * BN, S);
-      ember_tile_load<D, BN>(sv + ((t + 1) & 1) * BN * D, v, (t + 1) * BN, S);
-    }
-    ember_cp_async_commit();
-    ember_cp_async_wait<1>();
-    __syncthreads();
+    ember_next_tiles<D, BN>(sk, k, sv, v, t, tiles, S);
     const unsigned short *ck = sk + (t & 1) * BN * D, *cv = sv + (t & 1) * BN * D;
     float s[1][BN / 8][4], dp[1][BN / 8][4];
     ember_scores<D, BN, 1, BF16>(s, sq, warp * 16, ck);
@@ -295,13 +296,7 @@ EMBER_D void ember_flash_dkdv(float* out, const unsigned short* q, const unsigne
     for (int e = 0; e < 4; e++) dk[x][e] = dv[x][e] = 0.f;
   const int r_lo = key0 + warp * 16 + (lane >> 2);   /* this thread's key rows */
   for (int t = first; t < tiles; t++) {
-    if (t + 1 < tiles) {
-      ember_tile_load<D, BM>(sq + ((t + 1) & 1) * BM * D, q, (t + 1) * BM, T);
-      ember_tile_load<D, BM>(sdo + ((t + 1) & 1) * BM * D, dout, (t + 1) * BM, T);
-    }
-    ember_cp_async_commit();
-    ember_cp_async_wait<1>();
-    __syncthreads();
+    ember_next_tiles<D, BM>(sq, q, sdo, dout, t, tiles, T);
     const unsigned short *cq = sq + (t & 1) * BM * D, *cdo = sdo + (t & 1) * BM * D;
     float s[1][BM / 8][4], dp[1][BM / 8][4];
     ember_scores<D, BM, 1, BF16>(s, sk, warp * 16, cq);     /* s^T: keys x queries */
