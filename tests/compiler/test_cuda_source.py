@@ -112,3 +112,15 @@ def test_few_outputs_of_long_reductions_are_split() -> None:
         v = np.random.default_rng(0).standard_normal(shape)
         np.testing.assert_allclose(ref.evaluate([split], {x: v})[0], ref.evaluate([out], {x: v})[0], rtol=1e-12,
                                    atol=1e-9)
+
+
+def test_the_pool_gives_an_output_back_a_block_it_held() -> None:
+    """run_device asks for the blocks an output held before, so a training step's buffers recur
+    and its CUDA graph is replayed (without a GPU: the pool's bookkeeping alone)."""
+    from ember.backend.cuda import _Pool
+    pool = _Pool()
+    for ptr in (100, 200, 300):
+        pool.give(ptr, 64)
+    assert pool.take(64, [200]) == 200      # held before and free: taken back
+    assert pool.take(64, [200]) == 300      # no longer free: the last freed block
+    assert pool.take(64) == 100

@@ -90,3 +90,36 @@ def test_attention_on_the_cpu_stores_no_scores() -> None:
     inputs = {p: rng.standard_normal(p.shape).astype(np.float32) for p in params}
     got = backends.BACKENDS["c"].run(outputs, inputs)[0]
     np.testing.assert_allclose(got, ref.evaluate(outputs, inputs)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_a_residual_stream_read_by_many_kernels_gets_buffers() -> None:
+    """x_l = x_{l-1} + f(x_{l-1}) read by each layer's norm (a reduction) and the next layer:
+    fused whole, layer l's kernels would read every earlier layer's output (O(L^2) traffic)."""
+    from ember import dtype as dt
+    from ember import ir
+    from ember.ir import Op
+    x = ir.param("x", dt.f32, (64, 1024))
+    outs = []
+    for layer in range(8):
+        w = ir.param(f"w{layer}", x.dtype, (64, 1024))
+        norm = ir.expand(ir.reduce(Op.SUM, ir.binary(Op.MUL, x, x), (1,)), x.shape)   # a row statistic
+        x = ir.binary(Op.ADD, x, ir.binary(Op.MUL, w, ir.binary(Op.DIV, x, norm)))
+        outs.append(norm)
+    sched = schedule([x, *outs])
+    assert max(len({b.id for b in k.reads}) for k in sched.kernels) <= 6
+    assert any(b.node.op is Op.ADD for b in sched.temps)   # a residual sum has a buffer of its own
+
+
+def test_linear_layer_on_a_batch_is_one_matmul_of_all_rows() -> None:
+    """x [B, T, C] @ W [C, N]: one [B*T, C] @ [C, N] contraction; W is not broadcast over B."""
+    import numpy as np
+
+    import ember.tensor as et
+    from ember import ir
+    from ember.ir import Op
+    x, w = et.Tensor(np.ones((4, 8, 16), np.float32)), et.Tensor(np.ones((16, 5), np.float32))
+    y = x @ w
+    assert y.shape == (4, 8, 5)
+    sums = [n for n in ir.toposort([y.node]) if n.op is Op.SUM]
+    assert [s.srcs[0].shape for s in sums] == [(32, 16, 5)]
+    assert float(y.numpy()[3, 7, 4]) == 16.0
