@@ -131,7 +131,7 @@ class CUDARenderer(CLike):
         if k.contraction is not None:
             return mma.render(self, k, *k.contraction, prefix)
         if k.fused is not None:
-            return flash.render(k, prefix)
+            return flash.render(self, k, prefix)
         return CUDAKernelWriter(self, k, prefix).write()
 
 

@@ -1,13 +1,14 @@
 """CUDA rendering of the flash-attention kernels that compiler/attention.py puts in the graph.
 
 Three kernels on `mma.sync.m16n8k16` (sm_80 and later; f16 or bf16 operands, f32 accumulators),
-4 warps per block, each warp owning 16 rows of the block's 64:
-- forward: a block per 64 query rows; tiles of 64 keys and values arrive by `cp.async` into a
-  double buffer while the warps compute s = q k^T, update the running max and sum per row (the
-  4 threads of a row combine with shuffles), rescale o and add p v, with p converted to the
-  operand dtype in registers (the accumulator layout of s is the A layout of p). Key tiles past
-  the diagonal are never loaded; the diagonal tile and the edges are masked. It writes o / l and
-  the base-2 logsumexp m + log2(l) of every row, [N, T, D + 1] in f32.
+4 warps per block; block and tile sizes per head size are in TILES below:
+- forward: a block per 128 query rows (two 16-row tiles per warp); tiles of 64 keys and values
+  (32 for D = 128) arrive by `cp.async` into a double buffer while the warps compute s = q k^T,
+  update the running max and sum per row (the 4 threads of a row combine with shuffles),
+  rescale o and add p v, with p converted to the operand dtype in registers (the accumulator
+  layout of s is the A layout of p). Key tiles past the diagonal are never loaded; the diagonal
+  tile and the edges are masked. It writes o / l and the base-2 logsumexp m + log2(l) of every
+  row, [N, T, D + 1] in f32.
 - dq: a block per 64 query rows; per key tile it recomputes p = exp2(s c - lse), dp = do v^T and
   ds = p (dp - rowsum(do o)), and adds ds k.
 - dk, dv: a block per 64 keys; per query tile (64 rows, 32 for D = 128 so the accumulators fit
@@ -21,6 +22,7 @@ from __future__ import annotations
 import math
 
 from ..compiler.lower import Kernel
+from .render import CLike, KernelWriter
 
 THREADS = 128
 
@@ -119,11 +121,11 @@ EMBER_D void ember_scores(float (*s)[BN / 8][4], const unsigned short* sa, int r
   }
 }
 
-/* WM tiles of 16 query rows per warp (64 WM per block), BN keys per tile */
-template <int D, int WM, int BN, bool CAUSAL, bool BF16>
+/* ROWS query rows per block (ROWS / 64 tiles of 16 per warp), TILE keys per tile */
+template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16>
 EMBER_D void ember_flash_fwd(float* out, const unsigned short* q, const unsigned short* k,
                              const unsigned short* v, int T, int S, float c) {
-  constexpr int BM = 64 * WM, NT = D / 8;
+  constexpr int BM = ROWS, BN = TILE, WM = ROWS / 64, NT = D / 8;
   extern __shared__ __align__(128) unsigned short ember_flash_smem[];
   unsigned short *sq = ember_flash_smem, *sk = sq + BM * D, *sv = sk + 2 * BN * D;
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -226,11 +228,11 @@ EMBER_D void ember_flash_ds(float (*s)[4], float (*dp)[4], float c, int r_lo, in
     }
 }
 
-template <int D, bool CAUSAL, bool BF16>
+template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16>
 EMBER_D void ember_flash_dq(float* out, const unsigned short* q, const unsigned short* k, const unsigned short* v,
                             const float* packed, const unsigned short* dout, const float* di, int T, int S,
                             float c, float cs) {
-  constexpr int BM = 64, BN = 64, NT = D / 8;
+  constexpr int BM = ROWS, BN = TILE, NT = D / 8;
   extern __shared__ __align__(128) unsigned short ember_flash_smem[];
   unsigned short *sq = ember_flash_smem, *sdo = sq + BM * D, *sk = sdo + BM * D, *sv = sk + 2 * BN * D;
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -270,11 +272,11 @@ EMBER_D void ember_flash_dq(float* out, const unsigned short* q, const unsigned 
   }
 }
 
-template <int D, bool CAUSAL, bool BF16>
+template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16>
 EMBER_D void ember_flash_dkdv(float* out, const unsigned short* q, const unsigned short* k, const unsigned short* v,
                               const float* packed, const unsigned short* dout, const float* di, int T, int S,
                               float c, float cs) {
-  constexpr int BN = 64, BM = D == 128 ? 32 : 64, NT = D / 8;   /* BN keys per block, BM queries per tile */
+  constexpr int BN = ROWS, BM = TILE, NT = D / 8;   /* BN keys per block, BM queries per tile */
   extern __shared__ __align__(128) unsigned short ember_flash_smem[];
   unsigned short *sk = ember_flash_smem, *sv = sk + BN * D, *sq = sv + BN * D, *sdo = sq + 2 * BM * D;
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -335,40 +337,40 @@ def _sizes(k: Kernel) -> tuple[str, bool, float, int, int, int, int]:
     return kind, causal, c, n, t_len, node.srcs[1].shape[1], d
 
 
-FORWARD = {64: (2, 64), 128: (2, 32)}   # head size -> (16-row tiles per warp, keys per tile)
+# kind -> head size -> (rows a block owns, rows of each tile streamed past them), the templates'
+# ROWS and TILE: the forward's block is 2 tiles of 16 query rows per warp, so each K fragment
+# loaded serves both; D = 128 streams shorter tiles where the accumulators would not fit in
+# registers otherwise
+TILES = {"attention": {64: (128, 64), 128: (128, 32)},
+         "attention_dq": {64: (64, 64), 128: (64, 64)},
+         "attention_dkdv": {64: (64, 64), 128: (64, 32)}}
 
 
 def smem_bytes(k: Kernel) -> int:
+    """The forward keeps its block's q, the backward kernels two matrices (q and do; k and v);
+    each streams two matrices through double buffers."""
     kind, _, _, _, _, _, d = _sizes(k)
-    wm, bn = FORWARD[d]
-    rows = {"attention": 64 * wm + 4 * bn, "attention_dq": 2 * 64 + 4 * 64,
-            "attention_dkdv": 2 * 64 + 4 * (32 if d == 128 else 64)}[kind]
-    return rows * d * 2
+    rows, tile = TILES[kind][d]
+    return ((1 if kind == "attention" else 2) * rows + 4 * tile) * d * 2
 
 
 def launch(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
     kind, _, _, n, t_len, s_len, d = _sizes(k)
     rows = s_len if kind == "attention_dkdv" else t_len
-    block = 64 * FORWARD[d][0] if kind == "attention" else 64
-    return (-(-rows // block), n, 1), THREADS, smem_bytes(k)
+    return (-(-rows // TILES[kind][d][0]), n, 1), THREADS, smem_bytes(k)
 
 
-def render(k: Kernel, prefix: str = "") -> str:
+def render(r: CLike, k: Kernel, prefix: str = "") -> str:
     """The kernel's entry point: its buffers in `Kernel.args` order, handed to the template."""
     assert k.fused is not None
     node, bufs = k.fused
     kind, causal, c, _, t_len, s_len, d = _sizes(k)
     bf16 = node.srcs[0].dtype.name == "bf16"
-    params = ", ".join(f"{'float' if b is k.out else 'const ' + _ctype(b)}* __restrict__ b{b.id}" for b in k.args)
+    signature = KernelWriter(r, k, prefix).signature()[len("void "):]
     args = ", ".join(f"b{b.id}" for b in bufs)
-    scale = f"{c!r}f"
-    extra = "" if kind == "attention" else f", {c * math.log(2.0)!r}f"
+    extra = "" if kind == "attention" else f", {c * math.log(2.0)!r}f"   # the backward's scale of ds
     fn = {"attention": "ember_flash_fwd", "attention_dq": "ember_flash_dq", "attention_dkdv": "ember_flash_dkdv"}[kind]
-    tiles = "{}, {}, ".format(*FORWARD[d]) if kind == "attention" else ""
-    return (f"extern \"C\" __global__ void __launch_bounds__({THREADS}) {prefix}{k.name}({params}) {{\n"
-            f"  {fn}<{d}, {tiles}{str(causal).lower()}, {str(bf16).lower()}>(b{k.out.id}, {args}, {t_len}, {s_len}, "
-            f"{scale}{extra});\n}}\n")
-
-
-def _ctype(b: object) -> str:
-    return "float" if b.dtype.name == "f32" else "unsigned short"  # type: ignore[attr-defined]
+    rows, tile = TILES[kind][d]
+    return (f"extern \"C\" __global__ void __launch_bounds__({THREADS}) {signature} {{\n"
+            f"  {fn}<{d}, {rows}, {tile}, {str(causal).lower()}, {str(bf16).lower()}>(b{k.out.id}, {args}, {t_len}, "
+            f"{s_len}, {c!r}f{extra});\n}}\n")

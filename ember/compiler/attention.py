@@ -35,7 +35,6 @@ from ..ir import Node, Op, toposort
 
 HEAD_DIMS = (64, 128)      # head sizes the kernels are written for
 MASKED = -1e9              # a mask constant at or below this is -inf (see above)
-LN2 = math.log(2.0)
 
 Labels = list  # one label per axis of a node ("i", "j", "k", "d", "b0", ...; None for axes of size 1)
 
