@@ -21,7 +21,7 @@ import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -576,8 +576,10 @@ class CUDAProgram:
         for node, buf in sched.inputs.items():
             v = values[node]
             if not isinstance(v, DeviceArray):   # into a block of the program's own: the same every run
-                v = self._staged.get(buf.id) or self._staged.setdefault(buf.id, DeviceArray(buf.node.shape, buf.dtype))
-                v.copy_from(values[node])
+                if buf.id not in self._staged:
+                    self._staged[buf.id] = DeviceArray(buf.node.shape, buf.dtype)
+                self._staged[buf.id].copy_from(v)
+                v = self._staged[buf.id]
             elif v.dtype is not buf.dtype or v.nbytes != buf.nbytes:
                 raise RuntimeError(f"a device value of {v.dtype}{list(v.shape)} given for "
                                    f"{buf.dtype}{list(buf.node.shape)}")
@@ -674,7 +676,7 @@ class _Pool:
     def __init__(self) -> None:
         self.free: dict[int, dict[int, None]] = {}   # size -> free blocks (an ordered set)
 
-    def take(self, nbytes: int, prefer: list[int] = ()) -> int:  # type: ignore[assignment]
+    def take(self, nbytes: int, prefer: Sequence[int] = ()) -> int:
         """A block of nbytes: one of `prefer` if one is free (see CUDAProgram.run_device), else
         the last freed, else a new one."""
         blocks = self.free.get(nbytes)
@@ -700,7 +702,7 @@ class DeviceArray:
 
     __slots__ = ("ptr", "nbytes", "shape", "dtype", "__weakref__")
 
-    def __init__(self, shape: tuple[int, ...], dtype: DType, prefer: list[int] = ()):  # type: ignore[assignment]
+    def __init__(self, shape: tuple[int, ...], dtype: DType, prefer: Sequence[int] = ()):
         self.shape, self.dtype = shape, dtype
         self.nbytes = math.prod(shape) * dtype.itemsize
         self.ptr = POOL.take(self.nbytes, prefer)

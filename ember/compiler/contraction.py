@@ -254,6 +254,11 @@ def _operand(load: Node, strides: dict, offset: int, out: Node, kr: Node,
     return Operand(load, dict(strides), offset, k_major, aligned) if other else None
 
 
+def tensor_cores(arch: str) -> bool:
+    """Whether the GPU architecture (sm_86, sm_90a...) has mma.sync and cp.async: sm_80 and later."""
+    return int(arch[3:5]) >= 80
+
+
 def plan(c: Contraction, arch: str) -> GpuPlan | None:
     """Heuristic tiling, or None where tiles do not pay (a matrix-vector product)."""
     m, n, kk = c.mnk

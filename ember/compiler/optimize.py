@@ -230,7 +230,7 @@ def cpu_packed(k: Kernel) -> bool:
 def gpu_contraction(k: Kernel, arch: str) -> bool:
     """f16/bf16 contractions on tensor cores, f32 ones on FMA register tiles (sm_80 and later:
     cp.async), the kernel rendered whole by backend/mma.py from the plan."""
-    if int(arch[3:5]) < 80:
+    if not contraction.tensor_cores(arch):
         return False
     c = contraction.find(k, (dt.f16, dt.bf16, dt.f32))
     p = None if c is None else contraction.plan(c, arch)

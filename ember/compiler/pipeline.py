@@ -13,7 +13,7 @@ then its compiler and runtime.
 from __future__ import annotations
 
 from ..ir import Node
-from . import attention, autodiff
+from . import attention, autodiff, contraction
 from .optimize import optimize
 from .schedule import Schedule, schedule
 from .split import split_large_reductions
@@ -22,7 +22,7 @@ from .split import split_large_reductions
 def compile_schedule(outputs: list[Node], target: str, arch: str = "", nest: int = 0) -> Schedule:
     """target: "c" or "cuda"; arch: the GPU architecture (sm_86, sm_90a...); nest: the C
     backend's allowance for short reductions inside others (lower.Lowerer)."""
-    if target == "cuda" and int(arch[3:5]) >= 80:   # flash attention on tensor cores (mma.sync)
+    if target == "cuda" and contraction.tensor_cores(arch):   # flash attention (mma.sync)
         outputs = attention.fuse(outputs)
     graph = autodiff.expand_grads(outputs)   # gradients first: their reductions are split too
     if target == "cuda":
