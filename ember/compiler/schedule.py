@@ -41,7 +41,8 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
     debug.graph(3, "after grad expansion", expanded)
     graph = simplify.simplify(expanded)
     debug.graph(3, "after simplify", graph)
-    params = [n for n in toposort(graph) if n.op is Op.PARAM]
+    order = toposort(graph)   # sources first; the graph does not change below, only what is realized
+    params = [n for n in order if n.op is Op.PARAM]
     ids = iter(range(1 << 30))
     inputs = {p: Buffer(next(ids), p.dtype, p.numel, "input", p) for p in params}
     out_bufs: dict[Node, Buffer] = {}
@@ -50,13 +51,13 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
             out_bufs[o] = Buffer(next(ids), o.dtype, o.numel, "output", o)
     # kernels the backend renders whole (attention.py) always have buffers of their own
     temps: dict[Node, Buffer] = {n: Buffer(next(ids), n.dtype, n.numel, "temp", n)
-                                 for n in toposort(graph) if n.op is Op.FUSED and n not in out_bufs}
-    position = {n: i for i, n in enumerate(toposort(graph))}
+                                 for n in order if n.op is Op.FUSED and n not in out_bufs}
+    position = {n: i for i, n in enumerate(order)}
     lowered: dict[Node, Kernel] = {}  # target -> its kernel, kept while no node it fused is realized
     while True:
         realized = {**out_bufs, **temps, **inputs}
         # a param returned as is still gets a kernel: it copies the input to the output buffer
-        targets = [n for n in toposort(graph) if n in temps or n in out_bufs]
+        targets = [n for n in order if n in temps or n in out_bufs]
         kernels = []
         for t in targets:
             if t not in lowered:  # named by graph position: a name that no later realization changes
@@ -70,7 +71,7 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
             for t in set(k.reduces.values()):
                 users[t] = users.get(t, 0) + 1
         more |= {t for t, n in users.items() if n > 1}
-        more |= shared_chains(graph, kernels, realized)
+        more |= shared_chains(order, kernels, realized)
         more -= set(realized)
         if not more:
             break
@@ -92,13 +93,13 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
 CHAIN_READS = 4   # a value several kernels compute, reading at least this many tensors, gets a buffer
 
 
-def shared_chains(graph: list[Node], kernels: list[Kernel], realized: dict[Node, Buffer]) -> set[Node]:
+def shared_chains(order: list[Node], kernels: list[Kernel], realized: dict[Node, Buffer]) -> set[Node]:
     """Values that several kernels compute again, each time reading many tensors: a transformer's
     residual stream x_l = x_0 + a_1 + m_1 + ... + m_l (and its gradient going back) is an
     elementwise chain, fused whole into every kernel that reads it, so layer l's kernels read
     2 l + 1 tensors and the model reads O(L^2) of them. In graph order, a value used by two
     kernels or more whose expression reads CHAIN_READS tensors or more gets a buffer, and the
-    values after it count it as one tensor."""
+    values after it count it as one tensor. order: the graph's nodes, sources first."""
     uses: dict[Node, int] = {}
     for k in kernels:
         for t in k.visited:
@@ -106,7 +107,7 @@ def shared_chains(graph: list[Node], kernels: list[Kernel], realized: dict[Node,
     reads: dict[Node, frozenset[Node]] = {}   # the tensors n's expression reads, up to CHAIN_READS of them
     largest: dict[Node, int] = {}             # the most elements of one of them
     chosen: set[Node] = set()
-    for n in toposort(graph):
+    for n in order:
         if n in realized or n.op is Op.PARAM:
             reads[n] = frozenset([n]) if n.numel > 1 else frozenset()
             largest[n] = n.numel
