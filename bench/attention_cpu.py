@@ -21,23 +21,25 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def program(s: int, d: int, causal: bool) -> tuple:
+def program(s: int, d: int, causal: bool, batch: int = 1) -> tuple:
+    """(params q, k, v, [the output]) of softmax(q k^T / sqrt(d) [causal]) v, [batch, s, d] f32."""
     from ember import dtype as dt
     from ember import ir
     from ember.ir import Op
-    q, k, v = (ir.param(n, dt.f32, (1, s, d)) for n in "qkv")
-    dot = ir.binary(Op.MUL, ir.expand(ir.reshape(q, (1, s, 1, d)), (1, s, s, d)),
-                    ir.expand(ir.reshape(k, (1, 1, s, d)), (1, s, s, d)))
-    sc = ir.binary(Op.MUL, ir.reshape(ir.reduce(Op.SUM, dot, (3,)), (1, s, s)), ir.const(d ** -0.5, dt.f32, (1, s, s)))
+    b = batch
+    q, k, v = (ir.param(n, dt.f32, (b, s, d)) for n in "qkv")
+    dot = ir.binary(Op.MUL, ir.expand(ir.reshape(q, (b, s, 1, d)), (b, s, s, d)),
+                    ir.expand(ir.reshape(k, (b, 1, s, d)), (b, s, s, d)))
+    sc = ir.binary(Op.MUL, ir.reshape(ir.reduce(Op.SUM, dot, (3,)), (b, s, s)), ir.const(d ** -0.5, dt.f32, (b, s, s)))
     if causal:
-        future = ir.binary(Op.CMPLT, ir.iota(dt.i32, (1, s, s), 1), ir.iota(dt.i32, (1, s, s), 2))
-        sc = ir.where(future, ir.const(-float("inf"), dt.f32, (1, s, s)), sc)
-    m = ir.expand(ir.reduce(Op.RMAX, sc, (2,)), (1, s, s))
-    e = ir.unary(Op.EXP2, ir.binary(Op.MUL, ir.binary(Op.SUB, sc, m), ir.const(1.4426950408889634, dt.f32, (1, s, s))))
-    p = ir.binary(Op.DIV, e, ir.expand(ir.reduce(Op.SUM, e, (2,)), (1, s, s)))
-    o = ir.reduce(Op.SUM, ir.binary(Op.MUL, ir.expand(ir.reshape(p, (1, s, s, 1)), (1, s, s, d)),
-                                    ir.expand(ir.reshape(v, (1, 1, s, d)), (1, s, s, d))), (2,))
-    return [q, k, v], [ir.reshape(o, (1, s, d))]
+        future = ir.binary(Op.CMPLT, ir.iota(dt.i32, (b, s, s), 1), ir.iota(dt.i32, (b, s, s), 2))
+        sc = ir.where(future, ir.const(-float("inf"), dt.f32, (b, s, s)), sc)
+    m = ir.expand(ir.reduce(Op.RMAX, sc, (2,)), (b, s, s))
+    e = ir.unary(Op.EXP2, ir.binary(Op.MUL, ir.binary(Op.SUB, sc, m), ir.const(1.4426950408889634, dt.f32, (b, s, s))))
+    p = ir.binary(Op.DIV, e, ir.expand(ir.reduce(Op.SUM, e, (2,)), (b, s, s)))
+    o = ir.reduce(Op.SUM, ir.binary(Op.MUL, ir.expand(ir.reshape(p, (b, s, s, 1)), (b, s, s, d)),
+                                    ir.expand(ir.reshape(v, (b, 1, s, d)), (b, s, s, d))), (2,))
+    return [q, k, v], [ir.reshape(o, (b, s, d))]
 
 
 def inputs(s: int, d: int) -> list[np.ndarray]:
