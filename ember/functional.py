@@ -138,10 +138,13 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, ignore
         raise ShapeError(f"nll_loss: input {list(input.shape)} and target {list(target.shape)} do not match "
                          "([N, C, ...] and [N, ...])")
     keep = tgt.ne(ignore_index)
-    onehot = where(keep, tgt, 0).one_hot(c).cast(logp.dtype)
-    w = onehot if weight is None else onehot * weight
-    picked_w = w.sum(-1) * keep.cast(logp.dtype)
-    loss = -(logp * w).sum(-1) * keep.cast(logp.dtype)
+    # the target's entry selected with where, as PyTorch gathers it: logp * one_hot would make a
+    # -inf elsewhere in the row NaN, and the selection compiles to a load of one entry
+    # (lower.selections_to_loads), not a pass over the row
+    hit = where(keep, tgt, 0).one_hot(c).cast(dt.bool_)
+    w = logp._wrap(1.0) if weight is None else weight.cast(logp.dtype)
+    picked_w = where(hit, w, 0.0).sum(-1) * keep.cast(logp.dtype)
+    loss = -where(hit, logp * w, 0.0).sum(-1) * keep.cast(logp.dtype)
     out = _reduce(loss, reduction, picked_w.sum())
     return out if input.ndim > 1 or reduction != "none" else out.reshape(())
 

@@ -178,6 +178,17 @@ def unary(op: Op, x: Node, dtype: DType | None = None) -> Node:
     return Node(op, x.dtype, (x,), None, x.shape)
 
 
+def stop_gradient(x: Node) -> Node:
+    """x's value with no gradient path through it: a bitcast to the integer of its width and back
+    (autodiff passes no gradient through bitcasts; simplify drops the pair once gradients are
+    expanded). Softmax's max: the result does not depend on it, but its gradient would cost
+    passes over the input (the ties' count, the sum of the gradient) whose total is zero."""
+    if not x.dtype.is_float:
+        return x
+    as_int = {16: dt.i16, 32: dt.i32, 64: dt.i64}[x.dtype.bits]
+    return unary(Op.BITCAST, unary(Op.BITCAST, x, as_int), x.dtype)
+
+
 def binary(op: Op, x: Node, y: Node) -> Node:
     name = op.name.lower()
     if x.shape != y.shape:

@@ -1350,13 +1350,20 @@ class Tensor:
         return self.var(dim, keepdim, correction).sqrt()
 
     def logsumexp(self, dim: int = -1, keepdim: bool = False) -> "Tensor":
-        m = self.amax(dim, keepdim=True)
+        m = self._stable_max(dim)
         out = (self - m).exp().sum(dim, keepdim=True).log() + m
         return out if keepdim else out.squeeze(dim)
 
     def softmax(self, dim: int = -1) -> "Tensor":
-        e = (self - self.amax(dim, keepdim=True)).exp()
+        e = (self - self._stable_max(dim)).exp()
         return e / e.sum(dim, keepdim=True)
+
+    def _stable_max(self, dim: int) -> "Tensor":
+        """The max along dim that softmax and logsumexp subtract to stay in range. Their value
+        does not depend on it, so neither does their gradient, as in PyTorch: no gradient flows
+        through it (ir.stop_gradient), which spares the backward pass two passes over the input."""
+        m = self.amax(dim, keepdim=True)
+        return Tensor(ir.stop_gradient(m.node)) if self.dtype.is_float else m
 
     def log_softmax(self, dim: int = -1) -> "Tensor":
         return self - self.logsumexp(dim, keepdim=True)

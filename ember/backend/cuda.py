@@ -161,6 +161,8 @@ def launch_config(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
 
 
 class CUDAKernelWriter(KernelWriter):
+    vector_bytes = 16
+
     def __init__(self, r: CLike, k: Kernel, prefix: str = ""):
         super().__init__(r, k, prefix)
         self.block_scope: Scope | None = None
@@ -460,6 +462,9 @@ class CUDAProgram:
         debug.log(1, f"ember cuda: {len(self.sched.kernels)} kernels, codegen {self.compile_seconds[0] * 1e3:.1f} ms, "
                      f"nvrtc+load {self.compile_seconds[1] * 1e3:.1f} ms")
         debug.log(2, self.source)
+        if PROFILE.enabled and os.environ.get("EMBER_PROFILE_OUT"):   # the profiled kernels' source beside it
+            with open(os.environ["EMBER_PROFILE_OUT"] + ".cu", "a") as f:
+                f.write(self.source)
 
     def _temps(self) -> dict[int, int]:
         """Device memory for the program's temporaries, allocated at its first run and kept:
@@ -522,8 +527,7 @@ class CUDAProgram:
             _check((cu.cuLaunchKernel(fn, gx, gy, gz, block, 1, 1, smem, stream, addrs.ctypes.data, 0)[0], None))
             if profile:
                 _check((cu.cuEventRecord(end, 0)[0], None))
-                what = "contraction" if k.contraction else "attention" if k.fused else "reduce" if k.reduces else "map"
-                PROFILE.pending.append((f"{k.out.node.dtype}{list(k.out.node.shape)} {what}", gx * gy * gz, start, end))
+                PROFILE.pending.append((k, gx * gy * gz, start, end))
             for hook in (after or {}).get(i, ()):
                 hook(stream)
         if debug.level() >= 1 or profile:
@@ -745,12 +749,15 @@ def run_device(outputs: list[Node], values: dict[Node, "np.ndarray | DeviceArray
 
 class _Profile:
     """EMBER_PROFILE=1: every kernel launch timed with CUDA events; at exit, the kernels that
-    took the most time in total, with their launch counts and blocks."""
+    took the most time in total, with their launch counts, blocks, and the bandwidth of the
+    bytes their buffers hold (what a kernel reading and writing each once moves: an estimate
+    that is low for tiled contractions and high for gathers). EMBER_PROFILE_OUT=FILE: every
+    kernel, as tab-separated lines."""
 
     def __init__(self) -> None:
         self.enabled = os.environ.get("EMBER_PROFILE") == "1"
         self.pending: list = []
-        self.totals: dict[str, list] = {}
+        self.totals: dict[str, list] = {}   # key -> [ms, launches, blocks, bytes, what]
         self.free_events: list = []
         if self.enabled:
             import atexit
@@ -764,9 +771,11 @@ class _Profile:
 
     def collect(self) -> None:
         from cuda.bindings import driver as cu
-        for name, blocks, start, end in self.pending:
+        for k, blocks, start, end in self.pending:
             ms = float(_check(cu.cuEventElapsedTime(start, end)))
-            entry = self.totals.setdefault(name, [0.0, 0, blocks])
+            what = "contraction" if k.contraction else "attention" if k.fused else "reduce" if k.reduces else "map"
+            key = f"{k.name} {k.out.node.dtype}{list(k.out.node.shape)} {what}"
+            entry = self.totals.setdefault(key, [0.0, 0, blocks, sum(b.nbytes for b in k.args)])
             entry[0] += ms
             entry[1] += 1
             self.free_events += [start, end]
@@ -774,10 +783,16 @@ class _Profile:
 
     def report(self) -> None:
         total = sum(v[0] for v in self.totals.values())
+        ranked = sorted(self.totals.items(), key=lambda kv: -kv[1][0])
         print(f"ember profile: {total:.1f} ms in kernels; the most expensive:", file=sys.stderr)
-        for name, (ms, n, blocks) in sorted(self.totals.items(), key=lambda kv: -kv[1][0])[:25]:
-            print(f"  {name:44s} {ms:9.2f} ms {100 * ms / max(total, 1e-9):5.1f}%  {n:5d} launches  {blocks} blocks",
-                  file=sys.stderr)
+        for name, (ms, n, blocks, nbytes) in ranked[:30]:
+            print(f"  {name:50s} {ms:9.2f} ms {100 * ms / max(total, 1e-9):5.1f}%  {n:5d} launches  {blocks:7d} blocks"
+                  f"  {nbytes * n / max(ms, 1e-9) / 1e9:7.0f} GB/s", file=sys.stderr)
+        out = os.environ.get("EMBER_PROFILE_OUT")
+        if out:
+            with open(out, "w") as f:
+                f.write("kernel\tms\tlaunches\tblocks\tbytes\n")
+                f.writelines(f"{name}\t{ms:.4f}\t{n}\t{blocks}\t{nbytes}\n" for name, (ms, n, blocks, nbytes) in ranked)
 
 
 PROFILE = _Profile()

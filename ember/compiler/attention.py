@@ -40,11 +40,13 @@ Labels = list  # one label per axis of a node ("i", "j", "k", "d", "b0", ...; No
 
 
 def _through(n: Node, labels: Labels) -> tuple[Node, Labels]:
-    """Walk down from n through float casts, permutes and reshapes that only add or drop axes
+    """Walk down from n through float casts, stop_gradient, permutes and reshapes that only add or drop axes
     of size 1, carrying the axis labels."""
     while True:
         if n.op is Op.CAST and n.dtype.is_float and n.srcs[0].dtype.is_float:
             n = n.srcs[0]
+        elif n.op is Op.BITCAST and n.srcs[0].op is Op.BITCAST and n.dtype is n.srcs[0].srcs[0].dtype:
+            n = n.srcs[0].srcs[0]   # ir.stop_gradient (softmax's max)
         elif n.op is Op.PERMUTE:
             src = [None] * len(labels)
             for out_axis, src_axis in enumerate(n.arg):

@@ -226,6 +226,18 @@ def _canon_sum(n: Node) -> Node | None:
     return build(terms, k, n.dtype)
 
 
+def _split_low(terms: dict[Node, int], k: int, d: int, dtype: dt.DType) -> tuple[int, Node, Node] | None:
+    """(g, a, b) with x = g*a + b, g > 1 dividing d and 0 <= b < g, for x = sum(terms) + k
+    (a row-major index r*C + c read through a reshape: its rows are r, its column c). The
+    largest such g among the coefficients' common factors with d."""
+    for g in sorted({math.gcd(v, d) for v in terms.values()} - {1, d}, reverse=True):
+        low = build({t: v for t, v in terms.items() if v % g}, k, dtype)
+        lo, hi = bounds(low)
+        if 0 <= lo and hi < g:
+            return g, build({t: v // g for t, v in terms.items() if v % g == 0}, 0, dtype), low
+    return None
+
+
 def _fold_div(n: Node, x: Node, c: Node) -> Node | None:
     d = int(c.arg)
     lo, hi = bounds(x)
@@ -241,6 +253,10 @@ def _fold_div(n: Node, x: Node, c: Node) -> Node | None:
     g = reduce(math.gcd, [*terms.values(), k, d])
     if g > 1:  # a common factor divides out exactly
         return idiv(build({t: v // g for t, v in terms.items()}, k // g, n.dtype), d // g)
+    split = _split_low(terms, k, d, n.dtype)
+    if split is not None:  # (g*a + b) // (g*m) is a // m for 0 <= b < g
+        g, high, _ = split
+        return idiv(high, d // g)
     whole = {t: v // d for t, v in terms.items() if v % d == 0}
     rest = build({t: v for t, v in terms.items() if v % d != 0}, k % d, n.dtype)
     if bounds(rest)[0] < 0 or (not whole and k // d == 0):
@@ -264,6 +280,10 @@ def _fold_mod(n: Node, x: Node, c: Node) -> Node | None:
     if g > 1:
         inner = mod(build({t: v // g for t, v in terms.items()}, k // g, n.dtype), d // g)
         return mul(inner, const(g, n.dtype))
+    split = _split_low(terms, k, d, n.dtype)
+    if split is not None:  # (g*a + b) % (g*m) is g*(a % m) + b for 0 <= b < g
+        g, high, low = split
+        return add(mul(mod(high, d // g), const(g, n.dtype)), low)
     if all(bounds(t)[0] >= 0 for t in terms):  # then coefficients and constant may be taken mod d
         reduced = {t: v % d for t, v in terms.items() if v % d}
         if reduced != terms or k % d != k:

@@ -124,3 +124,14 @@ def test_the_pool_gives_an_output_back_a_block_it_held() -> None:
     assert pool.take(64, [200]) == 200      # held before and free: taken back
     assert pool.take(64, [200]) == 300      # no longer free: the last freed block
     assert pool.take(64) == 100
+
+
+def test_lanes_of_a_bf16_map_are_16_byte_accesses() -> None:
+    """A thread's eight bf16 lanes are one 16-byte load and one 16-byte store (nvcc kept them
+    eight 2-byte accesses); a row read at an odd offset is read lane by lane, and stored whole."""
+    src = cuda.source(text.parse("ember 1\nx = param bf16[64,256]\ny = exp2 x\nreturn y\n").output_nodes, "sm_90a")
+    assert "const uint4 v" in src and "*(uint4*)(b" in src
+    odd = text.parse("ember 1\nx = param bf16[64,257]\ny = shrink x start=[0,1] end=[64,257]\n"
+                     "z = exp2 y\nreturn z\n").output_nodes
+    src = cuda.source(odd, "sm_90a")
+    assert "const uint4" not in src and "*(uint4*)(b" in src

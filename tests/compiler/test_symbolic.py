@@ -82,6 +82,19 @@ def test_reshape_round_trip_folds_to_the_ranges() -> None:
     assert sym.simplify([sym.idiv(flat, 4), sym.mod(flat, 4)]) == [i, j]
 
 
+def test_rows_read_through_a_reshape_fold() -> None:
+    """[16384, V] read as [16, 1024, V] and back (a matmul's flattened rows): r*V + v again,
+    with no division (it once cost the GPT head a copy of its logits' gradient)."""
+    r, v = sym.rng("r", 16384), sym.rng("v", 50304)
+    flat = sym.add(sym.mul(r, sym.const(50304)), v)
+    b, t, c = sym.idiv(flat, 1024 * 50304), sym.mod(sym.idiv(flat, 50304), 1024), sym.mod(flat, 50304)
+    back = sym.add(sym.add(sym.mul(b, sym.const(1024 * 50304)), sym.mul(t, sym.const(50304))), c)
+    (simple,) = sym.simplify([back])
+    assert sym.linear(simple) == ({r: 50304, v: 1}, 0)
+    (row,) = sym.simplify([sym.mod(sym.add(sym.mul(r, sym.const(8)), sym.mod(v, 8)), 64)])
+    assert c_eval(row, {r: 9, v: 13}) == (9 * 8 + 5) % 64 and not any(n.op is Op.IDIV for n in toposort([row]))
+
+
 def test_bounds_decide_comparisons() -> None:
     i = sym.rng("i", 8)
     assert sym.simplify([sym.lt(i, sym.const(8))])[0].arg == 1

@@ -64,6 +64,34 @@ def test_cross_entropy_and_nll(reduction: str, options: dict) -> None:
         close(F.nll_loss(et.tensor(lp), et.tensor(target), **ekw), TF.nll_loss(torch.tensor(lp), torch.tensor(target), **tkw))
 
 
+def test_cross_entropy_selects_the_target_as_pytorch_gathers_it() -> None:
+    """A -inf logit away from the target leaves the loss and the gradient finite, as in PyTorch
+    (a one-hot product made -inf * 0 = NaN); the gradient of logsumexp's max is not taken."""
+    logits = rng.standard_normal((4, 5)).astype(np.float32)
+    logits[0, 3] = logits[2, 1] = -np.inf
+    logits[1, :] = 2.0                     # ties at the max: no share of a gradient through it
+    target = np.array([1, 4, 0, 2])
+    x, tx = et.tensor(logits, requires_grad=True), torch.tensor(logits, requires_grad=True)
+    y, ty = F.cross_entropy(x, et.tensor(target)), TF.cross_entropy(tx, torch.tensor(target))
+    close(y, ty)
+    y.backward()
+    ty.backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_softmax_gradient_does_not_pass_through_its_max() -> None:
+    """softmax and logsumexp subtract their max with ir.stop_gradient: once gradients are
+    expanded, nothing compares the input with the max (the ties' share of a max's gradient)."""
+    from ember import ir
+    from ember.compiler import autodiff, simplify
+    x = et.tensor(rng.standard_normal((3, 7)).astype(np.float32), requires_grad=True)
+    for f in (lambda t: t.softmax(1), lambda t: t.logsumexp(1), lambda t: t.log_softmax(1)):
+        y = f(x) * et.tensor(rng.standard_normal((3, 7) if f(x).ndim == 2 else (3,)).astype(np.float32))
+        g = ir.grad(y.sum().node, x.node)
+        nodes = ir.toposort(simplify.simplify(autodiff.expand_grads([g])))
+        assert not any(n.op in (ir.Op.CMPEQ, ir.Op.BITCAST) for n in nodes)
+
+
 def test_cross_entropy_probabilities_and_spatial() -> None:
     logits = rng.standard_normal((3, 4, 2, 2)).astype(np.float32)
     probs = rng.random((3, 4, 2, 2)).astype(np.float32)
