@@ -573,6 +573,8 @@ class Tensor:
         return e + 0.25 / e
 
     def asinh(self) -> "Tensor":
+        if self.dtype in (dt.f16, dt.bf16):
+            return self._in_f32(Tensor.tanh)
         x = self if self.dtype.is_float else self.float()
         sgn = x._sign_factor()
         a = x * sgn
@@ -597,6 +599,8 @@ class Tensor:
     def atan(self) -> "Tensor":
         """Reduced to |t| <= tan(pi/12) (1/|x| above 1, then a pi/6 step), then its odd series
         to t^23: error under 1e-15 relative."""
+        if self.dtype in (dt.f16, dt.bf16):
+            return self._in_f32(Tensor.tanh)
         x = self if self.dtype.is_float else self.float()
         sgn = x._sign_factor()
         a = x * sgn
@@ -651,6 +655,8 @@ class Tensor:
         return where((self > 0) | self.isnan(), self, where(self.eq(0), self * 0, 0.0).cast(self.dtype))
     def sigmoid(self) -> "Tensor":
         """exp(-|x|) never overflows, so the value and its gradient stay finite for any x."""
+        if self.dtype in (dt.f16, dt.bf16):
+            return self._in_f32(Tensor.sigmoid)
         x = self if self.dtype.is_float else self.float()
         z = (-where(x >= 0, x, -x)).exp()  # exp(-|x|), with the gradient of |x| right at 0 too
         return where(x >= 0, (z + 1).reciprocal(), z / (z + 1))
@@ -658,6 +664,8 @@ class Tensor:
     def tanh(self) -> "Tensor":
         """(1 - e)/(1 + e) with e = exp(-2|x|), finite everywhere; a series near 0, where that
         form would cancel."""
+        if self.dtype in (dt.f16, dt.bf16):
+            return self._in_f32(Tensor.tanh)
         x = self if self.dtype.is_float else self.float()
         sgn = x._sign_factor()
         a = x * sgn
@@ -666,7 +674,7 @@ class Tensor:
         x2 = x * x
         small = a * (1 + x2 * (-1 / 3 + x2 * (2 / 15 + x2 * (-17 / 315 + x2 * (62 / 2835)))))
         return sgn * where(a < 0.25, small, big)
-    def silu(self) -> "Tensor": return self * self.sigmoid()  # noqa: E704
+    def silu(self) -> "Tensor": return self._in_f32(lambda x: x * x.sigmoid())  # noqa: E704
     def square(self) -> "Tensor":
         x = self.cast(dt.i64) if self.dtype is dt.bool_ else self  # bools square to int64, as PyTorch
         return x * x
@@ -676,8 +684,16 @@ class Tensor:
             return where(self < 0, -self, self)
         return where(self > 0, self, where(self < 0, -self, where(self.eq(0), 0.0, self).cast(self.dtype)))
 
+    def _in_f32(self, f: Callable[["Tensor"], "Tensor"]) -> "Tensor":
+        """f of an f16/bf16 tensor computed in f32 and rounded once, as PyTorch's kernels compute
+        half types: rounding each of a GELU's dozen ops made it slower (bound by the rounding
+        instructions, 1.2 of 4 TB/s in GPT-2's MLP) and farther from PyTorch."""
+        return f(self.float()).cast(self.dtype) if self.dtype in (dt.f16, dt.bf16) else f(self)
+
     def gelu(self, approximate: str = "none") -> "Tensor":
         """x * Phi(x); approximate='tanh' is GPT-2's form."""
+        if self.dtype in (dt.f16, dt.bf16):
+            return self._in_f32(lambda x: x.gelu(approximate))
         if approximate == "tanh":
             return self * 0.5 * ((self + self * self * self * 0.044715) * math.sqrt(2 / math.pi)).tanh().__add__(1)
         if approximate != "none":
@@ -687,6 +703,8 @@ class Tensor:
     def erf(self) -> "Tensor":
         """Its Taylor series below 0.5, else Abramowitz and Stegun 7.1.26 with the exp of -x^2:
         absolute error under 1.5e-7 (f32's resolution; f64 gets the same, not f64's)."""
+        if self.dtype in (dt.f16, dt.bf16):
+            return self._in_f32(Tensor.erf)
         x = self if self.dtype.is_float else self.float()
         a = x.abs()
         t = (a * 0.3275911 + 1).reciprocal()

@@ -204,13 +204,15 @@ class CUDAKernelWriter(KernelWriter):
         self.decode(root, "blockIdx.x", k.rows)  # a block per row: the root scope is the block's
         root.avail = frozenset(k.rows)
         scope = self.block_scope = root
-        inner = [r for r in k.ranges if r not in k.rows]
+        inner = [r for r in k.ranges if r not in k.rows and r not in k.lanes]
         for i, r in enumerate(inner):
             v = self.range_var(r)
             t = r.dtype.c_name
             head = f"for ({t} {v} = threadIdx.x; {v} < {r.arg[1]}; {v} += blockDim.x)" if i == len(inner) - 1 \
                 else f"for ({t} {v} = 0; {v} < {r.arg[1]}; {v}++)"
             scope = scope.open(frozenset([r]), [head])
+        for r in [r for r in k.ranges if r in k.lanes]:   # a thread's consecutive outputs of the row
+            scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
         return scope
 
     def store_guard(self, scope: Scope) -> str:
@@ -787,7 +789,7 @@ class _Profile:
         print(f"ember profile: {total:.1f} ms in kernels; the most expensive:", file=sys.stderr)
         for name, (ms, n, blocks, nbytes) in ranked[:30]:
             print(f"  {name:50s} {ms:9.2f} ms {100 * ms / max(total, 1e-9):5.1f}%  {n:5d} launches  {blocks:7d} blocks"
-                  f"  {nbytes * n / max(ms, 1e-9) / 1e9:7.0f} GB/s", file=sys.stderr)
+                  f"  {nbytes * n / max(ms, 1e-9) / 1e6:7.0f} GB/s", file=sys.stderr)
         out = os.environ.get("EMBER_PROFILE_OUT")
         if out:
             with open(out, "w") as f:

@@ -359,12 +359,12 @@ class KernelWriter:
 
     def vector_lane(self, index: Node, d: DType) -> tuple[Node, Node] | None:
         """(lane, base) when index is base + lane with base a multiple of the lane's size: the
-        lane's accesses are then one aligned vector (buffers start 16-byte aligned). Written out,
+        lane's accesses are then aligned vectors (buffers start 16-byte aligned). Written out,
         since nvcc left a bf16 map's eight 2-byte stores apart."""
         terms, k = sym.linear(index)
         for lane in sorted(self.lanes, key=lambda r: self.range_order.get(r, 0)):
             size = lane.arg[1]
-            if terms.get(lane) != 1 or size * d.itemsize not in VECTOR_TYPES or size * d.itemsize > self.vector_bytes:
+            if terms.get(lane) != 1 or not self.vector_bytes or not self._chunks(size * d.itemsize):
                 continue
             rest = {t: c for t, c in terms.items() if t is not lane}
             if k % size or any(c % size for c in rest.values()):
@@ -374,26 +374,38 @@ class KernelWriter:
                 return lane, base
         return None
 
+    def _chunks(self, nbytes: int) -> tuple[str, int, int] | None:
+        """(the vector type, its bytes, how many) for an access of nbytes, or None."""
+        step = min(nbytes, self.vector_bytes)
+        return (VECTOR_TYPES[step], step, nbytes // step) if step in VECTOR_TYPES and nbytes % step == 0 else None
+
     def vector_load(self, n: Node, scope: Scope, lane: Node, base: Node) -> str:
-        """The lane's loads of n as one vector read before the lane's loop; n's value at a lane."""
-        vt, st = VECTOR_TYPES[lane.arg[1] * n.dtype.itemsize], self.r.stype(n.dtype)
+        """The lane's loads of n as vector reads before the lane's loop; n's value at a lane."""
+        st, size = self.r.stype(n.dtype), n.dtype.itemsize
+        vt, step, count = self._chunks(lane.arg[1] * size) or ("", 0, 0)
         outer = self.target(base, scope)
         arr, at = self.var("v"), self.ref(self.value(base, outer), base)
-        outer.put(f"const {vt} {arr}v = *(const {vt}*)({self.operand(n.srcs[0], scope)} + {at});")
-        outer.put(f"const {st}* {arr} = (const {st}*)&{arr}v;")
+        buf = self.operand(n.srcs[0], scope)
+        parts = ", ".join(f"*(const {vt}*)({buf} + {at}{f' + {c * step // size}' if c else ''})" for c in range(count))
+        outer.put(f"const {vt} {arr}v[{count}] = {{{parts}}};")
+        outer.put(f"const {st}* {arr} = (const {st}*){arr}v;")
         return self.r.load(arr, self.range_var(lane), n.dtype)
 
     def vector_store(self, scope: Scope, buf: Node, d: DType, stored: str, lane: Node, base: Node) -> None:
         """Each lane's value into a vector, written once after the lane's loop."""
         parent = scope.parent
         assert parent is not None
-        vt, st = VECTOR_TYPES[lane.arg[1] * d.itemsize], self.r.stype(d)
+        st, size = self.r.stype(d), d.itemsize
+        vt, step, count = self._chunks(lane.arg[1] * size) or ("", 0, 0)
         arr = self.var("o")
-        parent.put(f"{vt} {arr}v;")
-        parent.put(f"{st}* {arr} = ({st}*)&{arr}v;")
+        parent.put(f"{vt} {arr}v[{count}];")
+        parent.put(f"{st}* {arr} = ({st}*){arr}v;")
         scope.put(f"{arr}[{self.range_var(lane)}] = {stored};")
         at = self.ref(self.value(base, parent), base)
-        parent.lines.insert(parent.lines.index(scope) + 1, f"*({vt}*)({self.buf(buf)} + {at}) = {arr}v;")
+        writes = [f"*({vt}*)({self.buf(buf)} + {at}{f' + {c * step // size}' if c else ''}) = {arr}v[{c}];"
+                  for c in range(count)]
+        spot = parent.lines.index(scope) + 1
+        parent.lines[spot:spot] = writes
 
     def open_outputs(self, root: Scope) -> Scope:
         """Open the loops of the output ranges (outer ones first, lanes innermost)."""

@@ -155,6 +155,8 @@ def find(k: Kernel, dtypes: tuple[dt.DType, ...] = TENSOR_CORE_DTYPES) -> Contra
     if op is not Op.SUM or not red.dtype.is_float:
         return None
     body = red.srcs[0]
+    if body.op is Op.CAST and body.dtype.bits > 16 and body.srcs[0].op is Op.MUL and body.srcs[0].dtype in dtypes:
+        body = body.srcs[0]   # half products summed in f32 (split.split_k): the accumulator already is
     if body.op is not Op.MUL:
         return None
     x, y = (_operand_load(s, dtypes) for s in body.srcs)

@@ -146,6 +146,9 @@ def block_rows(k: Kernel) -> list[Node] | None:
     deps = free_ranges(k.store)
     nested = enclosing_reduces(k.store)
     top = [n for n in reduces if n not in nested]
+    if math.prod(r.arg[1] for r in k.ranges) >= GPU_MIN_THREADS and \
+            all(math.prod(r.arg[1] for r in n.arg[1]) <= SHORT_ROW for n in top):
+        return None   # rows enough to fill the GPU, too short to share: a block of 256 threads idled on 64
     for n in top:
         last = n.arg[1][-1]
         loads = [ld for ld in toposort([n.srcs[0]]) if ld.op is Op.LOAD]
@@ -157,6 +160,7 @@ def block_rows(k: Kernel) -> list[Node] | None:
 
 
 GPU_LANES = 4  # elements per thread: four independent loads or accumulators in flight
+SHORT_ROW = 256  # a reduction this long runs in one thread when there are enough of them
 
 
 def gpu_lanes(k: Kernel) -> int:
@@ -279,12 +283,27 @@ def gpu_plan(k: Kernel, arch: str) -> None:
         if k.ranges and k.ranges[-1].arg[1] % lanes == 0 and stride(k.store, k.ranges[-1]) == 1 \
                 and (not has_reduce or threads >= GPU_MIN_THREADS):
             split_range(k, k.ranges[-1], lanes)
+        else:   # a thread's own reduction over a contiguous axis: partial results in lanes, vector loads
+            contiguous_reduction_lanes(k, lanes)
         return
     # each thread keeps `lanes` partial results of a shared reduction over a contiguous axis
     lanes = gpu_lanes(k)
+    contiguous_reduction_lanes(k, lanes, 32)
+    # and writes `lanes` consecutive outputs of its row (a softmax's): vector loads and stores
+    last = k.ranges[-1] if k.ranges else None
+    if last is not None and last not in k.rows and last.arg[1] % lanes == 0 and last.arg[1] >= 32 * lanes \
+            and stride(k.store, last) == 1:
+        split_range(k, last, lanes)
+
+
+def contiguous_reduction_lanes(k: Kernel, lanes: int, per_thread: int = 1) -> None:
+    """Split the innermost range of each reduction that some load reads contiguously (and that
+    has at least per_thread * lanes steps) into lanes: independent partial results, loaded as
+    one vector."""
     reduces = [n for n in toposort([k.store]) if n.op is Op.REDUCE]
     for r in {n.arg[1][-1] for n in reduces}:
-        if r.arg[1] % lanes == 0 and r.arg[1] >= 32 * lanes:
+        loads = [ld for n in reduces if n.arg[1][-1] is r for ld in toposort([n.srcs[0]]) if ld.op is Op.LOAD]
+        if r.arg[1] % lanes == 0 and r.arg[1] >= per_thread * lanes and any(stride(ld, r) == 1 for ld in loads):
             split_range(k, r, lanes)
 
 

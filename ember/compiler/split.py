@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from .. import dtype as dt
 from .. import ir
 from ..ir import Node, Op
 from .rewrite import Pat, RuleSet, rewrite
@@ -46,4 +47,45 @@ def split_large_reductions(outputs: list[Node]) -> list[Node]:
         parts = ir.reshape(x, x.shape[:axis] + (groups, size // groups) + x.shape[axis + 1:])
         return ir.reshape(ir.reduce(n.op, ir.reduce(n.op, parts, (axis + 1,)), (axis,)), n.shape)
 
-    return rewrite(outputs, RuleSet([(Pat(pred=lambda n: n.op in (Op.SUM, Op.RMAX), name="n"), split)]))
+    return rewrite(outputs, RuleSet([(Pat(Op.SUM, name="n"), split_k),
+                                     (Pat(pred=lambda n: n.op in (Op.SUM, Op.RMAX), name="n"), split)]))
+
+
+SMS = 132          # the H200's SMs: a contraction wants several waves of output tiles on them
+MIN_SPLIT_K = 1024  # the least K a split part keeps
+
+
+def _split_cost(outputs: int, size: int, parts: int) -> float:
+    """The time of a contraction split in parts, in units of one K step of a 128 x 256 tile: its
+    waves of blocks on the SMs, each block's steps plus a pipeline's fill and epilogue (about 256
+    steps' worth), with the tile contraction.plan picks (128 x 128, at 0.59 of the time and 0.85
+    of the rate, when 128 x 256 tiles are fewer than the SMs)."""
+    blocks, scale = -(-outputs // (128 * 256)) * parts, 1.0
+    if blocks < SMS:
+        blocks, scale = -(-outputs // (128 * 128)) * parts, 0.5 / 0.85
+    return -(-blocks // SMS) * (size // parts + 256) * scale
+
+
+def split_k(n: Node) -> Node | None:
+    """A half-precision contraction with few output tiles and a long K (a weight gradient sums
+    over all 16384 tokens of a GPT-2 step into [768, 768]: 36 tiles of 128 x 128 for 132 SMs)
+    as S contractions over parts of K, each with its own output tiles, summed after; S as
+    _split_cost estimates best (768 x 3072 over 16384: 8 parts, 576 blocks). The parts are f32
+    sums (a tensor-core contraction's accumulator, contraction.find), added up, rounded once."""
+    prod = n.srcs[0]
+    if n.dtype not in (dt.bf16, dt.f16) or len(n.arg) != 1 or prod.op is not Op.MUL or \
+            any(x.op is not Op.EXPAND for x in prod.srcs):
+        return None
+    (axis,) = n.arg
+    size = prod.shape[axis]
+    options = [p for p in (1, 2, 4, 8, 16) if size % p == 0 and (p == 1 or size // p >= MIN_SPLIT_K)]
+    parts = min(options, key=lambda p: _split_cost(n.numel, size, p))
+    if parts == 1:
+        return None
+    def split(shape: tuple[int, ...]) -> tuple[int, ...]:
+        return shape[:axis] + (parts, shape[axis] // parts) + shape[axis + 1:]
+    # each operand split before its broadcast: the product's own index may pass 2^31
+    prods = ir.binary(Op.MUL, *(ir.expand(ir.reshape(x.srcs[0], split(x.srcs[0].shape)), split(prod.shape))
+                                for x in prod.srcs))
+    total = ir.reduce(Op.SUM, ir.reduce(Op.SUM, ir.unary(Op.CAST, prods, dt.f32), (axis + 1,)), (axis,))
+    return ir.unary(Op.CAST, ir.reshape(total, n.shape), n.dtype)

@@ -112,6 +112,8 @@ def _compute(n: Node) -> tuple[int, int] | None:
     if not n.srcs:
         return None
     a = bounds(n.srcs[0])
+    if op is Op.CAST and n.srcs[0].dtype.is_int:   # widened to i64 (the caller checks that it fits)
+        return a
     if op is Op.NEG:
         return -a[1], -a[0]
     if op is Op.WHERE:

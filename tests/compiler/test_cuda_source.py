@@ -135,3 +135,31 @@ def test_lanes_of_a_bf16_map_are_16_byte_accesses() -> None:
                      "z = exp2 y\nreturn z\n").output_nodes
     src = cuda.source(odd, "sm_90a")
     assert "const uint4" not in src and "*(uint4*)(b" in src
+
+
+def test_a_long_contraction_with_few_tiles_is_split_over_k(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A weight gradient's shape (few output tiles, K long) runs as a batch of contractions over
+    parts of K on tensor cores, f32 parts summed after (split.split_k); its value stays."""
+    import numpy as np
+
+    from ember import dtype as dt
+    from ember import ir, ref
+    from ember.compiler import split
+    from ember.ir import Op
+
+    def weight_grad(k: int, m: int, n: int) -> tuple[ir.Node, ir.Node, ir.Node]:
+        a, b = ir.param("a", dt.bf16, (k, m, 1)), ir.param("b", dt.bf16, (k, 1, n))
+        return a, b, ir.reduce(Op.SUM, ir.binary(Op.MUL, ir.expand(a, (k, m, n)), ir.expand(b, (k, m, n))), (0,))
+
+    *_, dw = weight_grad(16384, 768, 768)   # GPT-2's attention projection: 18 tiles of 128 x 256
+    (c,) = [k.contraction[0] for k in cuda.prepare([dw], "sm_90a").kernels if k.contraction]
+    assert c.batch_size == 16 and c.mnk == (768, 768, 1024) and c.dtype is dt.bf16
+    monkeypatch.setattr(split, "MIN_SPLIT_K", 64)   # the value, at a size the reference evaluates
+    a, b, dw = weight_grad(512, 32, 16)
+    parted = split.split_k(dw)
+    assert parted is not None
+    rng = np.random.default_rng(0)
+    values = {p: (rng.standard_normal(p.shape).astype(np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32)
+              for p in (a, b)}   # bf16 values
+    want, got = ref.evaluate([dw], values)[0], ref.evaluate([parted], values)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=0.3)
