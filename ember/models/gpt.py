@@ -60,7 +60,9 @@ class GPT(LanguageModel):
     def forward(self, idx: Tensor) -> Tensor:
         """Logits [B, T, vocab] for token ids [B, T]."""
         _, t = idx.shape
-        x = self.tok(idx) + self.pos(T.arange(t))
+        # the first t rows of the position table: pos(arange(t)) is the same, but a gather by
+        # data costs a comparison of every position with every row, forward and backward
+        x = self.tok(idx) + self.pos.weight[:t]
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln(x))
