@@ -141,9 +141,14 @@ def block_size(k: Kernel) -> int:
     if k.threads is not None:
         return math.prod(r.arg[1] for r in k.threads)
     if k.rows is not None:
-        longest = max((math.prod(r.arg[1] for r in n.arg[1]) for n in toposort([k.store]) if n.op is Op.REDUCE),
-                      default=0)
-        return 1024 if longest >= 8192 else BLOCK
+        reduces = [n for n in toposort([k.store]) if n.op is Op.REDUCE]
+        longest = max((math.prod(r.arg[1] for r in n.arg[1]) for n in reduces), default=0)
+        if longest >= 8192:
+            return 1024
+        # a short row (layernorm's 768, in 192 vectors): threads with two steps or more each,
+        # and more rows in flight (256 threads left a quarter idle, at 2.5 TB/s)
+        steps = max((math.prod(r.arg[1] for r in n.arg[1] if r not in k.lanes) for n in reduces), default=0)
+        return min(BLOCK, max(64, 1 << max(0, (steps // 2).bit_length() - 1)))
     return BLOCK
 
 

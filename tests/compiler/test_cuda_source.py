@@ -42,7 +42,7 @@ def test_every_generated_kernel_compiles(arch: str, tmp_path: Path) -> None:
 def test_launch_shapes() -> None:
     softmax = text.parse_file(str(Path(__file__).parents[1] / "eir/compositions/softmax_129.eir")).output_nodes
     (k,) = cuda.prepare(softmax).kernels
-    assert cuda.launch_config(k) == ((3, 1, 1), cuda.BLOCK, 0)  # a block per row
+    assert cuda.launch_config(k) == ((3, 1, 1), 64, 0)  # a block per row, of 64 threads for 129 values
     colsum = text.parse("ember 1\nx = param f32[64,300]\ns = sum x axes=[0]\nreturn s\n").output_nodes
     (k,) = cuda.prepare(colsum).kernels
     assert cuda.launch_config(k) == ((2, 1, 1), cuda.BLOCK, 0)  # a thread per column (too few to give each 4), coalesced
