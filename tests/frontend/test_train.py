@@ -46,8 +46,11 @@ def test_ctrl_c_saves_a_checkpoint_and_says_one_line(tmp_path: Path) -> None:
     import time
     args = [sys.executable, "-m", "ember", "train", "--steps", "100000", "--out", str(tmp_path / "r"), *TINY]
     args[args.index("--eval-every") + 1] = "1"
+    # a shell without job control starts background jobs with SIGINT ignored, and Python keeps it
+    # so: the child gets the default back, as a terminal's foreground job has it
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 240
     while not (tmp_path / "r" / "ckpt.safetensors").exists() and time.time() < deadline:
         time.sleep(0.2)
