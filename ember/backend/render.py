@@ -304,6 +304,19 @@ class CLike:
 VECTOR_TYPES = {4: "unsigned int", 8: "uint2", 16: "uint4"}   # CUDA's types of an aligned vector access
 
 
+@dataclass
+class Vector:
+    """A lane's accesses as `count` aligned vectors of `type`, each `elements` long, from base."""
+    lane: Node
+    base: Node
+    type: str
+    elements: int
+    count: int
+
+    def addresses(self, buf: str, at: str) -> list[str]:
+        return [f"{buf} + {at}" + (f" + {c * self.elements}" if c else "") for c in range(self.count)]
+
+
 class KernelWriter:
     """Renders one kernel: places nodes in scopes, emits statements, prints the scope tree."""
 
@@ -349,61 +362,53 @@ class KernelWriter:
         v = self.value(value, scope)
         stored = self.r.store_value(self.ref(v, value), value.dtype)
         vec = None if self.k.atomic or self.store_guard(scope) else self.vector_lane(idx, value.dtype)
-        if vec is not None and scope.parent is not None and scope.avail - scope.parent.avail == {vec[0]}:
-            self.vector_store(scope, buf, value.dtype, stored, *vec)
+        if vec is not None and scope.parent is not None and scope.avail - scope.parent.avail == {vec.lane}:
+            self.vector_store(scope, buf, value.dtype, stored, vec)
         else:
             target = f"{self.buf(buf)}[{self.value(idx, scope)}]"
             scope.put(self.store_guard(scope) + (f"atomicAdd(&{target}, {stored});" if self.k.atomic else
                                                  f"{target} = {stored};"))
         return self.signature() + " {\n" + self.print_scope(root, 1) + "}\n"
 
-    def vector_lane(self, index: Node, d: DType) -> tuple[Node, Node] | None:
-        """(lane, base) when index is base + lane with base a multiple of the lane's size: the
-        lane's accesses are then aligned vectors (buffers start 16-byte aligned). Written out,
-        since nvcc left a bf16 map's eight 2-byte stores apart."""
+    def vector_lane(self, index: Node, d: DType) -> "Vector | None":
+        """The aligned vector access of a lane's loads or store at index = base + lane, base a
+        multiple of the lane's size (buffers start 16-byte aligned), or None. Written out, since
+        nvcc left a bf16 map's eight 2-byte stores apart."""
         terms, k = sym.linear(index)
         for lane in sorted(self.lanes, key=lambda r: self.range_order.get(r, 0)):
-            size = lane.arg[1]
-            if terms.get(lane) != 1 or not self.vector_bytes or not self._chunks(size * d.itemsize):
+            size, nbytes = lane.arg[1], lane.arg[1] * d.itemsize
+            step = min(nbytes, self.vector_bytes)
+            if terms.get(lane) != 1 or step not in VECTOR_TYPES or nbytes % step:
                 continue
             rest = {t: c for t, c in terms.items() if t is not lane}
             if k % size or any(c % size for c in rest.values()):
                 continue
             base = sym.build(rest, k, index.dtype)
             if lane not in free_ranges(base)[base]:
-                return lane, base
+                return Vector(lane, base, VECTOR_TYPES[step], step // d.itemsize, nbytes // step)
         return None
 
-    def _chunks(self, nbytes: int) -> tuple[str, int, int] | None:
-        """(the vector type, its bytes, how many) for an access of nbytes, or None."""
-        step = min(nbytes, self.vector_bytes)
-        return (VECTOR_TYPES[step], step, nbytes // step) if step in VECTOR_TYPES and nbytes % step == 0 else None
-
-    def vector_load(self, n: Node, scope: Scope, lane: Node, base: Node) -> str:
+    def vector_load(self, n: Node, scope: Scope, vec: "Vector") -> str:
         """The lane's loads of n as vector reads before the lane's loop; n's value at a lane."""
-        st, size = self.r.stype(n.dtype), n.dtype.itemsize
-        vt, step, count = self._chunks(lane.arg[1] * size) or ("", 0, 0)
-        outer = self.target(base, scope)
-        arr, at = self.var("v"), self.ref(self.value(base, outer), base)
+        st = self.r.stype(n.dtype)
+        outer = self.target(vec.base, scope)
+        arr, at = self.var("v"), self.ref(self.value(vec.base, outer), vec.base)
         buf = self.operand(n.srcs[0], scope)
-        parts = ", ".join(f"*(const {vt}*)({buf} + {at}{f' + {c * step // size}' if c else ''})" for c in range(count))
-        outer.put(f"const {vt} {arr}v[{count}] = {{{parts}}};")
+        parts = ", ".join(f"*(const {vec.type}*)({a})" for a in vec.addresses(buf, at))
+        outer.put(f"const {vec.type} {arr}v[{vec.count}] = {{{parts}}};")
         outer.put(f"const {st}* {arr} = (const {st}*){arr}v;")
-        return self.r.load(arr, self.range_var(lane), n.dtype)
+        return self.r.load(arr, self.range_var(vec.lane), n.dtype)
 
-    def vector_store(self, scope: Scope, buf: Node, d: DType, stored: str, lane: Node, base: Node) -> None:
+    def vector_store(self, scope: Scope, buf: Node, d: DType, stored: str, vec: "Vector") -> None:
         """Each lane's value into a vector, written once after the lane's loop."""
         parent = scope.parent
         assert parent is not None
-        st, size = self.r.stype(d), d.itemsize
-        vt, step, count = self._chunks(lane.arg[1] * size) or ("", 0, 0)
-        arr = self.var("o")
-        parent.put(f"{vt} {arr}v[{count}];")
+        st, arr = self.r.stype(d), self.var("o")
+        parent.put(f"{vec.type} {arr}v[{vec.count}];")
         parent.put(f"{st}* {arr} = ({st}*){arr}v;")
-        scope.put(f"{arr}[{self.range_var(lane)}] = {stored};")
-        at = self.ref(self.value(base, parent), base)
-        writes = [f"*({vt}*)({self.buf(buf)} + {at}{f' + {c * step // size}' if c else ''}) = {arr}v[{c}];"
-                  for c in range(count)]
+        scope.put(f"{arr}[{self.range_var(vec.lane)}] = {stored};")
+        at = self.ref(self.value(vec.base, parent), vec.base)
+        writes = [f"*({vec.type}*)({a}) = {arr}v[{c}];" for c, a in enumerate(vec.addresses(self.buf(buf), at))]
         spot = parent.lines.index(scope) + 1
         parent.lines[spot:spot] = writes
 
@@ -550,7 +555,7 @@ class KernelWriter:
         args = [self.operand(s, scope) for s in n.srcs]
         vec = self.vector_lane(n.srcs[1], n.dtype) if op is Op.LOAD and len(args) == 2 else None
         if vec is not None:
-            expr = self.vector_load(n, scope, *vec)
+            expr = self.vector_load(n, scope, vec)
         elif op is Op.LOAD:
             expr = self.r.load(args[0], args[1], n.dtype)
             if len(args) == 3:
