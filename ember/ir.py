@@ -189,6 +189,13 @@ def stop_gradient(x: Node) -> Node:
     return unary(Op.BITCAST, unary(Op.BITCAST, x, as_int), x.dtype)
 
 
+def stopped(n: Node) -> Node | None:
+    """x when n is stop_gradient(x) (a bitcast and its way back), else None."""
+    if n.op is Op.BITCAST and n.srcs[0].op is Op.BITCAST and n.dtype is n.srcs[0].srcs[0].dtype:
+        return n.srcs[0].srcs[0]
+    return None
+
+
 def binary(op: Op, x: Node, y: Node) -> Node:
     name = op.name.lower()
     if x.shape != y.shape:

@@ -45,8 +45,8 @@ def _through(n: Node, labels: Labels) -> tuple[Node, Labels]:
     while True:
         if n.op is Op.CAST and n.dtype.is_float and n.srcs[0].dtype.is_float:
             n = n.srcs[0]
-        elif n.op is Op.BITCAST and n.srcs[0].op is Op.BITCAST and n.dtype is n.srcs[0].srcs[0].dtype:
-            n = n.srcs[0].srcs[0]   # ir.stop_gradient (softmax's max)
+        elif (inner := ir.stopped(n)) is not None:   # softmax's max
+            n = inner
         elif n.op is Op.PERMUTE:
             src = [None] * len(labels)
             for out_axis, src_axis in enumerate(n.arg):

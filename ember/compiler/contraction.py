@@ -25,6 +25,7 @@ from . import symbolic as sym
 from .lower import Kernel, free_ranges
 
 TENSOR_CORE_DTYPES = (dt.f16, dt.bf16)
+SMS = 132   # the H200's SMs: tiles are sized to give each a block (plan; split.split_k)
 
 
 @dataclass(frozen=True)
@@ -279,9 +280,9 @@ def plan(c: Contraction, arch: str) -> GpuPlan | None:
         rows = 128 if m > 64 else 64   # one warpgroup for 64 rows (a convolution's 64 output channels)
         tiles = [(r, cols) for r, cols in ((rows, 256), (rows, 128), (64, 256), (64, 128))
                  if r <= rows and (cols == 128 or n > 128)]
-        # the largest tile that still gives the H200's 132 SMs a block each (a 7 x 7 convolution
-        # with 512 channels had 28 tiles of 128 x 256: 0.42-0.57 of cuDNN)
-        rows, cols = next((t for t in tiles if -(-m // t[0]) * -(-n // t[1]) * c.batch_size >= 132), tiles[-1])
+        # the largest tile that still gives the SMs a block each (a 7 x 7 convolution with 512
+        # channels had 28 tiles of 128 x 256: 0.42-0.57 of cuDNN)
+        rows, cols = next((t for t in tiles if -(-m // t[0]) * -(-n // t[1]) * c.batch_size >= SMS), tiles[-1])
         return GpuPlan("wgmma", rows, cols, 64, rows // 64, 1, 4)
     stages = 4 if arch.startswith("sm_9") else 3   # sm_86 has 100 KB of shared memory per SM
     if m <= 64 or n <= 64:

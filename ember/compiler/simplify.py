@@ -173,8 +173,7 @@ RULES = RuleSet([
     (P(Op.CAST, P(name="x"), name="n", pred=lambda n: n.dtype is n.srcs[0].dtype), lambda n, x: x),
     (P(Op.CAST, P(Op.CAST, P(name="x")), name="n"), _cast_cast),
     # ir.stop_gradient, once gradients are expanded
-    (P(Op.BITCAST, P(Op.BITCAST, P(name="x")), name="n",
-       pred=lambda n: n.srcs[0].op is Op.BITCAST and n.dtype is n.srcs[0].srcs[0].dtype), lambda n, x: x),
+    (P(Op.BITCAST, name="n", pred=lambda n: ir.stopped(n) is not None), ir.stopped),
     (P(Op.WHERE, P(Op.CONST, name="c"), P(name="a"), P(name="b")), lambda c, a, b: a if c.arg else b),
     (P(Op.WHERE, P(name="c"), P(name="a"), P(name="a")), lambda c, a: a),
     # where(c, where(c, a, x), b) is where(c, a, b), and so is where(c, a, where(c, x, b)). The

@@ -7,6 +7,7 @@ import math
 from .. import dtype as dt
 from .. import ir
 from ..ir import Node, Op
+from .contraction import SMS
 from .rewrite import Pat, RuleSet, rewrite
 
 
@@ -51,7 +52,6 @@ def split_large_reductions(outputs: list[Node]) -> list[Node]:
                                      (Pat(pred=lambda n: n.op in (Op.SUM, Op.RMAX), name="n"), split)]))
 
 
-SMS = 132          # the H200's SMs: a contraction wants several waves of output tiles on them
 MIN_SPLIT_K = 1024  # the least K a split part keeps
 
 
