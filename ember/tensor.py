@@ -9,6 +9,7 @@ same graph each time (new batch, new weights) compiles once and replays afterwar
 from __future__ import annotations
 
 import builtins
+import functools
 import itertools
 import math
 import time
@@ -141,6 +142,18 @@ def _dim(d: int, ndim: int, name: str = "dim") -> int:
     if not isinstance(d, (int, np.integer)) or not -n <= d < n:
         raise IndexError(f"{name} out of range (expected to be in range of [{-n}, {n - 1}], but got {d})")
     return int(d) % n
+
+
+def _half_in_f32(f: Callable[..., "Tensor"]) -> Callable[..., "Tensor"]:
+    """A method of a tensor whose f16/bf16 values are computed in f32 and rounded once, as
+    PyTorch's kernels compute half types: rounding each of a GELU's dozen ops made it slower
+    (bound by the rounding instructions, 1.2 of 4 TB/s in GPT-2's MLP) and farther from PyTorch."""
+    @functools.wraps(f)
+    def method(self: "Tensor", *args: Any, **kwargs: Any) -> "Tensor":
+        if self.dtype in (dt.f16, dt.bf16):
+            return f(self.float(), *args, **kwargs).cast(self.dtype)
+        return f(self, *args, **kwargs)
+    return method
 
 
 class Tensor:
@@ -649,19 +662,17 @@ class Tensor:
         if not self.dtype.is_float:
             return self.maximum(0)
         return where((self > 0) | self.isnan(), self, where(self.eq(0), self * 0, 0.0).cast(self.dtype))
+    @_half_in_f32
     def sigmoid(self) -> "Tensor":
         """exp(-|x|) never overflows, so the value and its gradient stay finite for any x."""
-        if self.dtype in (dt.f16, dt.bf16):
-            return self._in_f32(Tensor.sigmoid)
         x = self if self.dtype.is_float else self.float()
         z = (-where(x >= 0, x, -x)).exp()  # exp(-|x|), with the gradient of |x| right at 0 too
         return where(x >= 0, (z + 1).reciprocal(), z / (z + 1))
 
+    @_half_in_f32
     def tanh(self) -> "Tensor":
         """(1 - e)/(1 + e) with e = exp(-2|x|), finite everywhere; a series near 0, where that
         form would cancel."""
-        if self.dtype in (dt.f16, dt.bf16):
-            return self._in_f32(Tensor.tanh)
         x = self if self.dtype.is_float else self.float()
         sgn = x._sign_factor()
         a = x * sgn
@@ -670,7 +681,8 @@ class Tensor:
         x2 = x * x
         small = a * (1 + x2 * (-1 / 3 + x2 * (2 / 15 + x2 * (-17 / 315 + x2 * (62 / 2835)))))
         return sgn * where(a < 0.25, small, big)
-    def silu(self) -> "Tensor": return self._in_f32(lambda x: x * x.sigmoid())  # noqa: E704
+    @_half_in_f32
+    def silu(self) -> "Tensor": return self * self.sigmoid()  # noqa: E704
     def square(self) -> "Tensor":
         x = self.cast(dt.i64) if self.dtype is dt.bool_ else self  # bools square to int64, as PyTorch
         return x * x
@@ -680,16 +692,9 @@ class Tensor:
             return where(self < 0, -self, self)
         return where(self > 0, self, where(self < 0, -self, where(self.eq(0), 0.0, self).cast(self.dtype)))
 
-    def _in_f32(self, f: Callable[["Tensor"], "Tensor"]) -> "Tensor":
-        """f of an f16/bf16 tensor computed in f32 and rounded once, as PyTorch's kernels compute
-        half types: rounding each of a GELU's dozen ops made it slower (bound by the rounding
-        instructions, 1.2 of 4 TB/s in GPT-2's MLP) and farther from PyTorch."""
-        return f(self.float()).cast(self.dtype) if self.dtype in (dt.f16, dt.bf16) else f(self)
-
+    @_half_in_f32
     def gelu(self, approximate: str = "none") -> "Tensor":
         """x * Phi(x); approximate='tanh' is GPT-2's form."""
-        if self.dtype in (dt.f16, dt.bf16):
-            return self._in_f32(lambda x: x.gelu(approximate))
         if approximate == "tanh":
             # 0.5 (1 + tanh(u)) is 1 / (1 + exp(-2u)): one exp and one division, where tanh's two
             # branches cost GPT-2's MLP its time; exp's argument is capped so that the gradient
@@ -700,11 +705,10 @@ class Tensor:
             raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
         return self * 0.5 * ((self * (1 / math.sqrt(2))).erf() + 1)
 
+    @_half_in_f32
     def erf(self) -> "Tensor":
         """Its Taylor series below 0.5, else Abramowitz and Stegun 7.1.26 with the exp of -x^2:
         absolute error under 1.5e-7 (f32's resolution; f64 gets the same, not f64's)."""
-        if self.dtype in (dt.f16, dt.bf16):
-            return self._in_f32(Tensor.erf)
         x = self if self.dtype.is_float else self.float()
         a = x.abs()
         t = (a * 0.3275911 + 1).reciprocal()
