@@ -50,7 +50,6 @@ def main() -> None:
     print(f"{len(sched.kernels)} kernels, scheduled in {time.perf_counter() - t:.1f} s")
     rows = []
     for k in sched.kernels:
-        what = "contraction" if k.contraction else "attention" if k.fused else "reduce" if k.reduces else "map"
         nbytes = sum(b.nbytes for b in k.args)
         flops = 0
         if k.contraction:
@@ -58,7 +57,7 @@ def main() -> None:
             m, n, kk = c.mnk
             flops = 2 * m * n * kk * c.batch_size
         ms = max(nbytes / BANDWIDTH, flops / TENSOR_FLOPS) * 1e3
-        rows.append((ms, k.name, f"{k.out.node.dtype}{list(k.out.node.shape)}", what, nbytes, flops, len(k.reads)))
+        rows.append((ms, k.name, f"{k.out.node.dtype}{list(k.out.node.shape)}", k.kind, nbytes, flops, len(k.reads)))
     rows.sort(key=lambda r: -r[0])
     print(f"the least time: {sum(r[0] for r in rows):.2f} ms (bytes at 4.0 TB/s, FLOPs at 800 TFLOP/s)")
     print(f"{'ms':>7s}  {'kernel':8s} {'output':30s} {'kind':11s} {'MB':>8s} {'GFLOP':>8s} reads")

@@ -364,8 +364,8 @@ def dry_run(args: argparse.Namespace) -> int:
         t = clock.perf_counter()
         cbackend.build(source)
         times[f"cc ({os.cpu_count()} cores)"] = clock.perf_counter() - t
-    contractions = sum(k.contraction is not None for k in sched.kernels)
-    flash = sum(getattr(k, "fused", None) is not None for k in sched.kernels)
+    contractions = sum(k.kind == "contraction" for k in sched.kernels)
+    flash = sum(k.kind == "attention" for k in sched.kernels)
     print(f"ember train --dry-run: device {device}, {len(sched.kernels)} kernels ({contractions} contractions, "
           f"{flash} flash attention), {sum(p.numel() for p in model.parameters()):,} parameters")
     for phase, seconds in times.items():

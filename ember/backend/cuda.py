@@ -780,8 +780,7 @@ class _Profile:
         from cuda.bindings import driver as cu
         for k, blocks, start, end in self.pending:
             ms = float(_check(cu.cuEventElapsedTime(start, end)))
-            what = "contraction" if k.contraction else "attention" if k.fused else "reduce" if k.reduces else "map"
-            key = f"{k.name} {k.out.node.dtype}{list(k.out.node.shape)} {what}"
+            key = f"{k.name} {k.out.node.dtype}{list(k.out.node.shape)} {k.kind}"
             entry = self.totals.setdefault(key, [0.0, 0, blocks, sum(b.nbytes for b in k.args)])
             entry[0] += ms
             entry[1] += 1

@@ -88,6 +88,11 @@ class Kernel:
         return self.store.srcs[2]
 
     @property
+    def kind(self) -> str:
+        """"contraction", "attention" (a flash kernel), "reduce" or "map", for reports."""
+        return "contraction" if self.contraction else "attention" if self.fused else "reduce" if self.reduces else "map"
+
+    @property
     def args(self) -> list[Buffer]:
         """The buffers the kernel's function takes, in order: its output, then what it reads."""
         return [self.out] + [b for b in self.reads if b.id != self.out.id]
