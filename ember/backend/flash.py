@@ -10,7 +10,8 @@ Three kernels on `mma.sync.m16n8k16` (sm_80 and later; f16 or bf16 operands, f32
   tile and the edges are masked. It writes o / l and the base-2 logsumexp m + log2(l) of every
   row, [N, T, D + 1] in f32.
 - dq: a block per 64 query rows; per key tile it recomputes p = exp2(s c - lse), dp = do v^T and
-  ds = p (dp - rowsum(do o)), and adds ds k.
+  ds = p (dp - rowsum(do o)), and adds ds k. Both backward kernels write their gradients in
+  the operand dtype.
 - dk, dv: a block per 64 keys; per query tile (64 rows, 32 for D = 128 so the accumulators fit
   in registers) it computes s^T = k q^T directly (keys as rows, so p^T and ds^T are A operands
   with no transpose), then adds p^T do to dv and ds^T q to dk.
@@ -33,6 +34,11 @@ template <bool BF16> EMBER_D unsigned ember_pack2(float lo, float hi) {
   if (BF16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
+}
+/* two neighbouring results: f32, or rounded once to the operand dtype (the backward's gradients) */
+template <bool BF16> EMBER_D void ember_store2(float* p, float a, float b) { *(float2*)p = make_float2(a, b); }
+template <bool BF16> EMBER_D void ember_store2(unsigned short* p, float a, float b) {
+  *(unsigned*)p = ember_pack2<BF16>(a, b);
 }
 template <bool BF16> EMBER_D void ember_mma16816(float* c, const unsigned* a, const unsigned* b) {
   if (BF16) ember_mma_bf16(c, a, b); else ember_mma_f16(c, a, b);
@@ -228,8 +234,8 @@ EMBER_D void ember_flash_ds(float (*s)[4], float (*dp)[4], float c, int r_lo, in
     }
 }
 
-template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16>
-EMBER_D void ember_flash_dq(float* out, const unsigned short* q, const unsigned short* k, const unsigned short* v,
+template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, typename OUT>
+EMBER_D void ember_flash_dq(OUT* out, const unsigned short* q, const unsigned short* k, const unsigned short* v,
                             const float* packed, const unsigned short* dout, const float* di, int T, int S,
                             float c, float cs) {
   constexpr int BM = ROWS, BN = TILE, NT = D / 8;
@@ -265,15 +271,15 @@ EMBER_D void ember_flash_dq(float* out, const unsigned short* q, const unsigned 
   for (int h = 0; h < 2; h++) {
     const int row = r_lo + h * 8;
     if (row >= T) continue;
-    float* dst = out + ((size_t)nb * T + row) * D;
+    OUT* dst = out + ((size_t)nb * T + row) * D;
 #pragma unroll
     for (int x = 0; x < NT; x++)
-      *(float2*)(dst + x * 8 + (lane & 3) * 2) = make_float2(acc[x][2 * h] * cs, acc[x][2 * h + 1] * cs);
+      ember_store2<BF16>(dst + x * 8 + (lane & 3) * 2, acc[x][2 * h] * cs, acc[x][2 * h + 1] * cs);
   }
 }
 
-template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16>
-EMBER_D void ember_flash_dkdv(float* out, const unsigned short* q, const unsigned short* k, const unsigned short* v,
+template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, typename OUT>
+EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned short* k, const unsigned short* v,
                               const float* packed, const unsigned short* dout, const float* di, int T, int S,
                               float c, float cs) {
   constexpr int BN = ROWS, BM = TILE, NT = D / 8;   /* BN keys per block, BM queries per tile */
@@ -313,12 +319,12 @@ EMBER_D void ember_flash_dkdv(float* out, const unsigned short* q, const unsigne
   for (int h = 0; h < 2; h++) {
     const int row = r_lo + h * 8;
     if (row >= S) continue;
-    float* dst = out + ((size_t)nb * S + row) * 2 * D;
+    OUT* dst = out + ((size_t)nb * S + row) * 2 * D;
 #pragma unroll
     for (int x = 0; x < NT; x++) {
       const int col = x * 8 + (lane & 3) * 2;
-      *(float2*)(dst + col) = make_float2(dk[x][2 * h] * cs, dk[x][2 * h + 1] * cs);
-      *(float2*)(dst + D + col) = make_float2(dv[x][2 * h], dv[x][2 * h + 1]);
+      ember_store2<BF16>(dst + col, dk[x][2 * h] * cs, dk[x][2 * h + 1] * cs);
+      ember_store2<BF16>(dst + D + col, dv[x][2 * h], dv[x][2 * h + 1]);
     }
   }
 }

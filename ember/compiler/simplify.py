@@ -162,7 +162,61 @@ def _reduce_of_ones(n: Node, x: Node) -> Node | None:
     return None
 
 
+def _nonzero_boxes(x: Node) -> list[tuple[tuple[int, int], ...]] | None:
+    """Boxes (per axis: [start, end)) outside which x is 0, when x is zero-padded pieces."""
+    if x.op is Op.PAD and ir._key(float(x.arg[2])) == ir._key(0.0):
+        return [tuple((b, b + s) for b, s in zip(x.arg[0], x.srcs[0].shape))]
+    if x.op is Op.CAST:
+        return _nonzero_boxes(x.srcs[0])
+    if x.op is Op.ADD:
+        a, b = _nonzero_boxes(x.srcs[0]), _nonzero_boxes(x.srcs[1])
+        return a + b if a is not None and b is not None else None
+    return None
+
+
+def _disjoint(boxes: list[tuple[tuple[int, int], ...]]) -> bool:
+    return all(any(ea <= sb or eb <= sa for (sa, ea), (sb, eb) in zip(p, q))
+               for i, p in enumerate(boxes) for q in boxes[i + 1:])
+
+
+def _narrow_dtype(x: Node) -> DType | None:
+    """The dtype of the first widening cast below x's movements and sums."""
+    while x.op in ir.MOVEMENT or x.op is Op.ADD:
+        x = x.srcs[0]
+    return x.srcs[0].dtype if x.op is Op.CAST and _holds(x.srcs[0].dtype, x.dtype) else None
+
+
+def _narrowed(x: Node, d: DType) -> Node | None:
+    """x computed exactly in the narrower float dtype d, if its values come from d: casts up from
+    d, moved (pads of 0) and added where at most one term is not 0."""
+    if x.op is Op.CAST:
+        return x.srcs[0] if x.srcs[0].dtype is d else None
+    if x.op in ir.MOVEMENT and (x.op is not Op.PAD or ir._key(float(x.arg[2])) == ir._key(0.0)):
+        src = _narrowed(x.srcs[0], d)
+        return None if src is None else Node(x.op, d, (src,), x.arg, x.shape)
+    if x.op is Op.ADD and (boxes := _nonzero_boxes(x)) is not None and _disjoint(boxes):
+        a, b = (_narrowed(s, d) for s in x.srcs)
+        return None if a is None or b is None else Node(Op.ADD, d, (a, b), None, x.shape)
+    return None
+
+
+def _concatenated(n: Node) -> Node | None:
+    """A sum of zero-padded pieces that do not overlap, each cast up from one narrower float
+    dtype, is those pieces put side by side in that dtype, cast up once: each element is one
+    piece's value plus zeros, exact in either dtype. A concatenation's gradient under autocast
+    (GPT-2's q, k and v gradients, bf16, into the f32 gradient of their projection): the
+    projection's bf16 gradient then needs no rounding, and its bias gradient reads it, 2 bytes
+    an element where it read the pieces in f32 through the concatenation's index arithmetic."""
+    boxes = _nonzero_boxes(n)
+    d = _narrow_dtype(n)
+    if not n.dtype.is_float or boxes is None or not _disjoint(boxes) or d is None or not d.is_float:
+        return None
+    low = _narrowed(n, d)
+    return None if low is None else Node(Op.CAST, n.dtype, (low,), None, n.shape)
+
+
 RULES = RuleSet([
+    (P(Op.ADD, name="n", pred=lambda n: n.dtype.is_float), _concatenated),
     (P(ir.ELEMENTWISE, name="n", pred=_all_int_consts), _fold_int),
     (P(Op.NEG, P(Op.NEG, P(name="x"))), lambda x: x),
     (P(Op.MUL, P(name="x"), P(Op.CONST, pred=lambda c: _is_const(c, 1))), lambda x: x),
