@@ -391,10 +391,15 @@ class KernelWriter:
     def vector_load(self, n: Node, scope: Scope, vec: "Vector") -> str:
         """The lane's loads of n as vector reads before the lane's loop; n's value at a lane."""
         st = self.r.stype(n.dtype)
-        outer = self.target(vec.base, scope)
+        chain = scope.chain()
+        outer = max((self.target(x, scope) for x in [vec.base, *n.srcs[2:]]), key=chain.index)  # address, guard
         arr, at = self.var("v"), self.ref(self.value(vec.base, outer), vec.base)
         buf = self.operand(n.srcs[0], scope)
         parts = ", ".join(f"*(const {vec.type}*)({a})" for a in vec.addresses(buf, at))
+        if len(n.srcs) == 3:   # guarded: zeros where the guard is false, nothing read
+            guard = self.ref(self.value(n.srcs[2], outer), n.srcs[2])
+            parts = ", ".join(f"({guard} ? *(const {vec.type}*)({a}) : {vec.type}{{}})"
+                              for a in vec.addresses(buf, at))
         outer.put(f"const {vec.type} {arr}v[{vec.count}] = {{{parts}}};")
         outer.put(f"const {st}* {arr} = (const {st}*){arr}v;")
         return self.r.load(arr, self.range_var(vec.lane), n.dtype)
@@ -553,7 +558,9 @@ class KernelWriter:
             flat = self.stage_index(st)
             return f"{name}[{self.ref(self.value(flat, scope), flat)}]"
         args = [self.operand(s, scope) for s in n.srcs]
-        vec = self.vector_lane(n.srcs[1], n.dtype) if op is Op.LOAD and len(args) == 2 else None
+        vec = self.vector_lane(n.srcs[1], n.dtype) if op is Op.LOAD else None
+        if vec is not None and len(n.srcs) == 3 and vec.lane in self.deps[n.srcs[2]]:
+            vec = None   # a guard that differs between the lanes
         if vec is not None:
             expr = self.vector_load(n, scope, vec)
         elif op is Op.LOAD:

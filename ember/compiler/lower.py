@@ -256,6 +256,7 @@ class Lowerer:
             if buf not in self.reads:
                 self.reads.append(buf)
             (index,) = sym.simplify([flat_index(idx, t.shape)])
+            index = sym.given(index, valid)
             srcs = (buf.ref(), index) if valid is None else (buf.ref(), index, valid)
             return Node(Op.LOAD, t.dtype, srcs)
         if op is Op.CONST:

@@ -20,6 +20,7 @@ from ..ir import Node, Op, toposort
 from . import contraction, online
 from . import symbolic as sym
 from .lower import Kernel, Stage, enclosing_reduces, free_ranges, index_of, selector
+from .rewrite import substitute
 from .schedule import Schedule
 
 MATMUL_TILES = ((6, 16), (8, 8), (4, 16), (4, 8), (2, 8))   # best first; the first that divides is used
@@ -58,6 +59,11 @@ def split(k: Kernel, r: Node, sizes: tuple[int, ...]) -> list[Node]:
             arg = (arg[0], tuple(x for y in arg[1] for x in (parts if y is r else (y,))))
         done[node] = Node(node.op, node.dtype, srcs, arg, node.shape)
     (k.store,) = sym.simplify([done[k.store]])
+    # guarded loads, again with the new ranges (a concatenation's piece starts at a lane group)
+    guarded = {ld: Node(Op.LOAD, ld.dtype, (ld.srcs[0], sym.given(ld.srcs[1], ld.srcs[2]), ld.srcs[2]))
+               for ld in toposort([k.store]) if ld.op is Op.LOAD and len(ld.srcs) == 3}
+    if guarded:
+        (k.store,) = substitute([k.store], guarded)
     k.reduces = {}  # the tensor-level bookkeeping of scheduling is done with
     if r in k.ranges:
         i = k.ranges.index(r)

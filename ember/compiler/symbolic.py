@@ -14,7 +14,7 @@ from weakref import WeakKeyDictionary
 
 from .. import dtype as dt
 from ..ir import Node, Op
-from .rewrite import P, RuleSet, rewrite
+from .rewrite import P, RuleSet, rewrite, substitute
 
 INDEX = dt.i32
 
@@ -315,6 +315,32 @@ def _fold_lt(n: Node, a: Node, b: Node) -> Node | None:
         return const(1, dt.bool_)
     if alo >= bhi:
         return const(0, dt.bool_)
+    return _coarsen_lt(a, b)
+
+
+def _coarsen_lt(a: Node, b: Node) -> Node | None:
+    """a < b as a comparison of coarser terms: with b - a - 1 = g*A + B + g*q, 0 <= B < g,
+    it holds exactly when A + q >= 0. 1535 < 8*i + l for a lane l < 8 is 191 < i: a guard one
+    lane group shares, so its loads can be one vector."""
+    (ta, ka), (tb, kb) = linear(a), linear(b)
+    terms = dict(tb)
+    for t, c in ta.items():
+        terms[t] = terms.get(t, 0) - c
+    terms = {t: c for t, c in terms.items() if c}
+    k = kb - ka - 1
+    for g in sorted({abs(c) for c in terms.values()} - {0, 1}, reverse=True):
+        low = {t: c for t, c in terms.items() if c % g}
+        if not low:
+            continue
+        lo, hi = bounds(build(low, k % g, a.dtype))
+        if lo < 0 or hi >= g:
+            continue
+        high = {t: c // g for t, c in terms.items() if c % g == 0}
+        q = k // g
+        if all(c < 0 for c in high.values()):   # -P + q >= 0: P < q + 1
+            flipped = build({t: -c for t, c in high.items()}, 0, a.dtype)
+            return Node(Op.CMPLT, dt.bool_, (flipped, const(q + 1, a.dtype)))
+        return Node(Op.CMPLT, dt.bool_, (const(-q - 1, a.dtype), build(high, 0, a.dtype)))
     return None
 
 
@@ -340,3 +366,56 @@ RULES = RuleSet([
 
 def simplify(exprs: list[Node]) -> list[Node]:
     return rewrite(exprs, RULES)
+
+
+def _conjuncts(c: Node) -> list[Node]:
+    return _conjuncts(c.srcs[0]) + _conjuncts(c.srcs[1]) if c.op is Op.AND else [c]
+
+
+def range_limits(valid: Node) -> dict[Node, tuple[int, int]]:
+    """The values each range can take where valid holds, for the ranges valid's comparisons of
+    linear forms narrow (a < b, a range's coefficient nonzero, the other terms at their bounds)."""
+    limits: dict[Node, tuple[int, int]] = {}
+    for cond in _conjuncts(valid):
+        if cond.op is not Op.CMPLT or not cond.srcs[0].dtype.is_int:
+            continue
+        (ta, ka), (tb, kb) = linear(cond.srcs[0]), linear(cond.srcs[1])
+        terms = dict(ta)
+        for t, c in tb.items():
+            terms[t] = terms.get(t, 0) - c
+        k = ka - kb   # sum(terms) + k <= -1
+        for r, c in terms.items():
+            if r.op is not Op.RANGE or c == 0:
+                continue
+            rest = k + sum(min(v * bounds(t)[0], v * bounds(t)[1]) for t, v in terms.items() if t is not r)
+            lo, hi = limits.get(r, (0, r.arg[1] - 1))
+            if c > 0:
+                hi = min(hi, (-1 - rest) // c)
+            else:
+                lo = max(lo, -((-1 - rest) // -c))
+            limits[r] = (lo, hi)
+    return limits
+
+
+def given(index: Node, valid: Node | None) -> Node:
+    """index simplified for where valid holds, the only place a guarded load reads it: a range
+    that valid bounds below by lo (a concatenation's piece at 1536 <= c) is written as a new
+    range plus lo, so that divisions of the piece's own index fold (they need its 0 <= c - 1536),
+    then put back. The address is the same wherever valid holds."""
+    if valid is None:
+        return index
+    used = {n for n in toposort_ranges(index)}
+    shifts = {r: lim for r, lim in range_limits(valid).items()
+              if r in used and lim[0] <= lim[1] and (lim[0] > 0 or lim[1] < r.arg[1] - 1)}
+    if not shifts:
+        return index
+    fresh = {r: Node(Op.RANGE, r.dtype, (), (f"{r.arg[0]}_v", hi - lo + 1)) for r, (lo, hi) in shifts.items()}
+    inward = {r: add(fresh[r], const(shifts[r][0], r.dtype)) for r in shifts}
+    (inner,) = simplify(substitute([index], inward))
+    back = {fresh[r]: add(r, const(-shifts[r][0], r.dtype)) for r in shifts}
+    return simplify(substitute([inner], back))[0]
+
+
+def toposort_ranges(n: Node) -> list[Node]:
+    from ..ir import toposort
+    return [m for m in toposort([n]) if m.op is Op.RANGE]
