@@ -354,11 +354,16 @@ def _allow_smem(fn: Any, smem: int) -> None:
         _check((cu.cuFuncSetAttribute(fn, attr, smem)[0], None))
 
 
-def _launch_args(k: Kernel, ptr: dict[int, int]) -> tuple[list[np.ndarray], np.ndarray]:
-    """cuLaunchKernel's parameters for k: one array per buffer pointer (kept alive by the
-    caller), and the array of their addresses."""
-    args = [np.array([ptr[b.id]], dtype=np.uint64) for b in k.args]
-    return args, np.array([a.ctypes.data for a in args], dtype=np.uint64)
+def _launch_args(k: Kernel, ptr: dict[int, int]) -> tuple[list, np.ndarray]:
+    """cuLaunchKernel's parameters for k: one array per buffer pointer, then a TMA kernel's
+    tensor maps (all kept alive by the caller), and the array of their addresses."""
+    args: list = [np.array([ptr[b.id]], dtype=np.uint64) for b in k.args]
+    addrs = [a.ctypes.data for a in args]
+    if k.contraction is not None and k.contraction[1].tma:
+        maps = mma.tensor_maps(k, ptr)
+        args += maps
+        addrs += [m.getPtr() for m in maps]
+    return args, np.array(addrs, dtype=np.uint64)
 
 
 def time_kernel(k: Kernel, arch: str) -> float:

@@ -12,7 +12,7 @@ The kernel a GpuPlan describes (see compiler/contraction.py):
 """
 from __future__ import annotations
 
-from ..compiler.contraction import Contraction, GpuPlan, Operand
+from ..compiler.contraction import SMS, Contraction, GpuPlan, Operand
 from ..compiler.lower import Kernel
 from .render import CLike, ElementWriter, KernelWriter, operand_bases
 
@@ -57,7 +57,47 @@ template <int N> EMBER_D void ember_wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
 }
 EMBER_D void ember_fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/* mbarriers: the pipeline's "slot s is full" (its cp.asyncs landed) and "slot s is free" */
+EMBER_D void ember_mbar_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(ember_smem_addr(bar)), "r"(count));
+}
+EMBER_D void ember_mbar_wait(unsigned long long* bar, unsigned parity) {
+  unsigned done = 0;
+  while (!done)
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(ember_smem_addr(bar)), "r"(parity) : "memory");
+}
+EMBER_D void ember_mbar_arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(ember_smem_addr(bar)) : "memory");
+}
+/* the producer's arrival, telling the barrier how many bytes the slot's TMA copies bring */
+EMBER_D void ember_mbar_expect(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+               :: "r"(ember_smem_addr(bar)), "r"(bytes) : "memory");
+}
+/* a CUtensorMap, passed by value (__grid_constant__) */
+struct __align__(64) EmberTmap { unsigned long long v[16]; };
+/* warpgroups trade registers: the producer needs few, the accumulators many */
+template <int N> EMBER_D void ember_setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(N));
+}
+template <int N> EMBER_D void ember_setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(N));
+}
 """
+
+
+def _tma_helper(rank: int) -> str:
+    """ember_tma<rank>(dst, map, c0, c1, ..., bar): one box of the tensor at those coordinates
+    (innermost first) into shared memory, zeros where it passes the tensor's edge."""
+    coords = ", ".join(f"int c{i}" for i in range(rank))
+    regs = ", ".join(f"%{i + 2}" for i in range(rank))
+    ins = ", ".join(f'"r"(c{i})' for i in range(rank))
+    return (f"EMBER_D void ember_tma{rank}(void* dst, const EmberTmap* map, {coords}, unsigned long long* bar) {{\n"
+            f'  asm volatile("cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "\n'
+            f'               "[%0], [%1, {{{regs}}}], [%{rank + 2}];\\n"\n'
+            f'               :: "r"(ember_smem_addr(dst)), "l"(map), {ins}, "r"(ember_smem_addr(bar))\n'
+            f'               : "memory");\n}}\n')
 
 
 def _wgmma_helper(kind: str, n: int, trans_a: int, trans_b: int) -> str:
@@ -83,6 +123,8 @@ def helpers(kernels: list[Kernel]) -> str:
                      for c, p in plans if p.instruction == "wgmma"})
     if hopper:
         out += HOPPER_HELPERS + "".join(_wgmma_helper(*h) for h in hopper)
+        out += "".join(_tma_helper(rank) for rank in sorted({len(_tma_box(c, op, p)[0]) for c, p in plans
+                                                             if p.tma for op in (c.a, c.b)}))
     return out
 
 
@@ -93,11 +135,14 @@ def threads(p: GpuPlan) -> int:
 def smem_bytes(p: GpuPlan) -> int:
     if p.instruction == "fma":  # f32 tiles [block_k][block + 4]
         return p.stages * (p.block_m + p.block_n + 8) * p.block_k * 4
-    extra = 1024 if p.instruction == "wgmma" else 0  # room to align the tiles to 1024 bytes (the swizzle atom)
+    # room to align the tiles to 1024 bytes (the swizzle atom), and the mbarriers after them
+    extra = 1024 + 16 * p.stages * p.tma if p.instruction == "wgmma" else 0
     return p.stages * (p.block_m + p.block_n) * p.block_k * 2 + extra
 
 
 def grid(c: Contraction, p: GpuPlan) -> tuple[int, int, int]:
+    if p.tma:   # persistent blocks, one per SM at most
+        return min(tiles(c, p), SMS), 1, 1
     m, n, _ = c.mnk
     return -(-n // p.block_n), -(-m // p.block_m), c.batch_size
 
@@ -301,17 +346,157 @@ def _fma_step(p: GpuPlan) -> tuple[list[str], list[str]]:
     return decl, step
 
 
+PRODUCER_REGS, CONSUMER_REGS = 40, 232   # setmaxnreg: 128 * 40 + 256 * 232 <= 64K registers
+
+
+def tiles(c: Contraction, p: GpuPlan) -> int:
+    m, n, _ = c.mnk
+    return -(-n // p.block_n) * -(-m // p.block_m) * c.batch_size
+
+
+def _tma_box(c: Contraction, op: Operand, p: GpuPlan) -> tuple[list[int], list[int], list[int]]:
+    """An operand as TMA sees it: (its dims, their element strides, the box one copy brings),
+    innermost first: the contiguous axis, the other, then the batch ranges it moves along. A
+    K-major tile is one box of block_k x its rows; an MN-major one, a box of 64 columns x
+    block_k rows per 64-column panel (the layout the wgmma descriptors read, _place)."""
+    out = c.i if op is c.a else c.j
+    rows = p.block_m if op is c.a else p.block_n
+    batch = [b for b in c.batch if op.strides.get(b)]
+    inner, other = (c.k, out) if op.k_major else (out, c.k)
+    dims = [inner.arg[1], other.arg[1]] + [b.arg[1] for b in batch]
+    strides = [1, op.strides[other]] + [op.strides[b] for b in batch]
+    box = [p.block_k, rows] if op.k_major else [64, p.block_k]
+    return dims, strides, box + [1] * len(batch)
+
+
+def tensor_maps(k: Kernel, ptr: dict[int, int]) -> list:
+    """The CUtensorMaps of a TMA kernel's operands for buffers at ptr (kernel parameters after
+    the buffers: encoded again for every new set of buffers, as a captured graph keeps them)."""
+    from cuda.bindings import driver as cu
+    assert k.contraction is not None
+    c, p = k.contraction
+    kind = cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 if c.dtype.name == "bf16" else \
+        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    maps = []
+    for op in (c.a, c.b):
+        dims, strides, box = _tma_box(c, op, p)
+        size = op.load.dtype.itemsize
+        err, tmap = cu.cuTensorMapEncodeTiled(
+            kind, len(dims), ptr[op.load.srcs[0].arg] + op.offset * size, [cu.cuuint64_t(d) for d in dims],
+            [cu.cuuint64_t(st * size) for st in strides[1:]], [cu.cuuint32_t(b) for b in box],
+            [cu.cuuint32_t(1)] * len(dims), cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)   # zeros past the edges
+        if int(err) != 0:
+            raise RuntimeError(f"cuTensorMapEncodeTiled for {k.name}: {err} "
+                               f"(dims {dims}, strides {strides}, box {box})")
+        maps.append(tmap)
+    return maps
+
+
+def _aligned_tiles() -> list[str]:
+    """The tiles' start: the swizzle pattern repeats every 1024 bytes of absolute address."""
+    return ["extern __shared__ __align__(128) unsigned char ember_smem[];",
+            "unsigned short* sa = (unsigned short*)(ember_smem + "
+            "((1024 - (ember_smem_addr(ember_smem) & 1023)) & 1023));"]
+
+
+def _render_hopper(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str) -> str:
+    """wgmma fed by TMA, warp-specialized and persistent. One thread of warpgroup 0 copies the
+    K-steps' tiles into the slots with TMA; the other warpgroups (64 rows of the tile each) run
+    wgmma on them. mbarriers say when a slot is full (its bytes arrived) and when it is free
+    again, so neither side waits for the other at every step (no __syncthreads in the loop),
+    and the copies of a block's next tile start during this tile's epilogue. A warpgroup of
+    cp.async copies instead kept up with half the tensor cores' rate (4096^2: 271 TFLOP/s, the
+    all-warps pipeline 560)."""
+    m, n, kk = c.mnk
+    (ar, aw), (br, bw) = _tile_shape(c.a, p.block_m, p), _tile_shape(c.b, p.block_n, p)
+    stages, steps = p.stages, -(-kk // p.block_k)
+    tn, tm = -(-n // p.block_n), -(-m // p.block_m)
+    lines = [*_aligned_tiles(), f"unsigned short* sb = sa + {stages * ar * aw};",
+             f"unsigned long long* full = (unsigned long long*)(sb + {stages * br * bw});",
+             f"unsigned long long* empty = full + {stages};",
+             "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;",
+             "if (threadIdx.x == 0) {",
+             f"  for (int s = 0; s < {stages}; s++) {{ ember_mbar_init(&full[s], 1); "
+             f"ember_mbar_init(&empty[s], {4 * p.warps_m}); }}",
+             "}",
+             "__syncthreads();",
+             "int s = 0, ph = 0;   /* the slot, and the parity of its round */",
+             "auto tile_at = [&](int tile, int& m0, int& n0) {",
+             f"  n0 = tile % {tn} * {p.block_n}; m0 = tile / {tn} % {tm} * {p.block_m};",
+             f"  return tile / {tn * tm};",
+             "};"]
+    batch_vars = [x for x in operand_bases(c, "zt", r) if x.startswith("const int z")]
+    copies = []
+    for op, tile, base, var, mn0 in ((c.a, "sa", ar * aw, "tma_a", "m0"), (c.b, "sb", br * bw, "tma_b", "n0")):
+        zs = [f"z{i}" for i, b in enumerate(c.batch) if op.strides.get(b)]
+        rank = 2 + len(zs)
+        if op.k_major:
+            copies.append(f"ember_tma{rank}({tile} + s * {base}, &{var}, {', '.join(['k0', mn0, *zs])}, &full[s]);")
+        else:
+            panels = (p.block_m if op is c.a else p.block_n) // 64
+            copies += [f"ember_tma{rank}({tile} + s * {base} + {q * p.block_k * 64}, &{var}, "
+                       f"{', '.join([f'{mn0} + {64 * q}', 'k0', *zs])}, &full[s]);" for q in range(panels)]
+    lines += ["if (warp < 4) {   /* the producer */",
+              f"  ember_setmaxnreg_dec<{PRODUCER_REGS}>();",
+              "  if (threadIdx.x != 0) return;",
+              f"  for (int tile = blockIdx.x; tile < {tiles(c, p)}; tile += gridDim.x) {{",
+              "    int m0, n0;",
+              "    const int zt = tile_at(tile, m0, n0);",
+              *["    " + x for x in batch_vars],
+              f"    for (int t = 0; t < {steps}; t++) {{",
+              f"      const int k0 = t * {p.block_k};",
+              "      ember_mbar_wait(&empty[s], ph ^ 1);",
+              f"      ember_mbar_expect(&full[s], {(p.block_m + p.block_n) * p.block_k * 2});",
+              *["      " + x for x in copies],
+              f"      if (++s == {stages}) {{ s = 0; ph ^= 1; }}",
+              "    }", "  }", "  return;", "}"]
+    decl, step = _wgmma_step(c, p)
+    decl[0] = "const int wg = (warp >> 2) - 1;   /* the consumer warpgroup: rows 64 wg.. of the tile */"
+    row, col = "m0 + wg * 64 + (warp & 3) * 16", "n0 + y * 8"
+    lines += [f"ember_setmaxnreg_inc<{CONSUMER_REGS}>();", *decl[:2],
+              f"for (int tile = blockIdx.x; tile < {tiles(c, p)}; tile += gridDim.x) {{",
+              "  int m0, n0;",
+              "  const int zt = tile_at(tile, m0, n0);",
+              *["  " + x for x in batch_vars],
+              *["  " + x for x in decl[2:]],
+              "  int prev = 0;",
+              f"  for (int t = 0; t < {steps}; t++) {{",
+              "    ember_mbar_wait(&full[s], ph);",
+              f"    const unsigned short* ta = sa + s * {ar * aw};",
+              f"    const unsigned short* tb = sb + s * {br * bw};",
+              *["    " + x for x in step],
+              "    if (t > 0 && lane == 0) ember_mbar_arrive(&empty[prev]);   /* the previous step's are done */",
+              f"    prev = s; if (++s == {stages}) {{ s = 0; ph ^= 1; }}",
+              "  }",
+              "  ember_wgmma_wait<0>();",
+              "  if (lane == 0) ember_mbar_arrive(&empty[prev]);",
+              f"  #pragma unroll\n  for (int y = 0; y < {p.block_n // 8}; y++)",
+              "  #pragma unroll\n  for (int h = 0; h < 4; h += 2) {",
+              f"    const int ei = {row} + (lane >> 2) + (h >> 1) * 8;",
+              f"    const int ej = {col} + (lane & 3) * 2;",
+              *["    " + x for x in _epilogue(r, k, c, prefix, "acc[y][h]")], "  }",
+              "}"]
+    body = "".join("  " + x + "\n" for line in lines for x in line.split("\n"))
+    signature = KernelWriter(r, k, prefix).signature()[len("void "):-1]   # and the tensor maps, by value
+    return (f"extern \"C\" __global__ void __launch_bounds__({p.threads}, 1) {signature}, "
+            "const __grid_constant__ EmberTmap tma_a, const __grid_constant__ EmberTmap tma_b) {\n" + body + "}\n")
+
+
 def render(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str) -> str:
+    if p.tma:
+        return _render_hopper(r, k, c, p, prefix)
     m, n, kk = c.mnk
     nt = p.threads
     hopper, fma = p.instruction == "wgmma", p.instruction == "fma"
     et = "float" if fma else "unsigned short"   # the operands' storage type
     (ar, aw), (br, bw) = _tile_shape(c.a, p.block_m, p), _tile_shape(c.b, p.block_n, p)
-    lines = ["extern __shared__ __align__(128) unsigned char ember_smem[];"]
-    if hopper:  # the swizzle pattern repeats every 1024 bytes and is applied to absolute addresses
-        lines.append(f"{et}* sa = ({et}*)(ember_smem + ((1024 - (ember_smem_addr(ember_smem) & 1023)) & 1023));")
+    if hopper:
+        lines = _aligned_tiles()
     else:
-        lines.append(f"{et}* sa = ({et}*)ember_smem;")
+        lines = ["extern __shared__ __align__(128) unsigned char ember_smem[];", f"{et}* sa = ({et}*)ember_smem;"]
     lines += [f"{et}* sb = sa + {p.stages * ar * aw};",
               "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;",
               f"const int m0 = blockIdx.y * {p.block_m}, n0 = blockIdx.x * {p.block_n};"]

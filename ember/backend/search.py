@@ -70,7 +70,7 @@ def candidates(c: Contraction, arch: str) -> list[GpuPlan]:
                 [GpuPlan("mma.sync", 64, 64, 32, 2, 2, s) for s in (4, 3)]
         if arch == "sm_90a":
             shapes = ((128, 256, 4), (128, 256, 3), (128, 128, 4), (128, 128, 3), (64, 256, 4))
-            plans = [GpuPlan("wgmma", bm, bn, 64, bm // 64, 1, s) for bm, bn, s in shapes] + plans
+            plans = [contraction.fed(GpuPlan("wgmma", bm, bn, 64, bm // 64, 1, s), c) for bm, bn, s in shapes] + plans
     first = contraction.plan(c, arch)
     plans = ([first] if first else []) + [p for p in plans if p != first]
     return [p for p in plans if smem_bytes(p) <= SMEM_LIMIT.get(arch, 99) * 1024]
@@ -89,7 +89,7 @@ def choose(kernels: list[Kernel], arch: str, device: str, timer: Any) -> None:
         key = structure(c, arch)
         stored = known(device, key)
         if stored is not None or not searching:
-            k.contraction = (c, stored or heuristic)
+            k.contraction = (c, contraction.fed(stored, c) if stored else heuristic)
             continue
         start, times = time.perf_counter(), {}
         for plan in candidates(c, arch):

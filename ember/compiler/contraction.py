@@ -15,6 +15,7 @@ transposed as in x @ W.T), else "mn-major" when its i (or j) stride is 1.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -103,19 +104,22 @@ class GpuPlan:
     warps_m: int = 2
     warps_n: int = 2
     stages: int = 4
+    tma: bool = False   # wgmma: the operands arrive by TMA, issued by a producer warpgroup of its own
 
     @property
     def threads(self) -> int:
         if self.instruction == "fma":  # a thread per 8 x 8 outputs
             return self.block_m * self.block_n // 64
-        return 128 * self.warps_m if self.instruction == "wgmma" else 32 * self.warps_m * self.warps_n
+        if self.instruction == "wgmma":   # one warpgroup per 64 rows (and the TMA producer's)
+            return 128 * (self.warps_m + self.tma)
+        return 32 * self.warps_m * self.warps_n
 
     def __str__(self) -> str:
         who = {"wgmma": f"{self.warps_m} warpgroups", "fma": "8x8 per thread"}.get(
             self.instruction, f"warps {self.warps_m}x{self.warps_n}")
         kind = "FMA register tiles" if self.instruction == "fma" else f"tensor core {self.instruction}"
         return (f"{kind}: block {self.block_m}x{self.block_n}x{self.block_k}, "
-                f"{who}, cp.async {self.stages}-stage")
+                f"{who}, {'TMA' if self.tma else 'cp.async'} {self.stages}-stage")
 
 
 @dataclass(frozen=True)
@@ -262,6 +266,19 @@ def tensor_cores(arch: str) -> bool:
     return int(arch[3:5]) >= 80
 
 
+def tma_ready(c: Contraction) -> bool:
+    """Whether TMA can read both operands: a box per tile of a tensor of at most 5 dimensions
+    (its contiguous axis, the other, the batch ranges it moves along) at 16-byte aligned strides;
+    not the decoded parts of merged ranges (a convolution's windows)."""
+    return not (c.i_parts or c.j_parts or c.k_parts) and all(
+        op.aligned and 2 + sum(1 for b in c.batch if op.strides.get(b)) <= 5 for op in (c.a, c.b))
+
+
+def fed(p: GpuPlan, c: Contraction) -> GpuPlan:
+    """A wgmma tiling with TMA where c's operands allow it (stored plans record only tilings)."""
+    return dataclasses.replace(p, tma=tma_ready(c)) if p.instruction == "wgmma" else p
+
+
 def plan(c: Contraction, arch: str) -> GpuPlan | None:
     """Heuristic tiling, or None where tiles do not pay (a matrix-vector product)."""
     m, n, kk = c.mnk
@@ -283,7 +300,7 @@ def plan(c: Contraction, arch: str) -> GpuPlan | None:
         # the largest tile that still gives the SMs a block each (a 7 x 7 convolution with 512
         # channels had 28 tiles of 128 x 256: 0.42-0.57 of cuDNN)
         rows, cols = next((t for t in tiles if -(-m // t[0]) * -(-n // t[1]) * c.batch_size >= SMS), tiles[-1])
-        return GpuPlan("wgmma", rows, cols, 64, rows // 64, 1, 4)
+        return fed(GpuPlan("wgmma", rows, cols, 64, rows // 64, 1, 4), c)
     stages = 4 if arch.startswith("sm_9") else 3   # sm_86 has 100 KB of shared memory per SM
     if m <= 64 or n <= 64:
         return GpuPlan("mma.sync", 64, 64, 32, 2, 2, stages)
