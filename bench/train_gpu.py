@@ -149,6 +149,37 @@ def torch_steps(c: GPTConfig, steps: int, tokens: np.ndarray, bf16: bool,
     return times[1:]
 
 
+KINDS = (("contraction", ("gemm", "cutlass", "xmma", "nvjet", "cublas")), ("attention", ("flash", "fmha")),
+         ("optimizer", ("multi_tensor", "adam")), ("layernorm", ("layer_norm",)),
+         ("reduce", ("reduce", "softmax", "nll", "cross_entropy")), ("map", ("elementwise", "vectorized", "copy")))
+
+
+def torch_profile(c: GPTConfig, tokens: np.ndarray) -> None:
+    """PyTorch's bf16 step kernel by kernel (torch.profiler, 2 steps after 3 to warm up), summed
+    by the kinds EMBER_PROFILE reports: where the peer spends what Ember spends."""
+    from torch.profiler import ProfilerActivity, profile
+    model = TorchGPT(c).cuda()
+    torch_steps(c, 3, tokens, True, model)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        torch_steps(c, 3, tokens, True, model)   # the first of the 3 steps is not timed, all are profiled
+    kinds: dict[str, list[float]] = {}
+    top = []
+    for e in prof.key_averages():
+        us = e.self_device_time_total if hasattr(e, "self_device_time_total") else e.self_cuda_time_total
+        if us <= 0:
+            continue
+        kind = next((k for k, keys in KINDS if any(w in e.key.lower() for w in keys)), "other")
+        entry = kinds.setdefault(kind, [0.0, 0])
+        entry[0] += us / 3e3
+        entry[1] += e.count / 3
+        top.append((us / 3e3, e.count / 3, kind, e.key[:90]))
+    print(f"PyTorch bf16 kernels per step: {sum(v[0] for v in kinds.values()):.1f} ms")
+    for kind, (ms, n) in sorted(kinds.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {kind:12s} {ms:7.2f} ms  {n:6.0f} launches")
+    for ms, n, kind, key in sorted(top, reverse=True)[:25]:
+        print(f"  {ms:7.3f} ms {n:5.0f}x {kind:11s} {key}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dim", type=int, default=768)
@@ -159,6 +190,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=256, help="token ids drawn uniformly below this (GPT-2: 50304)")
     ap.add_argument("--bf16-only", action="store_true", help="only the bf16 rows (Ember with jit, PyTorch + SDPA)")
     ap.add_argument("--device", default="cuda", help="where Ember runs (PyTorch runs only on cuda)")
+    ap.add_argument("--torch-profile", action="store_true", help="then PyTorch's bf16 step by kernel kind")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     c = GPTConfig(vocab=args.vocab, block=args.block, dim=args.dim, n_layer=args.layers, n_head=max(1, args.dim // 64))
@@ -184,6 +216,8 @@ def main() -> None:
         mine = ember_tps["bfloat16" if bf16 else None]
         print(f"{name:20s}{tps:10.0f} tok/s   Ember ({'bf16' if bf16 else 'f32'})/PyTorch {mine / tps:.3f}   "
               f"peak allocated {torch.cuda.max_memory_allocated() / 2 ** 30:5.1f} GiB", flush=True)
+    if args.torch_profile and torch.cuda.is_available():
+        torch_profile(c, tokens)
 
 
 if __name__ == "__main__":
