@@ -128,11 +128,30 @@ class CUDARenderer(CLike):
         return ["__syncthreads();"]
 
     def render_kernel(self, k: Kernel, prefix: str = "") -> str:
+        if k.batch is not None:
+            return self.render_batch(k, prefix)
         if k.contraction is not None:
             return mma.render(self, k, *k.contraction, prefix)
         if k.fused is not None:
             return flash.render(self, k, prefix)
         return CUDAKernelWriter(self, k, prefix).write()
+
+
+    def render_batch(self, k: Kernel, prefix: str) -> str:
+        """The members as device functions, and the kernel that gives each its blocks."""
+        assert k.batch is not None
+        members = "".join(CUDAKernelWriter(self, m, prefix, member=True).write() for m in k.batch)
+        written = {m.out.id for m in k.batch}
+        params = ", ".join(f"{'' if b.id in written else 'const '}{self.stype(b.dtype)}* {self.restrict} b{b.id}"
+                           for b in k.args)
+        body = ["  int ember_block = blockIdx.x;"]
+        for m in k.batch:
+            blocks = launch_config(m)[0][0]
+            args = ", ".join(f"b{b.id}" for b in m.args)
+            body += [f"  if (ember_block < {blocks}) {{ {prefix}{m.name}({args}, ember_block); return; }}",
+                     f"  ember_block -= {blocks};"]
+        return (members + f"extern \"C\" __global__ void __launch_bounds__({BLOCK}) {prefix}{k.name}({params}) {{\n"
+                + "\n".join(body[:-1]) + "\n}\n")
 
 
 def block_size(k: Kernel) -> int:
@@ -159,6 +178,8 @@ def launch_config(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
         return mma.grid(c, p), mma.threads(p), mma.smem_bytes(p)
     if k.fused is not None:
         return flash.launch(k)
+    if k.batch is not None:   # every member's blocks, one after the other
+        return (sum(launch_config(m)[0][0] for m in k.batch), 1, 1), BLOCK, 0
     if k.rows is not None:
         return (max(1, math.prod(r.arg[1] for r in k.rows)), 1, 1), block_size(k), 0
     total = math.prod(r.arg[1] for r in k.ranges if r not in k.lanes)
@@ -168,11 +189,15 @@ def launch_config(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
 class CUDAKernelWriter(KernelWriter):
     vector_bytes = 16
 
-    def __init__(self, r: CLike, k: Kernel, prefix: str = ""):
+    def __init__(self, r: CLike, k: Kernel, prefix: str = "", member: bool = False):
+        """member: a batch's member (batch.py), a device function given its block index."""
         super().__init__(r, k, prefix)
         self.block_scope: Scope | None = None
+        self.member = member
 
     def signature(self) -> str:
+        if self.member:
+            return "__device__ static __forceinline__ " + super().signature()[:-1] + ", int ember_block)"
         bounds = block_size(self.k)
         return f"extern \"C\" __global__ void __launch_bounds__({bounds}) " + super().signature()[len("void "):]
 
@@ -195,10 +220,11 @@ class CUDAKernelWriter(KernelWriter):
         if k.rows is None:  # a thread per output (times its lanes)
             outer = [r for r in k.ranges if r not in k.lanes]
             total = math.prod(r.arg[1] for r in outer)
+            block = "ember_block" if self.member else "blockIdx.x"
             if total >= 1 << 31:  # 64-bit indexing (symbolic.index_type)
-                root.put("long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x;")
+                root.put(f"long long gid = (long long){block} * blockDim.x + threadIdx.x;")
             else:
-                root.put("int gid = blockIdx.x * blockDim.x + threadIdx.x;")
+                root.put(f"int gid = {block} * blockDim.x + threadIdx.x;")
             root.put(f"if (gid >= {total}) return;")
             self.decode(root, "gid", outer)
             root.avail = frozenset(outer)
@@ -636,7 +662,8 @@ class CUDAProgram:
         all-reduce of the last layers' gradients overlaps the backward pass of the first ones."""
         from .. import distributed
         group = distributed.group()
-        done_at = {k.out.id: i for i, k in enumerate(self.sched.kernels)}   # each output's writer (one each)
+        # each output's writer (one each; a batch writes its members')
+        done_at = {m.out.id: i for i, k in enumerate(self.sched.kernels) for m in k.batch or [k]}
         outs = [self.sched.outputs[i] for i in average]
         plan = distributed.bucket_plan([done_at[b.id] for b in outs], [b.nbytes for b in outs],
                                        distributed.BUCKET_BYTES)

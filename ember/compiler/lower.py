@@ -82,6 +82,7 @@ class Kernel:
     visited: frozenset = frozenset()   # the tensor nodes its lowering went through (schedule.py's cache)
     online: "object | None" = None      # CPU: a max and its exponential sums in one loop (online.py)
     fused: "tuple[Node, list[Buffer]] | None" = None   # a FUSED node and its sources' buffers (attention.py)
+    batch: "list[Kernel] | None" = None   # GPU: small kernels run as one launch, block by block (batch.py)
 
     @property
     def value(self) -> Node:
@@ -89,8 +90,11 @@ class Kernel:
 
     @property
     def kind(self) -> str:
-        """"contraction", "attention" (a flash kernel), "reduce" or "map", for reports."""
-        return "contraction" if self.contraction else "attention" if self.fused else "reduce" if self.reduces else "map"
+        """"contraction", "attention" (a flash kernel), "batch", "reduce" or "map", for reports."""
+        if self.contraction or self.fused or self.batch:
+            return "contraction" if self.contraction else "attention" if self.fused else "batch"
+        # the kernel graph's, not `reduces` (optimize drops that bookkeeping when it splits ranges)
+        return "reduce" if any(n.op is Op.REDUCE for n in toposort([self.store])) else "map"
 
     @property
     def args(self) -> list[Buffer]:

@@ -5,7 +5,8 @@
 2. gradients become ordinary ops (autodiff.expand_grads);
 3. the target's rewrite of the tensor graph (CUDA: long reductions in two stages, split.py);
 4. simplification, fusion and lowering into kernels (schedule.py, simplify.py, lower.py);
-5. optimization: the parallel loop, lanes, contraction plans, online reductions (optimize.py).
+5. optimization: the parallel loop, lanes, contraction plans, online reductions (optimize.py);
+6. CUDA: small kernels moved to the end and launched together (batch.py).
 
 What follows is the backend's: placement and linearization into C-like text (backend/render.py),
 then its compiler and runtime.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from ..ir import Node
 from . import attention, autodiff, contraction
+from .batch import batch_small
 from .optimize import optimize
 from .schedule import Schedule, schedule
 from .split import split_large_reductions
@@ -29,4 +31,6 @@ def compile_schedule(outputs: list[Node], target: str, arch: str = "", nest: int
         graph = split_large_reductions(graph)
     sched = schedule(graph, nest=nest)
     optimize(sched, target=target, arch=arch)
+    if target == "cuda":
+        batch_small(sched)
     return sched

@@ -82,7 +82,10 @@ def test_embedding_gradient_is_a_scatter() -> None:
 def test_program_units_compile_on_their_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """CUDAProgram compiles its kernels as several units at once: each unit stands alone."""
     import os
+
+    from ember.compiler import batch
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    monkeypatch.setattr(batch, "SMALL_THREADS", 0)   # the corpus's kernels would be a few batches
     programs = [text.parse_file(str(p)).output_nodes for p in CORPUS[:40]]
     outputs = [o for outputs in programs for o in outputs]
     kernels = cuda.prepare(outputs, "sm_86").kernels
@@ -163,3 +166,15 @@ def test_a_long_contraction_with_few_tiles_is_split_over_k(monkeypatch: pytest.M
               for p in (a, b)}   # bf16 values
     want, got = ref.evaluate([dw], values)[0], ref.evaluate([parted], values)[0]
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=0.3)
+
+
+def test_small_kernels_run_as_batches() -> None:
+    """Small kernels whose outputs no large kernel reads go last, a batch per level of their own
+    dependencies (a level of one stays a kernel); the large one stays in front (source only)."""
+    from .test_gpu_plans import small_batches
+    two_a, b1, c_sum, after, big = outputs = small_batches()
+    kernels = cuda.prepare(outputs, "sm_90a").kernels
+    writes = [[m.out.node for m in k.batch or [k]] for k in kernels]
+    assert writes == [[big], [two_a, b1, c_sum], [after]] and kernels[1].batch and kernels[2].batch is None
+    assert cuda.launch_config(kernels[1])[0] == (1 + 3 + 1, 1, 1)   # 768 / 4, 3000 / 4 and 5 threads
+    assert cuda.render(cuda.prepare(outputs, "sm_90a")).count("int ember_block = blockIdx.x;") == 1

@@ -54,11 +54,27 @@ def case(name: str) -> list[ir.Node]:
         return [embedding_grad()]
     if name == "column_sum_two_stage":
         return [ir.reduce(Op.SUM, f("x", (4096, 40)), (0,))]
+    if name == "small_batches":   # small kernels in two batches (the second reads the first's)
+        return small_batches()
     raise KeyError(name)
 
 
+def small_batches() -> list[ir.Node]:
+    """Small outputs, an optimizer's updates of biases: a level of independent kernels, a level
+    that reads them, and a large kernel that reads a small one (which then stays in place)."""
+    f = lambda n, s: ir.param(n, dt.f32, s)  # noqa: E731
+    a, b, c, x = f("a", (768,)), f("b", (3000,)), f("c", (5, 7)), f("x", (2048, 768))
+    two_a = ir.binary(Op.MUL, a, ir.const(2.0, dt.f32, a.shape))
+    b1 = ir.binary(Op.ADD, b, ir.const(1.0, dt.f32, b.shape))
+    c_sum = ir.reduce(Op.SUM, c, (1,))
+    after = ir.binary(Op.ADD, two_a, ir.shrink(b1, (100,), (868,)))
+    scale = ir.reduce(Op.SUM, a, (0,))
+    big = ir.binary(Op.MUL, x, ir.expand(ir.reshape(scale, (1, 1)), x.shape))
+    return [two_a, b1, c_sum, after, big]
+
+
 @pytest.mark.parametrize("name", ["transpose", "permute3d", "matmul", "matmul_epilogue", "softmax_long_rows",
-                                  "column_sum_two_stage", "embedding_grad"])
+                                  "column_sum_two_stage", "embedding_grad", "small_batches"])
 def test_gpu_plan_matches_reference(name: str) -> None:
     outputs = case(name)
     rng = np.random.default_rng(0)
