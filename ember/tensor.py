@@ -696,11 +696,13 @@ class Tensor:
     def gelu(self, approximate: str = "none") -> "Tensor":
         """x * Phi(x); approximate='tanh' is GPT-2's form."""
         if approximate == "tanh":
-            # 0.5 (1 + tanh(u)) is 1 / (1 + exp(-2u)): one exp and one division, where tanh's two
-            # branches cost GPT-2's MLP its time; exp's argument is capped so that the gradient
-            # stays finite for very negative x (exp(80) is finite in f32, and x / it is 0)
+            # 0.5 (1 + tanh(u)) is 1 / (1 + exp(-2u)): one exp and one reciprocal, where tanh's
+            # two branches cost GPT-2's MLP its time; exp's argument is capped so that the
+            # gradient stays finite for very negative x (exp(80) is finite in f32). x times the
+            # reciprocal, not x over the sum: the gradient of x / d divides three times, and
+            # GPT-2's bias gradient, which recomputes it, was bound by those divisions
             u = (self + self * self * self * 0.044715) * (-2 * math.sqrt(2 / math.pi))
-            return self / (u.clamp(max=80.0).exp() + 1)
+            return self * (u.clamp(max=80.0).exp() + 1).reciprocal()
         if approximate != "none":
             raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
         return self * 0.5 * ((self * (1 / math.sqrt(2))).erf() + 1)
