@@ -13,7 +13,7 @@ from functools import reduce
 from weakref import WeakKeyDictionary
 
 from .. import dtype as dt
-from ..ir import Node, Op
+from ..ir import Node, Op, toposort
 from .rewrite import P, RuleSet, rewrite, substitute
 
 INDEX = dt.i32
@@ -97,7 +97,6 @@ def bounds(n: Node) -> tuple[int, int]:
 
 
 def _postorder(root: Node) -> list[Node]:
-    from ..ir import toposort
     return [m for m in toposort([root]) if m not in _bounds]
 
 
@@ -318,16 +317,21 @@ def _fold_lt(n: Node, a: Node, b: Node) -> Node | None:
     return _coarsen_lt(a, b)
 
 
+def _minus(a: Node, b: Node) -> tuple[dict[Node, int], int]:
+    """a - b as a linear form (terms, constant)."""
+    (ta, ka), (tb, kb) = linear(a), linear(b)
+    terms = dict(ta)
+    for t, c in tb.items():
+        terms[t] = terms.get(t, 0) - c
+    return {t: c for t, c in terms.items() if c}, ka - kb
+
+
 def _coarsen_lt(a: Node, b: Node) -> Node | None:
     """a < b as a comparison of coarser terms: with b - a - 1 = g*A + B + g*q, 0 <= B < g,
     it holds exactly when A + q >= 0. 1535 < 8*i + l for a lane l < 8 is 191 < i: a guard one
     lane group shares, so its loads can be one vector."""
-    (ta, ka), (tb, kb) = linear(a), linear(b)
-    terms = dict(tb)
-    for t, c in ta.items():
-        terms[t] = terms.get(t, 0) - c
-    terms = {t: c for t, c in terms.items() if c}
-    k = kb - ka - 1
+    terms, k = _minus(b, a)
+    k -= 1
     for g in sorted({abs(c) for c in terms.values()} - {0, 1}, reverse=True):
         low = {t: c for t, c in terms.items() if c % g}
         if not low:
@@ -379,13 +383,9 @@ def range_limits(valid: Node) -> dict[Node, tuple[int, int]]:
     for cond in _conjuncts(valid):
         if cond.op is not Op.CMPLT or not cond.srcs[0].dtype.is_int:
             continue
-        (ta, ka), (tb, kb) = linear(cond.srcs[0]), linear(cond.srcs[1])
-        terms = dict(ta)
-        for t, c in tb.items():
-            terms[t] = terms.get(t, 0) - c
-        k = ka - kb   # sum(terms) + k <= -1
+        terms, k = _minus(*cond.srcs)   # sum(terms) + k <= -1
         for r, c in terms.items():
-            if r.op is not Op.RANGE or c == 0:
+            if r.op is not Op.RANGE:
                 continue
             rest = k + sum(min(v * bounds(t)[0], v * bounds(t)[1]) for t, v in terms.items() if t is not r)
             lo, hi = limits.get(r, (0, r.arg[1] - 1))
@@ -404,7 +404,7 @@ def given(index: Node, valid: Node | None) -> Node:
     then put back. The address is the same wherever valid holds."""
     if valid is None:
         return index
-    used = {n for n in toposort_ranges(index)}
+    used = set(toposort([index]))
     shifts = {r: lim for r, lim in range_limits(valid).items()
               if r in used and lim[0] <= lim[1] and (lim[0] > 0 or lim[1] < r.arg[1] - 1)}
     if not shifts:
@@ -415,7 +415,3 @@ def given(index: Node, valid: Node | None) -> Node:
     back = {fresh[r]: add(r, const(-shifts[r][0], r.dtype)) for r in shifts}
     return simplify(substitute([inner], back))[0]
 
-
-def toposort_ranges(n: Node) -> list[Node]:
-    from ..ir import toposort
-    return [m for m in toposort([n]) if m.op is Op.RANGE]
