@@ -240,3 +240,28 @@ def test_convolution_on_the_gpu_matches_reference(dtype: str) -> None:
     got = run_values(cuda.CUDAProgram(outputs), inputs)
     want = ref.evaluate(outputs, inputs)
     assert all(np.array_equal(np.asarray(g, np.float64), np.asarray(w, np.float64)) for g, w in zip(got, want))
+
+
+def test_tma_boxes_and_where_tma_is_not_used() -> None:
+    """The TMA path's view of each operand (no GPU: what tensor_maps encodes): a K-major operand
+    is one box of 64 x its tile's rows, an MN-major one a box of 64 columns x 64 rows per panel,
+    batch ranges add dimensions; operands TMA cannot address keep the cp.async pipeline."""
+    from ember.backend import mma
+
+    def plan_of(name: str) -> tuple:
+        (k,) = [k for k in _kernels(case(name)[0], arch="sm_90a") if k.contraction]
+        return k.contraction
+
+    c, p = plan_of("b_transposed")   # x [130, 64] @ W.T, W [48, 64]: both K-major
+    assert p.tma and p.threads == 128 * (p.warps_m + 1)
+    assert mma._tma_box(c, c.a, p) == ([64, 130], [1, 64], [64, p.block_m])
+    assert mma._tma_box(c, c.b, p) == ([64, 48], [1, 64], [64, p.block_n])
+    c, p = plan_of("a_transposed")   # A [96 (k), 160 (m)]: MN-major, panels of 64 columns
+    assert p.tma and mma._tma_box(c, c.a, p) == ([160, 96], [1, 160], [64, 64])
+    c, p = plan_of("batched_wide")   # a batch range: a third dimension, a box of 1 along it
+    assert p.tma and mma._tma_box(c, c.a, p) == ([64, 128, 2], [1, 64, 8192], [64, p.block_m, 1])
+    for name in ("f16_odd", "conv_like"):   # rows of 100 elements (not 16-byte); decoded parts
+        assert not plan_of(name)[1].tma
+    c, p = plan_of("bf16_aligned")   # B [128 (k), 192 (n)] row-major: MN-major
+    assert p.tma and mma._tma_box(c, c.b, p) == ([192, 128], [1, 192], [64, 64])
+    assert all(not k.contraction[1].tma for k in _kernels(case("bf16_aligned")[0], arch="sm_86") if k.contraction)
