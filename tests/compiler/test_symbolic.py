@@ -126,3 +126,50 @@ def test_bounds_of_int_and() -> None:
     assert sym.bounds(masked) == (0, 2)
     q = Node(Op.IDIV, dt.u16, (masked, Node(Op.CONST, dt.u16, (), 2)))
     assert sym.simplify([q]) == [q]
+
+
+def test_coarsened_comparisons_match_brute_force() -> None:
+    """K < g*i + l (l below g, a lane) is decided by i alone; fuzzed over both directions,
+    constants on either side and a second term, against brute force (symbolic._coarsen_lt)."""
+    rng = random.Random(11)
+    coarsened = 0
+    for trial in range(2000):
+        g = rng.choice([2, 4, 8])
+        i, lane, j = sym.rng("i", rng.randint(1, 12)), sym.rng("l", g), sym.rng("j", rng.randint(1, 4))
+        form = sym.add(sym.add(sym.mul(i, sym.const(g)), lane), sym.mul(j, sym.const(g * rng.randint(-2, 2))))
+        k = sym.const(rng.randint(-10, 40))
+        cond = sym.lt(k, form) if rng.random() < 0.5 else sym.lt(form, k)
+        (simple,) = sym.simplify([cond])
+        coarsened += lane not in toposort([simple])
+        for env in itertools.product(range(i.arg[1]), range(g), range(j.arg[1])):
+            values = dict(zip((i, lane, j), env))
+            assert c_eval(simple, values) == c_eval(cond, values), (trial, cond, simple, values)
+    assert coarsened > 1000
+
+
+def test_given_keeps_the_address_wherever_the_guard_holds() -> None:
+    """A concatenation's piece [b, b + n) of a column range c, its rows r of n values read back
+    as [rows, n / d, d] (heads): symbolic.given rewrites the address for where the guard holds.
+    It must agree there, and the row's division by n folds (c - b is in [0, n) there)."""
+    rng = random.Random(5)
+    fewer = 0
+    for trial in range(300):
+        d = rng.choice([2, 4, 8])
+        n = d * rng.randint(2, 4)
+        b = rng.randint(0, 3) * d + rng.choice([0, 0, 1])
+        c = sym.rng("c", b + n + rng.randint(0, 6))
+        r = sym.rng("r", rng.randint(1, 3))
+        flat = sym.add(sym.mul(r, sym.const(n)), Node(Op.SUB, dt.i32, (c, sym.const(b))))
+        row, head, e = sym.idiv(flat, n), sym.mod(sym.idiv(flat, d), n // d), sym.mod(flat, d)
+        index = sym.add(sym.add(sym.mul(row, sym.const(1000)), sym.mul(head, sym.const(30))), e)
+        valid = sym.and_(sym.lt(sym.const(b - 1), c), sym.lt(c, sym.const(b + n)))
+        (plain,) = sym.simplify([index])
+        got = sym.given(plain, valid)
+        for cv, rv in itertools.product(range(c.arg[1]), range(r.arg[1])):
+            env = {c: cv, r: rv}
+            if c_eval(valid, env):
+                assert c_eval(got, env) == c_eval(index, env), (trial, index, got, env)
+        divisions = [sum(x.op in (Op.IDIV, Op.MOD) for x in toposort([y])) for y in (plain, got)]
+        assert divisions[1] <= divisions[0]
+        fewer += divisions[1] < divisions[0]
+    assert fewer > 100, fewer
