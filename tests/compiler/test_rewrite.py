@@ -68,3 +68,26 @@ def test_movement_chains_collapse() -> None:
     assert simplify([s]) == [ir.shrink(x, (1, 1, 1), (2, 3, 3))]
     f = ir.flip(ir.flip(x, (0, 2)), (2,))
     assert simplify([f]) == [ir.flip(x, (0,))]
+
+
+def test_concatenation_of_narrow_pieces_stays_narrow_and_exact() -> None:
+    """pad(f32(a)) + pad(f32(b)) + pad(f32(c)), bf16 pieces side by side (q, k and v's gradients
+    into their projection's): rewritten as f32 of the bf16 concatenation, the same value for
+    every input, -0.0, infinities and NaN included; overlapping pieces are left alone."""
+    import numpy as np
+
+    from ember import ref
+    pieces = [ir.param(n, dt.bf16, (3, 4)) for n in "abc"]
+    pads = [ir.pad(ir.unary(Op.CAST, p, dt.f32), (0, 4 * i), (0, 8 - 4 * i), 0.0) for i, p in enumerate(pieces)]
+    cat = ir.binary(Op.ADD, ir.binary(Op.ADD, pads[0], pads[1]), pads[2])
+    (out,) = simplify([cat])
+    assert out.op is Op.CAST and out.srcs[0].dtype is dt.bf16
+    rng = np.random.default_rng(0)
+    special = np.array([-0.0, np.inf, -np.inf, np.nan], np.float32)
+    values = [rng.permutation(np.concatenate([rng.standard_normal(8).astype(np.float32), special])) for _ in pieces]
+    inputs = {p: (v.view(np.uint32) & 0xFFFF0000).view(np.float32).reshape(3, 4)   # bf16 values
+              for p, v in zip(pieces, values)}
+    want, got = ref.evaluate([cat], inputs)[0], ref.evaluate([out], inputs)[0]
+    assert np.array_equal(np.signbit(want), np.signbit(got)) and np.array_equal(want, got, equal_nan=True)
+    overlap = ir.binary(Op.ADD, pads[0], ir.pad(ir.unary(Op.CAST, pieces[1], dt.f32), (0, 2), (0, 6), 0.0))
+    assert simplify([overlap])[0].op is Op.ADD
