@@ -1456,7 +1456,7 @@ class Tensor:
             # does (W is not broadcast over the batch, and its gradient is one contraction)
             return a.reshape(-1, a.shape[-1]).matmul(b).reshape(*a.shape[:-1], b.shape[-1])
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-        if a.ndim == 2 and b.ndim == 2 and b.node.op is Op.PERMUTE:
+        if a.ndim == 2 and b.ndim == 2 and b.node.op is Op.PERMUTE and b.node.arg == (1, 0):
             # x @ W.T (nn.Linear): the product laid out [m, n, k] as W [n, k] is, so that W's
             # gradient, a sum over the rows, comes out in W's own layout. As [k, n] the optimizer's
             # kernels read it transposed, at a third of the bandwidth (GPT-2: 2.6 ms a step)

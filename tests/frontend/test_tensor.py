@@ -84,6 +84,10 @@ def test_matmul_shapes() -> None:
     close(et.tensor(a) @ et.tensor(b), a @ b, 1e-5)
     close(et.tensor(a) @ et.tensor(v), a @ v, 1e-5)
     close(et.tensor(b).T @ et.tensor(b), b.T @ b, 1e-5)
+    c = arr(3, 5)   # x @ W.T (the linear layer's form) and a permute that leaves the order as it is
+    close(et.tensor(c) @ et.tensor(b).T, c @ b.T, 1e-5)
+    close(et.tensor(b) @ et.tensor(c).permute(0, 1).T, b @ c.T, 1e-5)
+    close(et.tensor(c) @ et.tensor(b.T).permute(0, 1), c @ b.T, 1e-5)
 
 
 def test_errors_name_the_call_and_shapes() -> None:
