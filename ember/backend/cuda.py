@@ -136,7 +136,6 @@ class CUDARenderer(CLike):
             return flash.render(self, k, prefix)
         return CUDAKernelWriter(self, k, prefix).write()
 
-
     def render_batch(self, k: Kernel, prefix: str) -> str:
         """The members as device functions, and the kernel that gives each its blocks."""
         assert k.batch is not None
@@ -796,7 +795,7 @@ class _Profile:
     def __init__(self) -> None:
         self.enabled = os.environ.get("EMBER_PROFILE") == "1"
         self.pending: list = []
-        self.totals: dict[str, list] = {}   # key -> [ms, launches, blocks, bytes, what]
+        self.totals: dict[str, list] = {}   # key -> [ms, launches, blocks, bytes]
         self.free_events: list = []
         if self.enabled:
             import atexit

@@ -57,7 +57,7 @@ template <int N> EMBER_D void ember_wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
 }
 EMBER_D void ember_fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-/* mbarriers: the pipeline's "slot s is full" (its cp.asyncs landed) and "slot s is free" */
+/* mbarriers: the pipeline's "slot s is full" (its TMA copies' bytes arrived) and "slot s is free" */
 EMBER_D void ember_mbar_init(unsigned long long* bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(ember_smem_addr(bar)), "r"(count));
 }
@@ -142,7 +142,7 @@ def smem_bytes(p: GpuPlan) -> int:
 
 def grid(c: Contraction, p: GpuPlan) -> tuple[int, int, int]:
     if p.tma:   # persistent blocks, one per SM at most
-        return min(tiles(c, p), SMS), 1, 1
+        return min(c.tiles(p.block_m, p.block_n), SMS), 1, 1
     m, n, _ = c.mnk
     return -(-n // p.block_n), -(-m // p.block_m), c.batch_size
 
@@ -349,11 +349,6 @@ def _fma_step(p: GpuPlan) -> tuple[list[str], list[str]]:
 PRODUCER_REGS, CONSUMER_REGS = 40, 232   # setmaxnreg: 128 * 40 + 256 * 232 <= 64K registers
 
 
-def tiles(c: Contraction, p: GpuPlan) -> int:
-    m, n, _ = c.mnk
-    return -(-n // p.block_n) * -(-m // p.block_m) * c.batch_size
-
-
 def _tma_box(c: Contraction, op: Operand, p: GpuPlan) -> tuple[list[int], list[int], list[int]]:
     """An operand as TMA sees it: (its dims, their element strides, the box one copy brings),
     innermost first: the contiguous axis, the other, then the batch ranges it moves along. A
@@ -442,7 +437,7 @@ def _render_hopper(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str)
     lines += ["if (warp < 4) {   /* the producer */",
               f"  ember_setmaxnreg_dec<{PRODUCER_REGS}>();",
               "  if (threadIdx.x != 0) return;",
-              f"  for (int tile = blockIdx.x; tile < {tiles(c, p)}; tile += gridDim.x) {{",
+              f"  for (int tile = blockIdx.x; tile < {c.tiles(p.block_m, p.block_n)}; tile += gridDim.x) {{",
               "    int m0, n0;",
               "    const int zt = tile_at(tile, m0, n0);",
               *["    " + x for x in batch_vars],
@@ -457,7 +452,7 @@ def _render_hopper(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str)
     decl[0] = "const int wg = (warp >> 2) - 1;   /* the consumer warpgroup: rows 64 wg.. of the tile */"
     row, col = "m0 + wg * 64 + (warp & 3) * 16", "n0 + y * 8"
     lines += [f"ember_setmaxnreg_inc<{CONSUMER_REGS}>();", *decl[:2],
-              f"for (int tile = blockIdx.x; tile < {tiles(c, p)}; tile += gridDim.x) {{",
+              f"for (int tile = blockIdx.x; tile < {c.tiles(p.block_m, p.block_n)}; tile += gridDim.x) {{",
               "  int m0, n0;",
               "  const int zt = tile_at(tile, m0, n0);",
               *["  " + x for x in batch_vars],

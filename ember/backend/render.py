@@ -395,12 +395,11 @@ class KernelWriter:
         outer = max((self.target(x, scope) for x in [vec.base, *n.srcs[2:]]), key=chain.index)  # address, guard
         arr, at = self.var("v"), self.ref(self.value(vec.base, outer), vec.base)
         buf = self.operand(n.srcs[0], scope)
-        parts = ", ".join(f"*(const {vec.type}*)({a})" for a in vec.addresses(buf, at))
+        parts = [f"*(const {vec.type}*)({a})" for a in vec.addresses(buf, at)]
         if len(n.srcs) == 3:   # guarded: zeros where the guard is false, nothing read
             guard = self.ref(self.value(n.srcs[2], outer), n.srcs[2])
-            parts = ", ".join(f"({guard} ? *(const {vec.type}*)({a}) : {vec.type}{{}})"
-                              for a in vec.addresses(buf, at))
-        outer.put(f"const {vec.type} {arr}v[{vec.count}] = {{{parts}}};")
+            parts = [f"({guard} ? {read} : {vec.type}{{}})" for read in parts]
+        outer.put(f"const {vec.type} {arr}v[{vec.count}] = {{{', '.join(parts)}}};")
         outer.put(f"const {st}* {arr} = (const {st}*){arr}v;")
         return self.r.load(arr, self.range_var(vec.lane), n.dtype)
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from .. import dtype as dt
 from .. import ir
 from ..ir import Node, Op, toposort
+from .rewrite import P, RuleSet, rewrite
 
 HEAD_DIMS = (64, 128)      # head sizes the kernels are written for
 MASKED = -1e9              # a mask constant at or below this is -inf (see above)
@@ -241,7 +242,6 @@ def fuse(outputs: list[Node]) -> list[Node]:
         return outputs
     if not any(n.op is Op.SUM and n.dtype in (dt.bf16, dt.f16) for n in nodes):
         return outputs
-    from .rewrite import P, RuleSet, rewrite
     return rewrite(outputs, RuleSet([(P(Op.SUM, name="o_sum"), _match)]))
 
 

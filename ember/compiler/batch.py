@@ -9,6 +9,8 @@ write what they did; the memory plan is made again for the new order.
 """
 from __future__ import annotations
 
+import math
+
 from .lower import Kernel
 from .schedule import Schedule, plan_memory
 
@@ -23,11 +25,7 @@ def simple(k: Kernel) -> bool:
 
 
 def threads(k: Kernel) -> int:
-    total = 1
-    for r in k.ranges:
-        if r not in k.lanes:
-            total *= r.arg[1]
-    return total
+    return math.prod(r.arg[1] for r in k.ranges if r not in k.lanes)
 
 
 def batch_small(sched: Schedule) -> None:

@@ -60,6 +60,11 @@ class Contraction:
     def batch_size(self) -> int:
         return math.prod(r.arg[1] for r in self.batch)
 
+    def tiles(self, rows: int, cols: int) -> int:
+        """Output tiles of rows x cols, over every batch."""
+        m, n, _ = self.mnk
+        return -(-m // rows) * -(-n // cols) * self.batch_size
+
     @property
     def mnk(self) -> tuple[int, int, int]:
         return self.i.arg[1], self.j.arg[1], self.k.arg[1]
@@ -299,7 +304,7 @@ def plan(c: Contraction, arch: str) -> GpuPlan | None:
                  if r <= rows and (cols == 128 or n > 128)]
         # the largest tile that still gives the SMs a block each (a 7 x 7 convolution with 512
         # channels had 28 tiles of 128 x 256: 0.42-0.57 of cuDNN)
-        rows, cols = next((t for t in tiles if -(-m // t[0]) * -(-n // t[1]) * c.batch_size >= SMS), tiles[-1])
+        rows, cols = next((t for t in tiles if c.tiles(*t) >= SMS), tiles[-1])
         return fed(GpuPlan("wgmma", rows, cols, 64, rows // 64, 1, 4), c)
     stages = 4 if arch.startswith("sm_9") else 3   # sm_86 has 100 KB of shared memory per SM
     if m <= 64 or n <= 64:

@@ -207,11 +207,8 @@ def _concatenated(n: Node) -> Node | None:
     (GPT-2's q, k and v gradients, bf16, into the f32 gradient of their projection): the
     projection's bf16 gradient then needs no rounding, and its bias gradient reads it, 2 bytes
     an element where it read the pieces in f32 through the concatenation's index arithmetic."""
-    boxes = _nonzero_boxes(n)
-    d = _narrow_dtype(n)
-    if not n.dtype.is_float or boxes is None or not _disjoint(boxes) or d is None or not d.is_float:
-        return None
-    low = _narrowed(n, d)
+    d = _narrow_dtype(n)   # _narrowed checks that the pieces do not overlap
+    low = _narrowed(n, d) if d is not None and d.is_float else None
     return None if low is None else Node(Op.CAST, n.dtype, (low,), None, n.shape)
 
 
