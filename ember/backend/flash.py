@@ -17,6 +17,10 @@ Three kernels on `mma.sync.m16n8k16` (sm_80 and later; f16 or bf16 operands, f32
   with no transpose), then adds p^T do to dv and ds^T q to dk.
 Shared-memory tiles are rows of D 16-bit values in 16-byte chunks, the chunk index XORed with
 the row (eight rows one `ldmatrix` reads fall in eight bank groups).
+On sm_90a (`Kernel.hopper`) the forward is `ember_flash_fwd_wg`: s = q k^T by wgmma from
+128-byte-swizzled tiles, p kept in registers as the A operand of o += p v (wgmma, v read
+transposed), the same softmax. NOT YET RUN ON A GPU: compiled for sm_90a only (HGMMA in the
+SASS, 90 registers at D = 64, 132 at D = 128, no local memory).
 """
 from __future__ import annotations
 
@@ -331,8 +335,169 @@ EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned 
 """
 
 
+HOPPER = r"""
+/* ---- flash attention forward on wgmma (sm_90a, backend/flash.py) ---- */
+/* element offset of (row, 16-byte chunk) in a [R][D] tile stored as wgmma's descriptors read
+   it: panels of 64 columns, each R rows of 128 bytes, the chunk XORed with the row (the
+   128-byte swizzle; the tile starts on 1024 bytes) */
+template <int R> EMBER_D int ember_hswz(int row, int chunk) {
+  return ((chunk >> 3) * R + row) * 64 + ((chunk & 7) ^ (row & 7)) * 8;
+}
+template <int D, int R>
+EMBER_D void ember_htile_load(unsigned short* s, const unsigned short* g, int row0, int nrows) {
+  for (int i = threadIdx.x; i < R * (D / 8); i += blockDim.x) {
+    int r = i / (D / 8), c = i % (D / 8);
+    bool ok = row0 + r < nrows;
+    ember_cp_async16(s + ember_hswz<R>(r, c), ok ? g + (size_t)(row0 + r) * D + c * 8 : g, ok);
+  }
+}
+/* 128 query rows a block, 64 a warpgroup (warp w: rows 16 w.. of the block, the fragment layout
+   of mma.sync's accumulators); key and value tiles of 64 through a double buffer. s = q k^T is
+   wgmma from shared memory; p stays in registers as the A operand of o += p v, whose B (v,
+   contiguous along D) is read transposed. The softmax is the mma.sync kernel's. */
+template <int D, bool CAUSAL, bool BF16>
+EMBER_D void ember_flash_fwd_wg(float* out, const unsigned short* q, const unsigned short* k,
+                                const unsigned short* v, int T, int S, float c) {
+  constexpr int BM = 128, BN = 64, NT = D / 8;
+  extern __shared__ __align__(128) unsigned char ember_flash_raw[];
+  unsigned short* sq =
+      (unsigned short*)(ember_flash_raw + ((1024 - (ember_smem_addr(ember_flash_raw) & 1023)) & 1023));
+  unsigned short *sk = sq + BM * D, *sv = sk + 2 * BN * D;
+  const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wg = warp >> 2;
+  const int row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;  /* longest rows first */
+  q += (size_t)nb * T * D; k += (size_t)nb * S * D; v += (size_t)nb * S * D;
+  int tiles = (S + BN - 1) / BN;
+  if (CAUSAL) tiles = min(tiles, (row0 + BM - 1) / BN + 1);
+  ember_htile_load<D, BM>(sq, q, row0, T);
+  ember_htile_load<D, BN>(sk, k, 0, S);
+  ember_htile_load<D, BN>(sv, v, 0, S);
+  ember_cp_async_commit();
+  float o[NT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int x = 0; x < NT; x++) o[x][0] = o[x][1] = o[x][2] = o[x][3] = 0.f;
+  const int r_lo = row0 + warp * 16 + (lane >> 2);   /* rows r_lo and r_lo + 8 */
+  for (int t = 0; t < tiles; t++) {
+    if (t + 1 < tiles) {
+      ember_htile_load<D, BN>(sk + ((t + 1) & 1) * BN * D, k, (t + 1) * BN, S);
+      ember_htile_load<D, BN>(sv + ((t + 1) & 1) * BN * D, v, (t + 1) * BN, S);
+    }
+    ember_cp_async_commit();
+    ember_cp_async_wait<1>();
+    ember_fence_async_smem();   /* cp.async wrote through the generic proxy; wgmma reads the async one */
+    __syncthreads();
+    const unsigned short *ck = sk + (t & 1) * BN * D, *cv = sv + (t & 1) * BN * D;
+    float s[BN / 8][4];
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    ember_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+      ember_wgmma_scores<BF16>(&s[0][0],
+                               ember_desc(sq + (kk >> 2) * BM * 64 + wg * 64 * 64 + (kk & 3) * 16, 16, 1024),
+                               ember_desc(ck + (kk >> 2) * BN * 64 + (kk & 3) * 16, 16, 1024));
+    ember_wgmma_commit();
+    ember_wgmma_wait<0>();
+    if (t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0)) {
+#pragma unroll
+      for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          int col = t * BN + n * 8 + (lane & 3) * 2 + (e & 1), row = r_lo + (e >> 1) * 8;
+          if (col >= S || (CAUSAL && col > row)) s[n][e] = -INFINITY;
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      float mx = m[h];
+#pragma unroll
+      for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]) * c);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float base = mx == -INFINITY ? 0.f : mx;   /* no key seen yet: every weight is 0 */
+      const float r = exp2f(m[h] - base);
+      m[h] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; e++) {
+          s[n][e] = exp2f(fmaf(s[n][e], c, -base));
+          sum += s[n][e];
+        }
+      l[h] = l[h] * r + sum;
+#pragma unroll
+      for (int x = 0; x < NT; x++) { o[x][2 * h] *= r; o[x][2 * h + 1] *= r; }
+    }
+    ember_wgmma_fence();   /* p and o were written by ordinary instructions */
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+      const unsigned a[4] = {ember_pack2<BF16>(s[2 * kk][0], s[2 * kk][1]),
+                             ember_pack2<BF16>(s[2 * kk][2], s[2 * kk][3]),
+                             ember_pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             ember_pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      ember_wgmma_pv<D, BF16>(&o[0][0], a, ember_desc(cv + kk * 16 * 64, BN * 128, 1024));
+    }
+    ember_wgmma_commit();
+    ember_wgmma_wait<0>();
+    __syncthreads();   /* this slot is filled again two tiles on */
+  }
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    const int row = r_lo + h * 8;
+    if (row >= T) continue;
+    const float inv = 1.f / l[h];
+    float* dst = out + ((size_t)nb * T + row) * (D + 1);
+#pragma unroll
+    for (int x = 0; x < NT; x++) {
+      dst[x * 8 + (lane & 3) * 2] = o[x][2 * h] * inv;
+      dst[x * 8 + (lane & 3) * 2 + 1] = o[x][2 * h + 1] * inv;
+    }
+    if ((lane & 3) == 0) dst[D] = m[h] + log2f(l[h]);
+  }
+}
+"""
+
+
+def _wgmma_rs(kind: str, n: int) -> str:
+    """ember_wgmma_rs_<kind>_n<n>(d, a, descB): d[n/2] += A (64x16, in registers: mma.sync's A
+    fragment layout) * B (16xn, from shared memory, read transposed: contiguous along n)."""
+    regs = n // 2
+    outs = ",".join(f"%{i}" for i in range(regs))
+    cons = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    return (f"EMBER_D void ember_wgmma_rs_{kind}_n{n}(float* d, const unsigned* a, unsigned long long db) {{\n"
+            f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n"\n'
+            f'    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} {{{outs}}}, '
+            f'{{%{regs},%{regs + 1},%{regs + 2},%{regs + 3}}}, %{regs + 4}, p, 1, 1, 1;\\n}}\\n"\n'
+            f'    : {cons}\n    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));\n}}\n')
+
+
+def _hopper_helpers(kernels: list[Kernel]) -> str:
+    """The sm_90a forward's template and the wgmma instructions its instances use, under the
+    names it calls them by (ember_wgmma_scores<BF16>, ember_wgmma_pv<D, BF16>)."""
+    uses = sorted({(k.fused[0].srcs[0].dtype.name, k.fused[0].srcs[0].shape[2])
+                   for k in kernels if k.hopper and k.fused is not None})
+    if not uses:
+        return ""
+    from .mma import _wgmma_helper  # mma.helpers brings the descriptors and fences
+    out = ("template <bool BF16> EMBER_D void ember_wgmma_scores(float* d, unsigned long long da, "
+           "unsigned long long db);\n"
+           "template <int D, bool BF16> EMBER_D void ember_wgmma_pv(float* d, const unsigned* a, "
+           "unsigned long long db);\n")
+    for kind in sorted({kind for kind, _ in uses}):
+        out += _wgmma_helper(kind, 64, 0, 0).replace(f"ember_wgmma_{kind}_n64_00", f"ember_wgmma_scores_{kind}")
+        out += (f"template <> __device__ inline void ember_wgmma_scores<{str(kind == 'bf16').lower()}>(float* d, "
+                f"unsigned long long da, unsigned long long db) {{ ember_wgmma_scores_{kind}(d, da, db); }}\n")
+    for kind, d in uses:
+        out += _wgmma_rs(kind, d)
+        out += (f"template <> __device__ inline void ember_wgmma_pv<{d}, {str(kind == 'bf16').lower()}>(float* d, "
+                f"const unsigned* a, unsigned long long db) {{ ember_wgmma_rs_{kind}_n{d}(d, a, db); }}\n")
+    return out + HOPPER
+
+
 def helpers(kernels: list[Kernel]) -> str:
-    return HELPERS if any(k.fused is not None for k in kernels) else ""
+    return (HELPERS + _hopper_helpers(kernels)) if any(k.fused is not None for k in kernels) else ""
 
 
 def _sizes(k: Kernel) -> tuple[str, bool, float, int, int, int, int]:
@@ -352,10 +517,16 @@ TILES = {"attention": {64: (128, 64), 128: (128, 32)},
          "attention_dkdv": {64: (64, 64), 128: (64, 32)}}
 
 
+HOPPER_ROWS, HOPPER_TILE, HOPPER_THREADS = 128, 64, 256   # ember_flash_fwd_wg: two warpgroups of 64 rows
+
+
 def smem_bytes(k: Kernel) -> int:
     """The forward keeps its block's q, the backward kernels two matrices (q and do; k and v);
-    each streams two matrices through double buffers."""
+    each streams two matrices through double buffers. The sm_90a forward's tiles start on 1024
+    bytes (the swizzle's period)."""
     kind, _, _, _, _, _, d = _sizes(k)
+    if k.hopper:
+        return (HOPPER_ROWS + 4 * HOPPER_TILE) * d * 2 + 1024
     rows, tile = TILES[kind][d]
     return ((1 if kind == "attention" else 2) * rows + 4 * tile) * d * 2
 
@@ -363,6 +534,8 @@ def smem_bytes(k: Kernel) -> int:
 def launch(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
     kind, _, _, n, t_len, s_len, d = _sizes(k)
     rows = s_len if kind == "attention_dkdv" else t_len
+    if k.hopper:
+        return (-(-rows // HOPPER_ROWS), n, 1), HOPPER_THREADS, smem_bytes(k)
     return (-(-rows // TILES[kind][d][0]), n, 1), THREADS, smem_bytes(k)
 
 
@@ -376,6 +549,10 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
     args = ", ".join(f"b{b.id}" for b in bufs)
     extra = "" if kind == "attention" else f", {c * math.log(2.0)!r}f"   # the backward's scale of ds
     fn = {"attention": "ember_flash_fwd", "attention_dq": "ember_flash_dq", "attention_dkdv": "ember_flash_dkdv"}[kind]
+    if k.hopper:
+        return (f"extern \"C\" __global__ void __launch_bounds__({HOPPER_THREADS}) {signature} {{\n"
+                f"  ember_flash_fwd_wg<{d}, {str(causal).lower()}, {str(bf16).lower()}>(b{k.out.id}, {args}, "
+                f"{t_len}, {s_len}, {c!r}f);\n}}\n")
     rows, tile = TILES[kind][d]
     return (f"extern \"C\" __global__ void __launch_bounds__({THREADS}) {signature} {{\n"
             f"  {fn}<{d}, {rows}, {tile}, {str(causal).lower()}, {str(bf16).lower()}>(b{k.out.id}, {args}, {t_len}, "
