@@ -393,15 +393,19 @@ template <> struct EmberWg<true> {
   }
   template <int D, int BK, bool BF16>
   static __device__ void acc(float* acc, float (*p)[4], const unsigned short* sb) {
-    ember_wgmma_fence();   /* p and acc were written by ordinary instructions */
+    unsigned a[BK / 16][4];   /* every A fragment packed before the fence (PTX: registers a wgmma
+                                 reads are written before wgmma.fence, not between it and the wgmma) */
 #pragma unroll
     for (int kk = 0; kk < BK / 16; kk++) {
-      const unsigned a[4] = {ember_pack2<BF16>(p[2 * kk][0], p[2 * kk][1]),
-                             ember_pack2<BF16>(p[2 * kk][2], p[2 * kk][3]),
-                             ember_pack2<BF16>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                             ember_pack2<BF16>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
-      ember_wgmma_pv<D, BF16>(acc, a, ember_desc(sb + kk * 16 * 64, BK * 128, 1024));
+      a[kk][0] = ember_pack2<BF16>(p[2 * kk][0], p[2 * kk][1]);
+      a[kk][1] = ember_pack2<BF16>(p[2 * kk][2], p[2 * kk][3]);
+      a[kk][2] = ember_pack2<BF16>(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+      a[kk][3] = ember_pack2<BF16>(p[2 * kk + 1][2], p[2 * kk + 1][3]);
     }
+    ember_wgmma_fence();   /* a and acc were written by ordinary instructions */
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++)
+      ember_wgmma_pv<D, BF16>(acc, a[kk], ember_desc(sb + kk * 16 * 64, BK * 128, 1024));
     ember_wgmma_commit();
     ember_wgmma_wait<0>();
   }
