@@ -17,6 +17,13 @@ Three kernels on `mma.sync.m16n8k16` (sm_80 and later; f16 or bf16 operands, f32
   with no transpose), then adds p^T do to dv and ds^T q to dk.
 Shared-memory tiles are rows of D 16-bit values in 16-byte chunks, the chunk index XORed with
 the row (eight rows one `ldmatrix` reads fall in eight bank groups).
+On sm_90a (`Kernel.hopper`) every product is wgmma (`EmberWg<true>`): scores from tiles in the
+128-byte-swizzled layout (`ember_hswz`), and p (or ds) kept in registers as the A operand of
+the product that follows, the other operand read transposed. The forward is
+`ember_flash_fwd_wg` (two warpgroups, 128 rows); dq and dk|dv are the kernels above with
+HOPPER set (one warpgroup). NOT YET RUN ON A GPU: compiled for sm_90a (SASS: HGMMA only, 8,
+12 and 16 a tile for the forward, dq and dk|dv; 90, 126 and 174 registers at D = 64; no local
+memory) and for sm_86 (unchanged).
 """
 from __future__ import annotations
 
@@ -45,26 +52,38 @@ template <bool BF16> EMBER_D void ember_mma16816(float* c, const unsigned* a, co
 }
 /* element offset of (row, 16-byte chunk) in a tile of rows of D values */
 template <int D> EMBER_D int ember_swz(int row, int chunk) { return (row * (D / 8) + (chunk ^ (row & 7))) * 8; }
+/* element offset of (row, 16-byte chunk) in a [R][D] tile stored as wgmma's descriptors read
+   it (sm_90a): panels of 64 columns, each R rows of 128 bytes, the chunk XORed with the row (the
+   128-byte swizzle; the tile starts on 1024 bytes) */
+template <int R> EMBER_D int ember_hswz(int row, int chunk) {
+  return ((chunk >> 3) * R + row) * 64 + ((chunk & 7) ^ (row & 7)) * 8;
+}
 /* rows [row0, row0 + ROWS) of a [nrows][D] matrix into a tile; rows past nrows are zeros */
-template <int D, int ROWS>
+template <int D, int ROWS, bool HOPPER = false>
 EMBER_D void ember_tile_load(unsigned short* s, const unsigned short* g, int row0, int nrows) {
   for (int i = threadIdx.x; i < ROWS * (D / 8); i += blockDim.x) {
     int r = i / (D / 8), c = i % (D / 8);
     bool ok = row0 + r < nrows;
-    ember_cp_async16(s + ember_swz<D>(r, c), ok ? g + (size_t)(row0 + r) * D + c * 8 : g, ok);
+    ember_cp_async16(s + (HOPPER ? ember_hswz<ROWS>(r, c) : ember_swz<D>(r, c)),
+                     ok ? g + (size_t)(row0 + r) * D + c * 8 : g, ok);
   }
+}
+/* cp.async writes through the generic proxy; wgmma (sm_90a) reads through the async one */
+template <bool HOPPER> EMBER_D void ember_proxy_fence() {
+  if constexpr (HOPPER) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 /* the next tile of two [nrows][D] matrices into the other slot of their double buffers (none
    after the last), then wait until this tile's have arrived */
-template <int D, int ROWS> EMBER_D void ember_next_tiles(unsigned short* a, const unsigned short* ga,
-                                                        unsigned short* b, const unsigned short* gb,
-                                                        int t, int tiles, int nrows) {
+template <int D, int ROWS, bool HOPPER = false>
+EMBER_D void ember_next_tiles(unsigned short* a, const unsigned short* ga, unsigned short* b,
+                              const unsigned short* gb, int t, int tiles, int nrows) {
   if (t + 1 < tiles) {
-    ember_tile_load<D, ROWS>(a + ((t + 1) & 1) * ROWS * D, ga, (t + 1) * ROWS, nrows);
-    ember_tile_load<D, ROWS>(b + ((t + 1) & 1) * ROWS * D, gb, (t + 1) * ROWS, nrows);
+    ember_tile_load<D, ROWS, HOPPER>(a + ((t + 1) & 1) * ROWS * D, ga, (t + 1) * ROWS, nrows);
+    ember_tile_load<D, ROWS, HOPPER>(b + ((t + 1) & 1) * ROWS * D, gb, (t + 1) * ROWS, nrows);
   }
   ember_cp_async_commit();
   ember_cp_async_wait<1>();
+  ember_proxy_fence<HOPPER>();
   __syncthreads();
 }
 /* A fragment: rows row0..row0+15, columns 16 kk..16 kk+15 */
@@ -125,6 +144,31 @@ EMBER_D void ember_scores(float (*s)[BN / 8][4], const unsigned short* sa, int r
       }
     }
   }
+}
+
+/* The same two products for one warpgroup on sm_90a (HOPPER): EmberWg<true> (flash.py's sm_90a
+   helpers, only in a source that has such kernels) does them with wgmma from tiles in
+   ember_hswz's layout. Their fragments are laid out as the mma.sync ones, so the kernels'
+   element code is shared. */
+template <bool HOPPER> struct EmberWg;
+template <int D, int BN, int WM, bool BF16, bool HOPPER>
+EMBER_D void ember_scores_any(float (*s)[BN / 8][4], const unsigned short* sa, int rows_a, const unsigned short* sb) {
+  if constexpr (HOPPER) EmberWg<HOPPER>::template scores<D, BN, BF16>(&s[0][0][0], sa, rows_a, sb);
+  else ember_scores<D, BN, WM, BF16>(s, sa, (threadIdx.x >> 5) * 16 * WM, sb);
+}
+template <int D, int BK, int NT, bool BF16, bool HOPPER>
+EMBER_D void ember_acc_any(float (*acc)[4], float (*p)[4], const unsigned short* sb) {
+  if constexpr (HOPPER) EmberWg<HOPPER>::template acc<D, BK, BF16>(&acc[0][0], p, sb);
+  else ember_acc_pt<D, BK, NT, BF16>(acc, p, sb);
+}
+/* the dynamic shared memory, from 1024 bytes on for sm_90a's swizzled tiles */
+template <bool HOPPER> EMBER_D unsigned short* ember_flash_tiles() {
+  extern __shared__ __align__(128) unsigned char ember_flash_bytes[];
+  if constexpr (HOPPER)
+    return (unsigned short*)(ember_flash_bytes +
+                             ((1024 - ((unsigned)__cvta_generic_to_shared(ember_flash_bytes) & 1023)) & 1023));
+  else
+    return (unsigned short*)ember_flash_bytes;
 }
 
 /* ROWS query rows per block (ROWS / 64 tiles of 16 per warp), TILE keys per tile */
@@ -234,37 +278,36 @@ EMBER_D void ember_flash_ds(float (*s)[4], float (*dp)[4], float c, int r_lo, in
     }
 }
 
-template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, typename OUT>
+template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, bool HOPPER, typename OUT>
 EMBER_D void ember_flash_dq(OUT* out, const unsigned short* q, const unsigned short* k, const unsigned short* v,
                             const float* packed, const unsigned short* dout, const float* di, int T, int S,
                             float c, float cs) {
   constexpr int BM = ROWS, BN = TILE, NT = D / 8;
-  extern __shared__ __align__(128) unsigned short ember_flash_smem[];
-  unsigned short *sq = ember_flash_smem, *sdo = sq + BM * D, *sk = sdo + BM * D, *sv = sk + 2 * BN * D;
+  unsigned short *sq = ember_flash_tiles<HOPPER>(), *sdo = sq + BM * D, *sk = sdo + BM * D, *sv = sk + 2 * BN * D;
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
   q += (size_t)nb * T * D; dout += (size_t)nb * T * D; k += (size_t)nb * S * D; v += (size_t)nb * S * D;
   packed += (size_t)nb * T * (D + 1); di += (size_t)nb * T;
   int tiles = (S + BN - 1) / BN;
   if (CAUSAL) tiles = min(tiles, (row0 + BM - 1) / BN + 1);
-  ember_tile_load<D, BM>(sq, q, row0, T);
-  ember_tile_load<D, BM>(sdo, dout, row0, T);
-  ember_tile_load<D, BN>(sk, k, 0, S);
-  ember_tile_load<D, BN>(sv, v, 0, S);
+  ember_tile_load<D, BM, HOPPER>(sq, q, row0, T);
+  ember_tile_load<D, BM, HOPPER>(sdo, dout, row0, T);
+  ember_tile_load<D, BN, HOPPER>(sk, k, 0, S);
+  ember_tile_load<D, BN, HOPPER>(sv, v, 0, S);
   ember_cp_async_commit();
   float acc[NT][4];
 #pragma unroll
   for (int x = 0; x < NT; x++) acc[x][0] = acc[x][1] = acc[x][2] = acc[x][3] = 0.f;
   const int r_lo = row0 + warp * 16 + (lane >> 2);
   for (int t = 0; t < tiles; t++) {
-    ember_next_tiles<D, BN>(sk, k, sv, v, t, tiles, S);
+    ember_next_tiles<D, BN, HOPPER>(sk, k, sv, v, t, tiles, S);
     const unsigned short *ck = sk + (t & 1) * BN * D, *cv = sv + (t & 1) * BN * D;
     float s[1][BN / 8][4], dp[1][BN / 8][4];
-    ember_scores<D, BN, 1, BF16>(s, sq, warp * 16, ck);
-    ember_scores<D, BN, 1, BF16>(dp, sdo, warp * 16, cv);
+    ember_scores_any<D, BN, 1, BF16, HOPPER>(s, sq, BM, ck);
+    ember_scores_any<D, BN, 1, BF16, HOPPER>(dp, sdo, BM, cv);
     const bool edge = row0 + BM > T || t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0);
     ember_flash_ds<BN, CAUSAL, false>(s[0], dp[0], c, r_lo, t * BN, T, S, packed + D, D + 1, di, edge);
-    ember_acc_pt<D, BN, NT, BF16>(acc, dp[0], ck);
+    ember_acc_any<D, BN, NT, BF16, HOPPER>(acc, dp[0], ck);
     __syncthreads();
   }
 #pragma unroll
@@ -278,23 +321,22 @@ EMBER_D void ember_flash_dq(OUT* out, const unsigned short* q, const unsigned sh
   }
 }
 
-template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, typename OUT>
+template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, bool HOPPER, typename OUT>
 EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned short* k, const unsigned short* v,
                               const float* packed, const unsigned short* dout, const float* di, int T, int S,
                               float c, float cs) {
   constexpr int BN = ROWS, BM = TILE, NT = D / 8;   /* BN keys per block, BM queries per tile */
-  extern __shared__ __align__(128) unsigned short ember_flash_smem[];
-  unsigned short *sk = ember_flash_smem, *sv = sk + BN * D, *sq = sv + BN * D, *sdo = sq + 2 * BM * D;
+  unsigned short *sk = ember_flash_tiles<HOPPER>(), *sv = sk + BN * D, *sq = sv + BN * D, *sdo = sq + 2 * BM * D;
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int key0 = blockIdx.x * BN;
   q += (size_t)nb * T * D; dout += (size_t)nb * T * D; k += (size_t)nb * S * D; v += (size_t)nb * S * D;
   packed += (size_t)nb * T * (D + 1); di += (size_t)nb * T;
   const int first = CAUSAL ? key0 / BM : 0, tiles = (T + BM - 1) / BM;
-  ember_tile_load<D, BN>(sk, k, key0, S);
-  ember_tile_load<D, BN>(sv, v, key0, S);
+  ember_tile_load<D, BN, HOPPER>(sk, k, key0, S);
+  ember_tile_load<D, BN, HOPPER>(sv, v, key0, S);
   if (first < tiles) {
-    ember_tile_load<D, BM>(sq + (first & 1) * BM * D, q, first * BM, T);
-    ember_tile_load<D, BM>(sdo + (first & 1) * BM * D, dout, first * BM, T);
+    ember_tile_load<D, BM, HOPPER>(sq + (first & 1) * BM * D, q, first * BM, T);
+    ember_tile_load<D, BM, HOPPER>(sdo + (first & 1) * BM * D, dout, first * BM, T);
   }
   ember_cp_async_commit();
   float dk[NT][4], dv[NT][4];
@@ -304,15 +346,15 @@ EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned 
     for (int e = 0; e < 4; e++) dk[x][e] = dv[x][e] = 0.f;
   const int r_lo = key0 + warp * 16 + (lane >> 2);   /* this thread's key rows */
   for (int t = first; t < tiles; t++) {
-    ember_next_tiles<D, BM>(sq, q, sdo, dout, t, tiles, T);
+    ember_next_tiles<D, BM, HOPPER>(sq, q, sdo, dout, t, tiles, T);
     const unsigned short *cq = sq + (t & 1) * BM * D, *cdo = sdo + (t & 1) * BM * D;
     float s[1][BM / 8][4], dp[1][BM / 8][4];
-    ember_scores<D, BM, 1, BF16>(s, sk, warp * 16, cq);     /* s^T: keys x queries */
-    ember_scores<D, BM, 1, BF16>(dp, sv, warp * 16, cdo);   /* dp^T = v do^T */
+    ember_scores_any<D, BM, 1, BF16, HOPPER>(s, sk, BN, cq);     /* s^T: keys x queries */
+    ember_scores_any<D, BM, 1, BF16, HOPPER>(dp, sv, BN, cdo);   /* dp^T = v do^T */
     const bool edge = t * BM + BM > T || key0 + BN > S || (CAUSAL && key0 + BN - 1 > t * BM);
     ember_flash_ds<BM, CAUSAL, true>(s[0], dp[0], c, r_lo, t * BM, T, S, packed + D, D + 1, di, edge);
-    ember_acc_pt<D, BM, NT, BF16>(dv, s[0], cdo);
-    ember_acc_pt<D, BM, NT, BF16>(dk, dp[0], cq);
+    ember_acc_any<D, BM, NT, BF16, HOPPER>(dv, s[0], cdo);
+    ember_acc_any<D, BM, NT, BF16, HOPPER>(dk, dp[0], cq);
     __syncthreads();
   }
 #pragma unroll
@@ -331,8 +373,168 @@ EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned 
 """
 
 
+HOPPER = r"""
+/* ---- flash attention on wgmma (sm_90a, backend/flash.py) ---- */
+/* s = A B^T (A: 64 rows of a tile of rows_a, B: BN rows), both from shared memory; and
+   acc += P B, P in registers as wgmma's A operand (mma.sync's A fragments), B (BK rows of D,
+   contiguous along D) read transposed */
+template <> struct EmberWg<true> {
+  template <int D, int BN, bool BF16>
+  static __device__ void scores(float* s, const unsigned short* sa, int rows_a, const unsigned short* sb) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) s[i] = 0.f;
+    ember_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+      ember_wgmma_s<BN, BF16>(s, ember_desc(sa + (kk >> 2) * rows_a * 64 + (kk & 3) * 16, 16, 1024),
+                              ember_desc(sb + (kk >> 2) * BN * 64 + (kk & 3) * 16, 16, 1024));
+    ember_wgmma_commit();
+    ember_wgmma_wait<0>();
+  }
+  template <int D, int BK, bool BF16>
+  static __device__ void acc(float* acc, float (*p)[4], const unsigned short* sb) {
+    unsigned a[BK / 16][4];   /* every A fragment packed before the fence (PTX: registers a wgmma
+                                 reads are written before wgmma.fence, not between it and the wgmma) */
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) {
+      a[kk][0] = ember_pack2<BF16>(p[2 * kk][0], p[2 * kk][1]);
+      a[kk][1] = ember_pack2<BF16>(p[2 * kk][2], p[2 * kk][3]);
+      a[kk][2] = ember_pack2<BF16>(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+      a[kk][3] = ember_pack2<BF16>(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+    }
+    ember_wgmma_fence();   /* a and acc were written by ordinary instructions */
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++)
+      ember_wgmma_pv<D, BF16>(acc, a[kk], ember_desc(sb + kk * 16 * 64, BK * 128, 1024));
+    ember_wgmma_commit();
+    ember_wgmma_wait<0>();
+  }
+};
+/* ---- the forward ---- */
+/* 128 query rows a block, 64 a warpgroup (warp w: rows 16 w.. of the block, the fragment layout
+   of mma.sync's accumulators); key and value tiles of 64 through a double buffer. s = q k^T is
+   wgmma from shared memory; p stays in registers as the A operand of o += p v, whose B (v,
+   contiguous along D) is read transposed. The softmax is the mma.sync kernel's. */
+template <int D, bool CAUSAL, bool BF16>
+EMBER_D void ember_flash_fwd_wg(float* out, const unsigned short* q, const unsigned short* k,
+                                const unsigned short* v, int T, int S, float c) {
+  constexpr int BM = 128, BN = 64, NT = D / 8;
+  unsigned short *sq = ember_flash_tiles<true>(), *sk = sq + BM * D, *sv = sk + 2 * BN * D;
+  const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wg = warp >> 2;
+  const int row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;  /* longest rows first */
+  q += (size_t)nb * T * D; k += (size_t)nb * S * D; v += (size_t)nb * S * D;
+  int tiles = (S + BN - 1) / BN;
+  if (CAUSAL) tiles = min(tiles, (row0 + BM - 1) / BN + 1);
+  ember_tile_load<D, BM, true>(sq, q, row0, T);
+  ember_tile_load<D, BN, true>(sk, k, 0, S);
+  ember_tile_load<D, BN, true>(sv, v, 0, S);
+  ember_cp_async_commit();
+  float o[NT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int x = 0; x < NT; x++) o[x][0] = o[x][1] = o[x][2] = o[x][3] = 0.f;
+  const int r_lo = row0 + warp * 16 + (lane >> 2);   /* rows r_lo and r_lo + 8 */
+  for (int t = 0; t < tiles; t++) {
+    ember_next_tiles<D, BN, true>(sk, k, sv, v, t, tiles, S);
+    const unsigned short *ck = sk + (t & 1) * BN * D, *cv = sv + (t & 1) * BN * D;
+    float s[1][BN / 8][4];
+    ember_scores_any<D, BN, 1, BF16, true>(s, sq + wg * 64 * 64, BM, ck);   /* this warpgroup's 64 rows */
+    if (t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0)) {
+#pragma unroll
+      for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          int col = t * BN + n * 8 + (lane & 3) * 2 + (e & 1), row = r_lo + (e >> 1) * 8;
+          if (col >= S || (CAUSAL && col > row)) s[0][n][e] = -INFINITY;
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      float mx = m[h];
+#pragma unroll
+      for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(s[0][n][2 * h], s[0][n][2 * h + 1]) * c);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float base = mx == -INFINITY ? 0.f : mx;   /* no key seen yet: every weight is 0 */
+      const float r = exp2f(m[h] - base);
+      m[h] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; e++) {
+          s[0][n][e] = exp2f(fmaf(s[0][n][e], c, -base));
+          sum += s[0][n][e];
+        }
+      l[h] = l[h] * r + sum;
+#pragma unroll
+      for (int x = 0; x < NT; x++) { o[x][2 * h] *= r; o[x][2 * h + 1] *= r; }
+    }
+    ember_acc_any<D, BN, NT, BF16, true>(o, s[0], cv);
+    __syncthreads();   /* this slot is filled again two tiles on */
+  }
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    const int row = r_lo + h * 8;
+    if (row >= T) continue;
+    const float inv = 1.f / l[h];
+    float* dst = out + ((size_t)nb * T + row) * (D + 1);
+#pragma unroll
+    for (int x = 0; x < NT; x++) {
+      dst[x * 8 + (lane & 3) * 2] = o[x][2 * h] * inv;
+      dst[x * 8 + (lane & 3) * 2 + 1] = o[x][2 * h + 1] * inv;
+    }
+    if ((lane & 3) == 0) dst[D] = m[h] + log2f(l[h]);
+  }
+}
+"""
+
+
+def _wgmma_rs(kind: str, n: int) -> str:
+    """ember_wgmma_rs_<kind>_n<n>(d, a, descB): d[n/2] += A (64x16, in registers: mma.sync's A
+    fragment layout) * B (16xn, from shared memory, read transposed: contiguous along n)."""
+    regs = n // 2
+    outs = ",".join(f"%{i}" for i in range(regs))
+    cons = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    return (f"EMBER_D void ember_wgmma_rs_{kind}_n{n}(float* d, const unsigned* a, unsigned long long db) {{\n"
+            f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n"\n'
+            f'    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} {{{outs}}}, '
+            f'{{%{regs},%{regs + 1},%{regs + 2},%{regs + 3}}}, %{regs + 4}, p, 1, 1, 1;\\n}}\\n"\n'
+            f'    : {cons}\n    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));\n}}\n')
+
+
+def _hopper_helpers(kernels: list[Kernel]) -> str:
+    """The wgmma instructions sm_90a's flash kernels use, as the templates ember_wgmma_s<N, BF16>
+    (scores: N columns, both operands from shared memory) and ember_wgmma_pv<D, BF16> (A in
+    registers, B transposed), and the forward's template."""
+    hopper = [k for k in kernels if k.hopper and k.fused is not None]
+    if not hopper:
+        return ""
+    from .mma import _wgmma_helper  # mma.helpers brings the descriptors and fences
+    scores, products = set(), set()
+    for k in hopper:
+        kind, _, _, _, _, _, d = _sizes(k)
+        dtype = k.fused[0].srcs[0].dtype.name
+        scores.add((dtype, HOPPER_TILE if kind == "attention" else TILES[kind][d][1]))
+        products.add((dtype, d))
+    out = ("template <int N, bool BF16> EMBER_D void ember_wgmma_s(float* d, unsigned long long da, "
+           "unsigned long long db);\n"
+           "template <int N, bool BF16> EMBER_D void ember_wgmma_pv(float* d, const unsigned* a, "
+           "unsigned long long db);\n")
+    for dtype, n in sorted(scores):
+        out += _wgmma_helper(dtype, n, 0, 0).replace(f"ember_wgmma_{dtype}_n{n}_00", f"ember_wgmma_s_{dtype}_n{n}")
+        out += (f"template <> __device__ inline void ember_wgmma_s<{n}, {str(dtype == 'bf16').lower()}>(float* d, "
+                f"unsigned long long da, unsigned long long db) {{ ember_wgmma_s_{dtype}_n{n}(d, da, db); }}\n")
+    for dtype, d in sorted(products):
+        out += _wgmma_rs(dtype, d)
+        out += (f"template <> __device__ inline void ember_wgmma_pv<{d}, {str(dtype == 'bf16').lower()}>(float* d, "
+                f"const unsigned* a, unsigned long long db) {{ ember_wgmma_rs_{dtype}_n{d}(d, a, db); }}\n")
+    return out + HOPPER
+
+
 def helpers(kernels: list[Kernel]) -> str:
-    return HELPERS if any(k.fused is not None for k in kernels) else ""
+    return (HELPERS + _hopper_helpers(kernels)) if any(k.fused is not None for k in kernels) else ""
 
 
 def _sizes(k: Kernel) -> tuple[str, bool, float, int, int, int, int]:
@@ -352,17 +554,25 @@ TILES = {"attention": {64: (128, 64), 128: (128, 32)},
          "attention_dkdv": {64: (64, 64), 128: (64, 32)}}
 
 
+HOPPER_ROWS, HOPPER_TILE, HOPPER_THREADS = 128, 64, 256   # ember_flash_fwd_wg: two warpgroups of 64 rows
+
+
 def smem_bytes(k: Kernel) -> int:
     """The forward keeps its block's q, the backward kernels two matrices (q and do; k and v);
-    each streams two matrices through double buffers."""
+    each streams two matrices through double buffers. The sm_90a forward's tiles start on 1024
+    bytes (the swizzle's period)."""
     kind, _, _, _, _, _, d = _sizes(k)
+    if k.hopper and kind == "attention":
+        return (HOPPER_ROWS + 4 * HOPPER_TILE) * d * 2 + 1024
     rows, tile = TILES[kind][d]
-    return ((1 if kind == "attention" else 2) * rows + 4 * tile) * d * 2
+    return ((1 if kind == "attention" else 2) * rows + 4 * tile) * d * 2 + 1024 * k.hopper
 
 
 def launch(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
     kind, _, _, n, t_len, s_len, d = _sizes(k)
     rows = s_len if kind == "attention_dkdv" else t_len
+    if k.hopper and kind == "attention":
+        return (-(-rows // HOPPER_ROWS), n, 1), HOPPER_THREADS, smem_bytes(k)
     return (-(-rows // TILES[kind][d][0]), n, 1), THREADS, smem_bytes(k)
 
 
@@ -376,7 +586,14 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
     args = ", ".join(f"b{b.id}" for b in bufs)
     extra = "" if kind == "attention" else f", {c * math.log(2.0)!r}f"   # the backward's scale of ds
     fn = {"attention": "ember_flash_fwd", "attention_dq": "ember_flash_dq", "attention_dkdv": "ember_flash_dkdv"}[kind]
+    if k.hopper and kind == "attention":
+        return (f"extern \"C\" __global__ void __launch_bounds__({HOPPER_THREADS}) {signature} {{\n"
+                f"  ember_flash_fwd_wg<{d}, {str(causal).lower()}, {str(bf16).lower()}>(b{k.out.id}, {args}, "
+                f"{t_len}, {s_len}, {c!r}f);\n}}\n")
     rows, tile = TILES[kind][d]
+    flags = f"{str(causal).lower()}, {str(bf16).lower()}"
+    if kind != "attention":   # the backward kernels' sm_90a variant
+        flags += f", {str(k.hopper).lower()}"
     return (f"extern \"C\" __global__ void __launch_bounds__({THREADS}) {signature} {{\n"
-            f"  {fn}<{d}, {rows}, {tile}, {str(causal).lower()}, {str(bf16).lower()}>(b{k.out.id}, {args}, {t_len}, "
+            f"  {fn}<{d}, {rows}, {tile}, {flags}>(b{k.out.id}, {args}, {t_len}, "
             f"{s_len}, {c!r}f{extra});\n}}\n")

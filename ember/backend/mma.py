@@ -121,7 +121,7 @@ def helpers(kernels: list[Kernel]) -> str:
     out = HELPERS
     hopper = sorted({(c.dtype.name, p.block_n, int(not c.a.k_major), int(not c.b.k_major))
                      for c, p in plans if p.instruction == "wgmma"})
-    if hopper:
+    if hopper or any(k.hopper for k in kernels):   # flash.py's sm_90a forward needs the descriptors too
         out += HOPPER_HELPERS + "".join(_wgmma_helper(*h) for h in hopper)
         out += "".join(_tma_helper(rank) for rank in sorted({len(_tma_box(c, op, p)[0]) for c, p in plans
                                                              if p.tma for op in (c.a, c.b)}))

@@ -83,6 +83,7 @@ class Kernel:
     online: "object | None" = None      # CPU: a max and its exponential sums in one loop (online.py)
     fused: "tuple[Node, list[Buffer]] | None" = None   # a FUSED node and its sources' buffers (attention.py)
     batch: "list[Kernel] | None" = None   # GPU: small kernels run as one launch, block by block (batch.py)
+    hopper: bool = False               # GPU: a kernel rendered whole gets its sm_90a variant (flash.py)
 
     @property
     def value(self) -> Node:

@@ -167,7 +167,9 @@ def test_flash_source_compiles(arch: str, tmp_path: Path) -> None:
     outputs.append(matmul(ir.param("a", dt.bf16, (64, 64)), ir.param("b", dt.bf16, (64, 64))))  # a tensor-core neighbour
     sched = cuda.prepare(outputs, arch)
     assert sum(k.fused is not None for k in sched.kernels) == 3 * len(CASES)
-    err = compile_cuda(cuda.render(sched), arch, tmp_path)
+    src = cuda.render(sched)
+    assert ("struct EmberWg<true>" in src) == (arch == "sm_90a")   # every flash product on wgmma there
+    err = compile_cuda(src, arch, tmp_path)
     assert err is None, err
 
 
