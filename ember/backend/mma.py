@@ -349,6 +349,20 @@ def _fma_step(p: GpuPlan) -> tuple[list[str], list[str]]:
 PRODUCER_REGS, CONSUMER_REGS = 40, 232   # setmaxnreg: 128 * 40 + 256 * 232 <= 64K registers
 
 
+TILE_GROUP = 8   # row tiles a wave of blocks walks together (tile_order)
+
+
+def tile_order(tm: int, tn: int, p: GpuPlan) -> list[str]:
+    """C statements giving (m0, n0) of tile number `tile` (of tm x tn, per batch): groups of
+    TILE_GROUP row tiles, column tile by column tile, the group's row tiles next to each other.
+    A wave of 132 blocks then reads a few row tiles of A and a few column tiles of B, which stay
+    in L2; row by row, a B larger than L2 (the lm head's 77 MB) came from DRAM once per row tile."""
+    g = TILE_GROUP
+    return [f"const int t = tile % {tm * tn};", f"const int first = t / {g * tn} * {g};",
+            f"const int rows = min({tm} - first, {g});", f"const int at = t % {g * tn};",
+            f"m0 = (first + at % rows) * {p.block_m};", f"n0 = at / rows * {p.block_n};"]
+
+
 def _tma_box(c: Contraction, op: Operand, p: GpuPlan) -> tuple[list[int], list[int], list[int]]:
     """An operand as TMA sees it: (its dims, their element strides, the box one copy brings),
     innermost first: the contiguous axis, the other, then the batch ranges it moves along. A
@@ -420,7 +434,7 @@ def _render_hopper(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str)
              "__syncthreads();",
              "int s = 0, ph = 0;   /* the slot, and the parity of its round */",
              "auto tile_at = [&](int tile, int& m0, int& n0) {",
-             f"  n0 = tile % {tn} * {p.block_n}; m0 = tile / {tn} % {tm} * {p.block_m};",
+             *["  " + x for x in tile_order(tm, tn, p)],
              f"  return tile / {tn * tm};",
              "};"]
     batch_vars = [x for x in operand_bases(c, "zt", r) if x.startswith("const int z")]

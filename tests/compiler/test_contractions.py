@@ -265,3 +265,22 @@ def test_tma_boxes_and_where_tma_is_not_used() -> None:
     c, p = plan_of("bf16_aligned")   # B [128 (k), 192 (n)] row-major: MN-major
     assert p.tma and mma._tma_box(c, c.b, p) == ([192, 128], [1, 192], [64, 64])
     assert all(not k.contraction[1].tma for k in _kernels(case("bf16_aligned")[0], arch="sm_86") if k.contraction)
+
+
+def test_tile_order_is_a_permutation() -> None:
+    """The persistent TMA kernels' tile order (groups of row tiles): every (m0, n0) exactly once,
+    for whole and ragged groups, evaluated from the C it renders (integers >= 0: C's / and %
+    are Python's // and %)."""
+    from ember.backend import mma
+    from ember.compiler.contraction import GpuPlan
+    plan = GpuPlan("wgmma", 128, 256, 64, 2, 1, 4, True)
+    for tm, tn in ((128, 197), (11, 12), (1, 1), (9, 3), (16, 1)):
+        statements = [line.removeprefix("const int ").rstrip(";").replace("/", "//").split(" = ", 1)
+                      for line in mma.tile_order(tm, tn, plan)]
+        seen = set()
+        for tile in range(3 * tm * tn):   # three batches: tile % (tm tn) is the place in one
+            env = {"tile": tile}
+            for name, expr in statements:
+                env[name] = eval(expr, {"min": min}, env)
+            seen.add((tile // (tm * tn), env["m0"], env["n0"]))
+        assert seen == {(z, m * 128, n * 256) for z in range(3) for m in range(tm) for n in range(tn)}, (tm, tn)
