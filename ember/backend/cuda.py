@@ -238,12 +238,21 @@ class CUDAKernelWriter(KernelWriter):
         for i, r in enumerate(inner):
             v = self.range_var(r)
             t = r.dtype.c_name
-            head = f"for ({t} {v} = threadIdx.x; {v} < {r.arg[1]}; {v} += blockDim.x)" if i == len(inner) - 1 \
-                else f"for ({t} {v} = 0; {v} < {r.arg[1]}; {v}++)"
-            scope = scope.open(frozenset([r]), [head])
+            head = self.cooperative_loop(r) if i == len(inner) - 1 else [f"for ({t} {v} = 0; {v} < {r.arg[1]}; {v}++)"]
+            scope = scope.open(frozenset([r]), head)
         for r in [r for r in k.ranges if r in k.lanes]:   # a thread's consecutive outputs of the row
             scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
         return scope
+
+    def cooperative_loop(self, r: Node) -> list[str]:
+        """A block's threads striding over the row range r. When the block divides it into at
+        most 16 steps, the trip count is a constant and the loop unrolls: a thread's loads of
+        the row are in flight together (bf16 softmax had one 16-byte load per thread in flight)."""
+        v, t, n = self.range_var(r), r.dtype.c_name, r.arg[1]
+        threads = block_size(self.k)
+        if not self.member and n % threads == 0 and n // threads <= 16:
+            return ["#pragma unroll", f"for ({t} {v} = threadIdx.x; {v} < ({t})threadIdx.x + {n}; {v} += {threads})"]
+        return [f"for ({t} {v} = threadIdx.x; {v} < {n}; {v} += blockDim.x)"]
 
     def store_guard(self, scope: Scope) -> str:
         return "if (threadIdx.x == 0) " if scope is self.block_scope else ""
@@ -253,8 +262,7 @@ class CUDAKernelWriter(KernelWriter):
 
     def reduce_header(self, n: Node, r: Node, last: bool, scope: Scope) -> list[str]:
         if last and self.cooperative(scope):
-            v = self.range_var(r)
-            return [f"for ({r.dtype.c_name} {v} = threadIdx.x; {v} < {r.arg[1]}; {v} += blockDim.x)"]
+            return self.cooperative_loop(r)
         return super().reduce_header(n, r, last, scope)
 
     def reduce_finish(self, n: Node, acc: str, scope: Scope) -> list[str]:
