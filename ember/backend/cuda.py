@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .. import data, debug
+from .. import dtype as dt
 from ..compiler import pipeline
 from ..compiler.lower import Kernel
 from ..compiler.schedule import Schedule
@@ -58,6 +59,14 @@ EMBER_D unsigned short ember_f32_to_f16_bits(float f) {
   return h;
 }
 """ + HALF_HELPERS + r"""
+/* An op's result to bf16 and back, without the NaN test a cast needs: the GPU's arithmetic makes
+   only the canonical NaN, which cvt keeps (0x7fff). Six instructions were two: bf16 softmax is
+   bound by instructions. */
+EMBER_D float ember_round_bf16_op(float f) {
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return ember_bf16_to_f32(h);
+}
 /* block-wide reductions: every thread of the block gets the result */
 EMBER_D float ember_add(float a, float b) { return a + b; }
 EMBER_D double ember_add(double a, double b) { return a + b; }
@@ -95,6 +104,9 @@ class CUDARenderer(CLike):
         if n.op is Op.MAX and n.dtype.is_int:  # see ember_imax in the prelude: a ptxas miscompile
             return f"ember_imax<{n.dtype.c_name}>({a[0]}, {a[1]})"
         return super().alu(n, a, no_overflow)
+
+    def round_result(self, d: DType, expr: str) -> str:
+        return f"ember_round_bf16_op({expr})" if d is dt.bf16 else self.round_to(d, expr)
 
     def cast(self, x: str, src: DType, d: DType) -> str:
         if d.is_float and src.is_int and src.bits < 32:

@@ -182,6 +182,11 @@ class CLike:
         """f16 and bf16 are computed in float and rounded after every op, as the spec says."""
         return f"ember_round_{d.name}f({expr})" if d in (dt.f16, dt.bf16) else expr
 
+    def round_result(self, d: DType, expr: str) -> str:
+        """An op's (or a sum's) result rounded to d; a target whose arithmetic makes NaNs of one
+        kind may round it more cheaply than a cast must (CUDARenderer)."""
+        return self.round_to(d, expr)
+
     def cast(self, x: str, src: DType, d: DType) -> str:
         if d is dt.bool_:
             return f"({x} != 0)"
@@ -570,7 +575,7 @@ class KernelWriter:
             no_overflow = n.dtype.is_int and sym.bounds(n) != (n.dtype.min, n.dtype.max)
             expr = self.r.alu(n, args, no_overflow)
             if op not in EXACT:
-                expr = self.r.round_to(n.dtype, expr)
+                expr = self.r.round_result(n.dtype, expr)
         name = self.var()
         scope.put(f"{self.r.ctype(n.dtype)} {name} = {expr};")
         return name
@@ -617,9 +622,9 @@ class KernelWriter:
             scope.put(line)
         if d in (dt.f16, dt.bf16) and red_op is Op.SUM:  # summed in float, rounded once at the end
             if is_array:
-                scope.put(f"for (int j = 0; j < {size}; j++) {acc}[j] = {self.r.round_to(d, f'{acc}[j]')};")
+                scope.put(f"for (int j = 0; j < {size}; j++) {acc}[j] = {self.r.round_result(d, f'{acc}[j]')};")
             else:
-                scope.put(f"{acc} = {self.r.round_to(d, acc)};")
+                scope.put(f"{acc} = {self.r.round_result(d, acc)};")
         if free_lanes:
             return LaneArray(acc, free_lanes)
         return f"{acc}[0]" if own_lanes else acc
@@ -712,7 +717,7 @@ class ElementWriter(KernelWriter):
     def element(self, acc: str) -> tuple[list[str], str, str]:
         """(statements, the value to store in the buffer's storage type, the flat index)."""
         root = Scope(None, frozenset(self.k.ranges), [])
-        self.memo[(self.reduce, id(root))] = self.r.round_to(self.reduce.dtype, acc)  # f16/bf16 sums round once
+        self.memo[(self.reduce, id(root))] = self.r.round_result(self.reduce.dtype, acc)  # f16/bf16 sums round once
         _, idx, value = self.k.store.srcs
         v = self.value(value, root)
         i = self.value(idx, root)
