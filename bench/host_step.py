@@ -88,7 +88,7 @@ def run_device(outputs: list, arch: str) -> float:
     prog = object.__new__(cuda.CUDAProgram)
     prog.cu, prog.sched = cu, sched
     prog._temp_ptr = {b.id: next(addresses) for b in sched.temps}
-    prog._graphs, prog._seen, prog._blocks, prog._staged = collections.OrderedDict(), {}, {}, {}
+    prog._graphs, prog._seen, prog._blocks, prog._staged, prog._io_meta = collections.OrderedDict(), {}, {}, {}, None
     prog._capture = lambda key, launches, after: prog._graphs.__setitem__(key, None)
     prog._launch_list = lambda ptr: []
     values = {n: cuda.DeviceArray(b.node.shape, b.dtype) for n, b in sched.inputs.items()}

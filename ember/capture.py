@@ -152,7 +152,9 @@ class jit:
             if event[0] == "host":
                 event[1]()
             elif event[0] == "run":
-                values = {slot: self._value(src, args, results) for slot, src in event[2]}
+                data = T._DATA   # the sources inline: this loop is on the step's critical path
+                values = {slot: data[args[src[1]].node] if src[0] == "arg" else data[src[1]] if src[0] == "leaf"
+                          else self._value(src, args, results) for slot, src in event[2]}
                 results.append(T.execute(list(event[1]), values, event[3]))
             else:
                 _, node, (run, i) = event

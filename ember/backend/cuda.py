@@ -513,6 +513,7 @@ class CUDAProgram:
         self._seen: dict[tuple, int] = {}   # runs per set of buffers (graphs are captured on the second)
         self._blocks: dict[int, list[int]] = {}   # output buffer id -> device blocks it held lately
         self._staged: dict[int, DeviceArray] = {}  # input buffer id -> where host values are uploaded
+        self._io_meta: tuple[list, list] | None = None   # run_device's view of the inputs and outputs
         for fn, (_, _, smem) in zip(self.functions, self.configs):
             _allow_smem(fn, smem)
         self.compile_seconds = (t1 - t0, time.perf_counter() - t1)
@@ -632,39 +633,50 @@ class CUDAProgram:
         inputs and nothing crosses PCIe but the batch and the loss. average: outputs averaged
         over the data-parallel ranks (distributed.py) as soon as their kernels are done."""
         sched = self.sched
-        ptr: dict[int, int] = dict(self._temps())
-        arrays: dict[int, DeviceArray] = {}   # buffer id -> the array behind it (inputs kept alive too)
-        for node, buf in sched.inputs.items():
+        if self._io_meta is None:   # what run_device reads of each input and output, once
+            self._io_meta = ([(n, b.id, b.dtype, b.nbytes) for n, b in sched.inputs.items()],
+                             [(b.id, b.node.shape, b.dtype, b.nbytes, self._blocks.setdefault(b.id, []))
+                              for b in sched.outputs])
+        ins, outs = self._io_meta
+        held: dict[int, DeviceArray] = {}   # input buffer id -> its array (kept alive for the run)
+        for node, bid, dtype, nbytes in ins:
             v = values[node]
             if not isinstance(v, DeviceArray):   # into a block of the program's own: the same every run
-                if buf.id not in self._staged:
-                    self._staged[buf.id] = DeviceArray(buf.node.shape, buf.dtype)
-                self._staged[buf.id].copy_from(v)
-                v = self._staged[buf.id]
-            elif v.dtype is not buf.dtype or v.nbytes != buf.nbytes:
-                raise RuntimeError(f"a device value of {v.dtype}{list(v.shape)} given for "
-                                   f"{buf.dtype}{list(buf.node.shape)}")
-            arrays[buf.id] = v
-            ptr[buf.id] = v.ptr
-        for buf in sched.outputs:
-            if buf.id not in arrays:   # an output that is an input's buffer (a param returned) shares it
+                if bid not in self._staged:
+                    self._staged[bid] = DeviceArray(node.shape, dtype)
+                self._staged[bid].copy_from(v)
+                v = self._staged[bid]
+            elif v.dtype is not dtype or v.nbytes != nbytes:
+                raise RuntimeError(f"a device value of {v.dtype}{list(v.shape)} given for {dtype}{list(node.shape)}")
+            held[bid] = v
+        # the outputs' blocks as bare addresses first: a replayed graph is launched before Python
+        # makes their arrays, so that work (and the caller's) runs while the GPU does the step's
+        out_ptr = {bid: v.ptr for bid, v in held.items()}   # an output that is an input's buffer shares it
+        take = POOL.take
+        for bid, _, _, nbytes, used in outs:
+            if bid not in out_ptr:
                 # each output takes back a block it had before if that one is free: a step's new
                 # weights then alternate between two blocks, and the run's buffers recur, so its
                 # CUDA graph is replayed (the pool's last-freed block makes a permutation of the
                 # weights' blocks whose period can be longer than the run of a training job)
-                used = self._blocks.setdefault(buf.id, [])
-                arrays[buf.id] = DeviceArray(buf.node.shape, buf.dtype, used)
-                ptr[buf.id] = arrays[buf.id].ptr
-                if ptr[buf.id] not in used:
-                    used.insert(0, ptr[buf.id])
+                p = out_ptr[bid] = take(nbytes, used)
+                if p not in used:
+                    used.insert(0, p)
                     del used[3:]
-        results = [arrays[buf.id] for buf in sched.outputs]
-        key = (average, *(ptr[b.id] for b in [*sched.inputs.values(), *sched.outputs]))
+        key = (average, *out_ptr.values())   # the inputs' blocks, then the outputs' (dicts keep order)
+
+        def arrays() -> list[DeviceArray]:
+            made = dict(held)
+            for bid, shape, dtype, nbytes, _ in outs:
+                if bid not in made:   # (a buffer returned twice is one array)
+                    made[bid] = DeviceArray.adopt(out_ptr[bid], shape, dtype, nbytes)
+            return [made[o[0]] for o in outs]
         if key in self._graphs:  # the same buffers as a captured run: replay it
             self._graphs.move_to_end(key)
             _check((self.cu.cuGraphLaunch(self._graphs[key], _graph_stream())[0], None))
-            return results
-        launches = self._launch_list(ptr)
+            return arrays()
+        results = arrays()
+        launches = self._launch_list({**self._temps(), **out_ptr})
         after = self._averaging(average, results) if average else None
         if len(self._seen) >= 64 and key not in self._seen:  # buffers that never come back
             self._seen.clear()
@@ -768,6 +780,13 @@ class DeviceArray:
         self.shape, self.dtype = shape, dtype
         self.nbytes = math.prod(shape) * dtype.itemsize
         self.ptr = POOL.take(self.nbytes, prefer)
+
+    @classmethod
+    def adopt(cls, ptr: int, shape: tuple[int, ...], dtype: DType, nbytes: int) -> "DeviceArray":
+        """An array around a block already taken from the pool (run_device's outputs)."""
+        out = object.__new__(cls)
+        out.ptr, out.shape, out.dtype, out.nbytes = ptr, shape, dtype, nbytes
+        return out
 
     @classmethod
     def upload(cls, values: np.ndarray, dtype: DType) -> "DeviceArray":

@@ -1,0 +1,71 @@
+"""CUDAProgram.run_device's bookkeeping without a GPU: the driver's calls faked, blocks as
+integers. A replayed run hands out its outputs' blocks before it makes their arrays (the graph is
+launched first); these check that no block ends up in two live arrays and that a step fed its
+own outputs replays one of a few graphs."""
+from __future__ import annotations
+
+import collections
+import itertools
+
+import pytest
+
+from ember import dtype as dt
+from ember import ir
+from ember.ir import Op
+
+cu = pytest.importorskip("cuda.bindings.driver")
+
+
+@pytest.fixture
+def fake_program(monkeypatch: pytest.MonkeyPatch):
+    from ember.backend import cuda
+    addresses = itertools.count(1 << 20, 1 << 12)
+    ok = cu.CUresult.CUDA_SUCCESS
+    launched: list = []
+    monkeypatch.setattr(cu, "cuMemAlloc", lambda n: (ok, next(addresses)))
+    monkeypatch.setattr(cu, "cuMemcpyHtoD", lambda *a: (ok, None))
+    monkeypatch.setattr(cu, "cuGraphLaunch", lambda exe, stream: (launched.append(exe), (ok, None))[1])
+    monkeypatch.setattr(cu, "cuStreamCreate", lambda *a: (ok, 1))
+    monkeypatch.setattr(cuda, "POOL", cuda._Pool())
+
+    def make(outputs: list) -> object:
+        prog = object.__new__(cuda.CUDAProgram)
+        prog.cu, prog.sched = cu, cuda.prepare(outputs, "sm_90a")
+        prog._temp_ptr = {b.id: next(addresses) for b in prog.sched.temps}
+        prog._graphs, prog._seen, prog._blocks, prog._staged, prog._io_meta = \
+            collections.OrderedDict(), {}, {}, {}, None
+        captures = itertools.count()
+        prog._capture = lambda key, launches, after: prog._graphs.__setitem__(key, next(captures))
+        prog._launch_list = lambda ptr: []
+        prog._issue = lambda launches, stream, after=None: None
+        prog.launched = launched
+        return prog
+    return make
+
+
+def test_replayed_outputs_never_share_a_block(fake_program) -> None:
+    from ember.backend.cuda import DeviceArray
+    w, g = ir.param("w", dt.f32, (64,)), ir.param("g", dt.f32, (64,))
+    new_w = ir.binary(Op.SUB, w, g)
+    prog = fake_program([new_w, ir.binary(Op.MUL, new_w, new_w), g, new_w])   # one value returned twice
+    weights, grad = DeviceArray((64,), dt.f32), DeviceArray((64,), dt.f32)
+    inputs = {w: weights, g: grad}
+    for step in range(8):
+        results = prog.run_device(inputs)
+        live = [weights, grad, *results]
+        assert results[3] is results[0]                             # one buffer, one array
+        assert len({a.ptr for a in live}) == len({id(a) for a in live})
+        weights = results[0]                                        # the next step's weights
+        inputs = {w: weights, g: grad}
+        del results, live
+    # the weights alternate between two blocks: two graphs, each captured on the second run with
+    # its buffers (steps 3 and 4), then replayed (steps 5 to 8)
+    assert len(prog._graphs) == 2 and prog.launched == [0, 1, 0, 1]
+
+
+def test_a_device_value_of_the_wrong_shape_is_refused(fake_program) -> None:
+    from ember.backend.cuda import DeviceArray
+    x = ir.param("x", dt.f32, (8,))
+    prog = fake_program([ir.binary(Op.ADD, x, x)])
+    with pytest.raises(RuntimeError, match="given for f32"):
+        prog.run_device({next(iter(prog.sched.inputs)): DeviceArray((4,), dt.f32)})
