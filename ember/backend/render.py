@@ -373,7 +373,11 @@ class KernelWriter:
             target = f"{self.buf(buf)}[{self.value(idx, scope)}]"
             scope.put(self.store_guard(scope) + (f"atomicAdd(&{target}, {stored});" if self.k.atomic else
                                                  f"{target} = {stored};"))
+        self.finish(root)
         return self.signature() + " {\n" + self.print_scope(root, 1) + "}\n"
+
+    def finish(self, root: Scope) -> None:
+        """A target's last changes to the kernel's statements before they are printed."""
 
     def vector_lane(self, index: Node, d: DType) -> "Vector | None":
         """The aligned vector access of a lane's loads or store at index = base + lane, base a

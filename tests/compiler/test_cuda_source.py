@@ -178,3 +178,21 @@ def test_small_kernels_run_as_batches() -> None:
     assert writes == [[big], [two_a, b1, c_sum], [after]] and kernels[1].batch and kernels[2].batch is None
     assert cuda.launch_config(kernels[1])[0] == (1 + 3 + 1, 1, 1)   # 768 / 4, 3000 / 4 and 5 threads
     assert cuda.render(cuda.prepare(outputs, "sm_90a")).count("int ember_block = blockIdx.x;") == 1
+
+
+def test_a_row_read_by_three_loops_is_read_once(tmp_path: Path) -> None:
+    """softmax's row is read by the max, the sum of exponentials and the output loops of one
+    block; unrolled (the block divides the row), the first reads it into registers and the
+    others take it from there: the kernel reads the input buffer in one statement. A bf16 row
+    is read by each loop (from L2: caching it cost more registers than it saved)."""
+    prog = ("ember 1\nx = param DT[16,32768]\nm = max x axes=[1]\nmb = expand m shape=[16,32768]\n"
+            "d = sub x mb\ne = exp2 d\ns = sum e axes=[1]\nsb = expand s shape=[16,32768]\np = div e sb\nreturn p\n")
+    for dtype, reads in (("f32", 1), ("bf16", 3)):
+        sched = cuda.prepare(text.parse(prog.replace("DT", dtype)).output_nodes, "sm_90a")
+        (k,) = sched.kernels
+        src = cuda.render(sched)
+        read = f"*(const uint4*)(b{k.reads[0].id} + "
+        assert src.count(read) == reads and src.count("#pragma unroll\n  for (int i") == 3, dtype
+        assert ("uint4 row" in src) == (reads == 1)
+        if COMPILER is not None:
+            assert compile_cuda(src, "sm_90a", tmp_path) is None
