@@ -491,19 +491,6 @@ EMBER_D void ember_flash_fwd_wg(float* out, const unsigned short* q, const unsig
 """
 
 
-def _wgmma_rs(kind: str, n: int) -> str:
-    """ember_wgmma_rs_<kind>_n<n>(d, a, descB): d[n/2] += A (64x16, in registers: mma.sync's A
-    fragment layout) * B (16xn, from shared memory, read transposed: contiguous along n)."""
-    regs = n // 2
-    outs = ",".join(f"%{i}" for i in range(regs))
-    cons = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
-    return (f"EMBER_D void ember_wgmma_rs_{kind}_n{n}(float* d, const unsigned* a, unsigned long long db) {{\n"
-            f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n"\n'
-            f'    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} {{{outs}}}, '
-            f'{{%{regs},%{regs + 1},%{regs + 2},%{regs + 3}}}, %{regs + 4}, p, 1, 1, 1;\\n}}\\n"\n'
-            f'    : {cons}\n    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));\n}}\n')
-
-
 def _hopper_helpers(kernels: list[Kernel]) -> str:
     """The wgmma instructions sm_90a's flash kernels use, as the templates ember_wgmma_s<N, BF16>
     (scores: N columns, both operands from shared memory) and ember_wgmma_pv<D, BF16> (A in
@@ -523,11 +510,12 @@ def _hopper_helpers(kernels: list[Kernel]) -> str:
            "template <int N, bool BF16> EMBER_D void ember_wgmma_pv(float* d, const unsigned* a, "
            "unsigned long long db);\n")
     for dtype, n in sorted(scores):
-        out += _wgmma_helper(dtype, n, 0, 0).replace(f"ember_wgmma_{dtype}_n{n}_00", f"ember_wgmma_s_{dtype}_n{n}")
+        out += _wgmma_helper(dtype, n, 0, 0, f"ember_wgmma_s_{dtype}_n{n}")
         out += (f"template <> __device__ inline void ember_wgmma_s<{n}, {str(dtype == 'bf16').lower()}>(float* d, "
                 f"unsigned long long da, unsigned long long db) {{ ember_wgmma_s_{dtype}_n{n}(d, da, db); }}\n")
     for dtype, d in sorted(products):
-        out += _wgmma_rs(dtype, d)
+        # p (registers) times v (shared memory, contiguous along d: read transposed)
+        out += _wgmma_helper(dtype, d, 0, 1, f"ember_wgmma_rs_{dtype}_n{d}", a_in_registers=True)
         out += (f"template <> __device__ inline void ember_wgmma_pv<{d}, {str(dtype == 'bf16').lower()}>(float* d, "
                 f"const unsigned* a, unsigned long long db) {{ ember_wgmma_rs_{dtype}_n{d}(d, a, db); }}\n")
     return out + HOPPER

@@ -100,17 +100,25 @@ def _tma_helper(rank: int) -> str:
             f'               : "memory");\n}}\n')
 
 
-def _wgmma_helper(kind: str, n: int, trans_a: int, trans_b: int) -> str:
-    """ember_wgmma_<kind>_n<n>_<ta><tb>(d, descA, descB): d[n/2] += A (64x16) * B (16xn)."""
+def _wgmma_helper(kind: str, n: int, trans_a: int, trans_b: int, name: str = "", a_in_registers: bool = False) -> str:
+    """name(d, a, descB), by default ember_wgmma_<kind>_n<n>_<ta><tb>: d[n/2] += A (64x16) * B
+    (16xn). A comes from shared memory by its descriptor, or (a_in_registers, flash.py) from four
+    registers in mma.sync's A fragment layout, which wgmma cannot transpose."""
     regs = n // 2
     outs = ",".join(f"%{i}" for i in range(regs))
     cons = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
-    return (f"EMBER_D void ember_wgmma_{kind}_n{n}_{trans_a}{trans_b}(float* d, unsigned long long da, "
-            f"unsigned long long db) {{\n"
-            f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
-            f'    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} {{{outs}}}, %{regs}, %{regs + 1}, p, '
-            f'1, 1, {trans_a}, {trans_b};\\n}}\\n"\n'
-            f'    : {cons}\n    : "l"(da), "l"(db), "r"(1));\n}}\n')
+    name = name or f"ember_wgmma_{kind}_n{n}_{trans_a}{trans_b}"
+    if a_in_registers:
+        a, operand, reads, flags = ("const unsigned* a", "{" + ",".join(f"%{regs + i}" for i in range(4)) + "}",
+                                    '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])', f"1, 1, {trans_b}")
+    else:
+        a, operand, reads, flags = "unsigned long long da", f"%{regs}", '"l"(da)', f"1, 1, {trans_a}, {trans_b}"
+    b = regs + (4 if a_in_registers else 1)   # the operand number of B's descriptor; the predicate's is next
+    return (f"EMBER_D void {name}(float* d, {a}, unsigned long long db) {{\n"
+            f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{b + 1}, 0;\\n"\n'
+            f'    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} {{{outs}}}, {operand}, %{b}, p, '
+            f'{flags};\\n}}\\n"\n'
+            f'    : {cons}\n    : {reads}, "l"(db), "r"(1));\n}}\n')
 
 
 def helpers(kernels: list[Kernel]) -> str:
