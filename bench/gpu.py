@@ -1,6 +1,6 @@
 """GPU benchmark: Ember's CUDA backend beside PyTorch, same GPU, same run.
 
-    PYTHONPATH=. python3 bench/gpu.py [--quick]
+    PYTHONPATH=. python3 bench/gpu.py [--quick] [--only NAME] [--torch-compile]
 
 Bandwidth counts the bytes that must move (inputs read once, outputs written once), printed
 beside PyTorch's for the same work and beside a device-to-device copy (the practical ceiling;
@@ -70,6 +70,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default=None, help="run the cases whose name contains this")
+    ap.add_argument("--torch-compile", action="store_true",
+                    help="also time torch.compile of each op (issue 9's second peer; inductor compiles each)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -87,8 +89,10 @@ def main() -> None:
     ]
     copy_bw = measure_copy()
     print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write)", flush=True)
+    compiled_head = f" {'compiled ms':>11s} {'ember/compiled':>14s}" if args.torch_compile else ""
     print(f"{'program':38s} {'kern':>4s} {'ember ms':>9s} {'torch ms':>9s} {'ember/torch':>11s} "
-          f"{'ember rate':>14s} {'torch rate':>14s} {'of copy':>7s} {'cold s':>6s} {'cached s':>8s}", flush=True)
+          f"{'ember rate':>14s} {'torch rate':>14s} {'of copy':>7s} {'cold s':>6s} {'cached s':>8s}"
+          + compiled_head, flush=True)
     rng = np.random.default_rng(0)
     for key, name, (params, outputs, _ref) in cases:
         if args.only and args.only not in name:
@@ -110,6 +114,11 @@ def main() -> None:
             continue
         t_e = cuda_time(run)
         t_t = cuda_time(lambda: TORCH[key](*tins))
+        compiled = ""
+        if args.torch_compile:   # the same function through inductor (its first call compiles)
+            fn = torch.compile(TORCH[key])
+            t_c = cuda_time(lambda: fn(*tins))
+            compiled = f" {t_c * 1e3:11.3f} {t_c / t_e:14.2f}"
         if key == "matmul":
             n = params[0].shape[0]
             rate_e, rate_t, frac = 2 * n**3 / t_e / 1e12, 2 * n**3 / t_t / 1e12, ""
@@ -119,10 +128,12 @@ def main() -> None:
             rate_e, rate_t, frac = nbytes / t_e / 1e9, nbytes / t_t / 1e9, f"{nbytes / t_e / copy_bw:6.0%}"
             unit = "GB/s"
         print(f"{name:38s} {len(prog.sched.kernels):4d} {t_e * 1e3:9.3f} {t_t * 1e3:9.3f} {t_t / t_e:11.2f} "
-              f"{rate_e:8.1f} {unit:7s}{rate_t:8.1f} {unit:7s}{frac:>7s} {cold:6.2f} {cached:8.3f}", flush=True)
+              f"{rate_e:8.1f} {unit:7s}{rate_t:8.1f} {unit:7s}{frac:>7s} {cold:6.2f} {cached:8.3f}{compiled}",
+              flush=True)
         prog.free()
         torch.cuda.empty_cache()
-    print("ember/torch > 1: Ember is faster. Limits: copy bandwidth above; f32 FMA peak about 67 TFLOP/s.")
+    print("ember/torch, ember/compiled > 1: Ember is faster. Limits: copy bandwidth above; f32 FMA peak about "
+          "67 TFLOP/s.")
 
 
 if __name__ == "__main__":
