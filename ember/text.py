@@ -52,7 +52,6 @@ SCHEMA: dict[str, tuple[int, dict[str, str], tuple[str, ...]]] = {
     "grad": (2, {}, ()),
 }
 REDUCE_MAX_SCHEMA = (1, {"axes": "ints"}, ("axes",))
-MOVEMENT_OPS = {"reshape", "permute", "expand", "pad", "shrink", "flip"}
 DATA_ATTRS = {"seed": "int", "scale": "number", "lo": "int", "hi": "int"}
 EXPECT_ATTRS = {"atol": "number", "rtol": "number"}
 
