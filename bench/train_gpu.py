@@ -31,18 +31,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ember  # noqa: E402
 from ember import optim  # noqa: E402
 from ember import tensor as T  # noqa: E402
+from ember.backend import cuda  # noqa: E402
 from ember.models.gpt import GPT, GPTConfig  # noqa: E402
 
 PROFILE_HOST = os.environ.get("PROFILE_HOST") == "1"   # cProfile the replayed steps' Python, print the top
 
 
 def timed_steps(loss_fn: Callable, opt: optim.Optimizer, batches: Callable, steps: int, low: str | None,
-                jit: bool, host: list[float] | None = None) -> tuple[list[float], list[float]]:
+                jit: bool, host: list[float] | None = None,
+                launch: list[float] | None = None) -> tuple[list[float], list[float]]:
     """Seconds of each training step (the loss, backward, the optimizer's update, reading the
     loss back), and each step's loss; low: autocast's dtype; jit: the step through ember.jit
     (replayed without its Python from the third call on). batches(s) gives step s's (x, y).
     host: gets each step's seconds before reading the loss back, the host's part of a step
-    whose work the GPU runs asynchronously (a replayed step's Python)."""
+    whose work the GPU runs asynchronously (a replayed step's Python). launch: each step's
+    seconds until its CUDA graph was launched (the GPU idles that long between steps, as the
+    loss is read back every step), NaN where none was replayed."""
     def step(x: T.Tensor, y: T.Tensor) -> T.Tensor:
         opt.zero_grad()
         with T.autocast(low or "bfloat16", enabled=low is not None):
@@ -64,6 +68,9 @@ def timed_steps(loss_fn: Callable, opt: optim.Optimizer, batches: Callable, step
             profile.disable()
         if host is not None:
             host.append(time.perf_counter() - t0)
+        if launch is not None:
+            at = cuda.LAST_REPLAY[0]
+            launch.append(at - t0 if at > t0 else float("nan"))
         losses.append(loss.item())
         times.append(time.perf_counter() - t0)
     if profile is not None:
@@ -72,19 +79,22 @@ def timed_steps(loss_fn: Callable, opt: optim.Optimizer, batches: Callable, step
 
 
 def ember_steps(c: GPTConfig, steps: int, tokens: np.ndarray, device: str,
-                low: str | None = None, jit: bool = False) -> tuple[float, list[float], float, float]:
+                low: str | None = None, jit: bool = False) -> tuple[float, list[float], float, float, float]:
     """(first step seconds, the other steps' seconds, last loss, median host seconds of the
-    steps timed)."""
+    steps timed, median seconds before their graph's launch)."""
     T.set_default_device(device)
     T.manual_seed(0)  # the same weights with and without jit: the losses agree
     model = GPT(c)
     opt = optim.AdamW(model.parameters(), lr=3e-4)
     host: list[float] = []
+    launch: list[float] = []
     times, losses = timed_steps(model.loss, opt, lambda s: (T.Tensor(tokens[s % len(tokens)][:, :-1]),
                                                            T.Tensor(tokens[s % len(tokens)][:, 1:])),
-                                steps, low, jit, host)
+                                steps, low, jit, host, launch)
     skip = 2 if jit else 1
-    return times[0], times[skip:], losses[-1], statistics.median(host[skip:])
+    replayed = [x for x in launch[skip:] if x == x]
+    return (times[0], times[skip:], losses[-1], statistics.median(host[skip:]),
+            statistics.median(replayed) if replayed else float("nan"))
 
 
 class TorchGPT(torch.nn.Module):
@@ -203,12 +213,13 @@ def main() -> None:
     variants = (("Ember f32", None, False), ("Ember f32, jit", None, True),
                 ("Ember bf16 autocast", "bfloat16", False), ("Ember bf16, jit", "bfloat16", True))
     for name, low, jit in variants[3:] if args.bf16_only else variants:
-        first, rest, loss, host = ember_steps(c, args.steps, tokens, args.device, low, jit)
+        first, rest, loss, host, launch = ember_steps(c, args.steps, tokens, args.device, low, jit)
         tps = per_step / statistics.median(rest)
         ember_tps[low] = max(ember_tps.get(low, 0.0), tps)
         memory = f"   GPU memory in use {device_memory_used():5.1f} GiB" if args.device == "cuda" else ""
         print(f"{name:20s}{tps:10.0f} tok/s   step {statistics.median(rest) * 1e3:8.1f} ms   "
-              f"first step {first:6.1f} s   loss {loss:.3f}   host {host * 1e3:6.2f} ms{memory}", flush=True)
+              f"first step {first:6.1f} s   loss {loss:.3f}   host {host * 1e3:6.2f} ms"
+              + (f" ({launch * 1e3:.2f} before the launch)" if launch == launch else "") + memory, flush=True)
     peers = (("PyTorch eager f32", False), ("PyTorch bf16+SDPA", True))
     for name, bf16 in (peers[1:] if args.bf16_only else peers) if torch.cuda.is_available() else ():
         torch.cuda.reset_peak_memory_stats()

@@ -40,6 +40,7 @@ from .render import HALF_HELPERS, CLike, KernelWriter, Scope
 BLOCK = 256
 ROW_CACHE_REGS = 32   # registers a thread may keep of its row (vector_load): 1024-thread blocks have 64
 GRAPHS = os.environ.get("EMBER_CUDA_GRAPHS", "1") != "0"  # replay device runs as CUDA graphs
+LAST_REPLAY = [0.0]   # time.perf_counter() of the latest graph replay's launch (bench/train_gpu.py)
 
 PRELUDE = r"""
 #ifndef INFINITY
@@ -718,6 +719,7 @@ class CUDAProgram:
         if key in self._graphs:  # the same buffers as a captured run: replay it
             self._graphs.move_to_end(key)
             _check((self.cu.cuGraphLaunch(self._graphs[key], _graph_stream())[0], None))
+            LAST_REPLAY[0] = time.perf_counter()
             return arrays()
         results = arrays()
         launches = self._launch_list({**self._temps(), **out_ptr})
