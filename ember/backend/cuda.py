@@ -272,18 +272,18 @@ class CUDAKernelWriter(KernelWriter):
             return ["#pragma unroll", f"for ({t} {v} = threadIdx.x; {v} < ({t})threadIdx.x + {n}; {v} += {threads})"]
         return [f"for ({t} {v} = threadIdx.x; {v} < {n}; {v} += blockDim.x)"]
 
-    def vector_load(self, n: Node, scope: Scope, vec: Any) -> str:
+    def vector_read(self, n: Node, scope: Scope, vec: Any) -> tuple[Scope, str]:
         """Reads of a row by a block's unrolled loops are noted for finish (below)."""
-        value = super().vector_load(n, scope, vec)
-        outer = max((self.target(x, scope) for x in [vec.base, *n.srcs[2:]]), key=scope.chain().index)
+        outer, arr = super().vector_read(n, scope, vec)
         loop = next(iter(outer.avail - outer.parent.avail), None) if outer.parent is not None else None
         if loop in self.unrolled and len(n.srcs) == 2 and n.srcs[0].arg != self.k.out.id and n.dtype.itemsize >= 4:
             trips, threads = self.unrolled[loop]
             row = Node(Op.RANGE, loop.dtype, (), ("row", loop.arg[1]))
             key = (n.srcs[0], trips, threads, vec.count, substitute([vec.base], {loop: row})[0])
             j = f"(({self.range_var(loop)} - (int)threadIdx.x) / {threads}) * {vec.count}"
-            self.row_reads.setdefault(key, []).append((outer, outer.lines[outer.cursor - 2], j, vec.type))
-        return value
+            # (the declaration line, to be replaced by a read from registers, and its vectors)
+            self.row_reads.setdefault(key, []).append((outer, outer.lines[outer.cursor - 2], f"{arr}v", j, vec.type))
+        return outer, arr
 
     def finish(self, root: Scope) -> None:
         """A thread's share of a row that several of a block's unrolled loops read (softmax: the
@@ -301,13 +301,11 @@ class CUDAKernelWriter(KernelWriter):
             regs += trips * count * 4
             reads.sort(key=lambda read: parent.lines.index(read[0]))
             cache = self.var("row")
-            (first, line, j, vtype), rest = reads[0], reads[1:]
+            (first, line, arr, j, vtype), rest = reads[0], reads[1:]
             parent.lines.insert(parent.lines.index(first), f"{vtype} {cache}[{trips * count}];")
-            arr = line.split()[2].split("[")[0]   # "const uint4 NAME[count] = {...};"
             first.lines.insert(first.lines.index(line) + 1,
                                f"for (int c = 0; c < {count}; c++) {cache}[{j} + c] = {arr}[c];")
-            for loop, line, j, vtype in rest:
-                arr = line.split()[2].split("[")[0]
+            for loop, line, arr, j, vtype in rest:
                 taken = ", ".join(f"{cache}[{j} + {c}]" for c in range(count))
                 loop.lines[loop.lines.index(line)] = f"const {vtype} {arr}[{count}] = {{{taken}}};"
 

@@ -399,6 +399,12 @@ class KernelWriter:
 
     def vector_load(self, n: Node, scope: Scope, vec: "Vector") -> str:
         """The lane's loads of n as vector reads before the lane's loop; n's value at a lane."""
+        _, arr = self.vector_read(n, scope, vec)
+        return self.r.load(arr, self.range_var(vec.lane), n.dtype)
+
+    def vector_read(self, n: Node, scope: Scope, vec: "Vector") -> tuple[Scope, str]:
+        """The vector reads of n, declared in the outermost scope its address and guard allow:
+        (that scope, the name of the element view; the vectors are its name + "v")."""
         st = self.r.stype(n.dtype)
         chain = scope.chain()
         outer = max((self.target(x, scope) for x in [vec.base, *n.srcs[2:]]), key=chain.index)  # address, guard
@@ -410,7 +416,7 @@ class KernelWriter:
             parts = [f"({guard} ? {read} : {vec.type}{{}})" for read in parts]
         outer.put(f"const {vec.type} {arr}v[{vec.count}] = {{{', '.join(parts)}}};")
         outer.put(f"const {st}* {arr} = (const {st}*){arr}v;")
-        return self.r.load(arr, self.range_var(vec.lane), n.dtype)
+        return outer, arr
 
     def vector_store(self, scope: Scope, buf: Node, d: DType, stored: str, vec: "Vector") -> None:
         """Each lane's value into a vector, written once after the lane's loop."""
