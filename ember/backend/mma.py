@@ -490,11 +490,8 @@ def _render_hopper(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str)
               "  }",
               "  ember_wgmma_wait<0>();",
               "  if (lane == 0) ember_mbar_arrive(&empty[prev]);",
-              f"  #pragma unroll\n  for (int y = 0; y < {p.block_n // 8}; y++)",
-              "  #pragma unroll\n  for (int h = 0; h < 4; h += 2) {",
-              f"    const int ei = {row} + (lane >> 2) + (h >> 1) * 8;",
-              f"    const int ej = {col} + (lane & 3) * 2;",
-              *["    " + x for x in _epilogue(r, k, c, prefix, "acc[y][h]")], "  }",
+              *["  " + x for line in _fragment_stores(r, k, c, prefix, [f"for (int y = 0; y < {p.block_n // 8}; y++)"],
+                                                       "acc[y][h]", row, col) for x in line.split("\n")],
               "}"]
     body = "".join("  " + x + "\n" for line in lines for x in line.split("\n"))
     signature = KernelWriter(r, k, prefix).signature()[len("void "):-1]   # and the tensor maps, by value
@@ -567,18 +564,25 @@ def render(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str) -> str:
         return _kernel(r, k, prefix, lines, f"{nt}")
     # mma fragments: rows (g, g + 8) and columns (2 tig, 2 tig + 1) of every m16n8 tile
     if hopper:
-        loops, acc = [f"#pragma unroll\nfor (int y = 0; y < {p.block_n // 8}; y++)"], "acc[y][h]"
+        loops, acc = [f"for (int y = 0; y < {p.block_n // 8}; y++)"], "acc[y][h]"
         row, col = "m0 + wg * 64 + (warp & 3) * 16", "n0 + y * 8"
     else:
         wtm, wtn = p.block_m // p.warps_m, p.block_n // p.warps_n
-        loops = [f"#pragma unroll\nfor (int x = 0; x < {wtm // 16}; x++)",
-                 f"#pragma unroll\nfor (int y = 0; y < {wtn // 8}; y++)"]
+        loops = [f"for (int x = 0; x < {wtm // 16}; x++)", f"for (int y = 0; y < {wtn // 8}; y++)"]
         acc, row, col = "acc[x][y][h]", f"m0 + wm * {wtm} + x * 16", f"n0 + wn * {wtn} + y * 8"
-    lines += [*loops, "#pragma unroll\nfor (int h = 0; h < 4; h += 2) {",
-              f"  const int ei = {row} + (lane >> 2) + (h >> 1) * 8;",
-              f"  const int ej = {col} + (lane & 3) * 2;",
-              *["  " + x for x in _epilogue(r, k, c, prefix, acc)], "}"]
+    lines += _fragment_stores(r, k, c, prefix, loops, acc, row, col)
     return _kernel(r, k, prefix, lines, f"{nt}, 1" if hopper else f"{nt}")
+
+
+def _fragment_stores(r: CLike, k: Kernel, c: Contraction, prefix: str, loops: list[str], acc: str,
+                     row: str, col: str) -> list[str]:
+    """The epilogue of mma.sync and wgmma accumulators: under the loops over a thread's
+    fragments, rows (g, g + 8) and columns (2 tig, 2 tig + 1) of each m16n8 piece, from the
+    piece's first row and column."""
+    return [*("#pragma unroll\n" + x for x in loops), "#pragma unroll\nfor (int h = 0; h < 4; h += 2) {",
+            f"  const int ei = {row} + (lane >> 2) + (h >> 1) * 8;",
+            f"  const int ej = {col} + (lane & 3) * 2;",
+            *["  " + x for x in _epilogue(r, k, c, prefix, acc)], "}"]
 
 
 def _kernel(r: CLike, k: Kernel, prefix: str, lines: list[str], bounds: str) -> str:
