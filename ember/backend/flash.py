@@ -19,11 +19,10 @@ Shared-memory tiles are rows of D 16-bit values in 16-byte chunks, the chunk ind
 the row (eight rows one `ldmatrix` reads fall in eight bank groups).
 On sm_90a (`Kernel.hopper`) every product is wgmma (`EmberWg<true>`): scores from tiles in the
 128-byte-swizzled layout (`ember_hswz`), and p (or ds) kept in registers as the A operand of
-the product that follows, the other operand read transposed. The forward is
-`ember_flash_fwd_wg` (two warpgroups, 128 rows); dq and dk|dv are the kernels above with
-HOPPER set (one warpgroup). NOT YET RUN ON A GPU: compiled for sm_90a (SASS: HGMMA only, 8,
-12 and 16 a tile for the forward, dq and dk|dv; 90, 126 and 174 registers at D = 64; no local
-memory) and for sm_86 (unchanged).
+the product that follows, the other operand read transposed. The three kernels are the ones
+above with HOPPER set: the forward with two warpgroups of 64 rows (128 a block), dq and dk|dv
+with one. SASS: HGMMA only, 8, 12 and 16 a tile for the forward, dq and dk|dv; 90, 126 and 174
+registers at D = 64; no local memory. Measured on the H200 (docs/performance.md).
 """
 from __future__ import annotations
 
@@ -171,21 +170,24 @@ template <bool HOPPER> EMBER_D unsigned short* ember_flash_tiles() {
     return (unsigned short*)ember_flash_bytes;
 }
 
-/* ROWS query rows per block (ROWS / 64 tiles of 16 per warp), TILE keys per tile */
-template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16>
+/* ROWS query rows per block, TILE keys per tile. mma.sync: 4 warps, ROWS / 64 tiles of 16 rows
+   per warp (each K fragment loaded from shared memory serves them all). HOPPER (sm_90a): two
+   warpgroups of 64 rows (warp w: rows 16 w.. of the block, in the fragment layout of mma.sync's
+   accumulators); s = q k^T is wgmma from shared memory, and p stays in registers as the A
+   operand of o += p v, whose B (v, contiguous along D) is read transposed. */
+template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, bool HOPPER = false>
 EMBER_D void ember_flash_fwd(float* out, const unsigned short* q, const unsigned short* k,
                              const unsigned short* v, int T, int S, float c) {
-  constexpr int BM = ROWS, BN = TILE, WM = ROWS / 64, NT = D / 8;
-  extern __shared__ __align__(128) unsigned short ember_flash_smem[];
-  unsigned short *sq = ember_flash_smem, *sk = sq + BM * D, *sv = sk + 2 * BN * D;
+  constexpr int BM = ROWS, BN = TILE, WM = HOPPER ? 1 : ROWS / 64, NT = D / 8;
+  unsigned short *sq = ember_flash_tiles<HOPPER>(), *sk = sq + BM * D, *sv = sk + 2 * BN * D;
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;  /* longest rows first */
   q += (size_t)nb * T * D; k += (size_t)nb * S * D; v += (size_t)nb * S * D;
   int tiles = (S + BN - 1) / BN;
   if (CAUSAL) tiles = min(tiles, (row0 + BM - 1) / BN + 1);
-  ember_tile_load<D, BM>(sq, q, row0, T);
-  ember_tile_load<D, BN>(sk, k, 0, S);
-  ember_tile_load<D, BN>(sv, v, 0, S);
+  ember_tile_load<D, BM, HOPPER>(sq, q, row0, T);
+  ember_tile_load<D, BN, HOPPER>(sk, k, 0, S);
+  ember_tile_load<D, BN, HOPPER>(sv, v, 0, S);
   ember_cp_async_commit();
   float o[WM][NT][4], m[WM][2], l[WM][2];
 #pragma unroll
@@ -197,10 +199,10 @@ EMBER_D void ember_flash_fwd(float* out, const unsigned short* q, const unsigned
   }
   const int r_lo = row0 + warp * 16 * WM + (lane >> 2);   /* rows r_lo + 16 w and r_lo + 16 w + 8 */
   for (int t = 0; t < tiles; t++) {
-    ember_next_tiles<D, BN>(sk, k, sv, v, t, tiles, S);
+    ember_next_tiles<D, BN, HOPPER>(sk, k, sv, v, t, tiles, S);
     const unsigned short *ck = sk + (t & 1) * BN * D, *cv = sv + (t & 1) * BN * D;
     float s[WM][BN / 8][4];
-    ember_scores<D, BN, WM, BF16>(s, sq, warp * 16 * WM, ck);
+    ember_scores_any<D, BN, WM, BF16, HOPPER>(s, HOPPER ? sq + (warp >> 2) * 64 * 64 : sq, BM, ck);
     if (t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0)) {
 #pragma unroll
       for (int w = 0; w < WM; w++)
@@ -237,7 +239,7 @@ EMBER_D void ember_flash_fwd(float* out, const unsigned short* q, const unsigned
         for (int x = 0; x < NT; x++) { o[w][x][2 * h] *= r; o[w][x][2 * h + 1] *= r; }
       }
 #pragma unroll
-    for (int w = 0; w < WM; w++) ember_acc_pt<D, BN, NT, BF16>(o[w], s[w], cv);
+    for (int w = 0; w < WM; w++) ember_acc_any<D, BN, NT, BF16, HOPPER>(o[w], s[w], cv);
     __syncthreads();   /* this slot is filled again two tiles on */
   }
 #pragma unroll
@@ -410,91 +412,13 @@ template <> struct EmberWg<true> {
     ember_wgmma_wait<0>();
   }
 };
-/* ---- the forward ---- */
-/* 128 query rows a block, 64 a warpgroup (warp w: rows 16 w.. of the block, the fragment layout
-   of mma.sync's accumulators); key and value tiles of 64 through a double buffer. s = q k^T is
-   wgmma from shared memory; p stays in registers as the A operand of o += p v, whose B (v,
-   contiguous along D) is read transposed. The softmax is the mma.sync kernel's. */
-template <int D, bool CAUSAL, bool BF16>
-EMBER_D void ember_flash_fwd_wg(float* out, const unsigned short* q, const unsigned short* k,
-                                const unsigned short* v, int T, int S, float c) {
-  constexpr int BM = 128, BN = 64, NT = D / 8;
-  unsigned short *sq = ember_flash_tiles<true>(), *sk = sq + BM * D, *sv = sk + 2 * BN * D;
-  const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wg = warp >> 2;
-  const int row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;  /* longest rows first */
-  q += (size_t)nb * T * D; k += (size_t)nb * S * D; v += (size_t)nb * S * D;
-  int tiles = (S + BN - 1) / BN;
-  if (CAUSAL) tiles = min(tiles, (row0 + BM - 1) / BN + 1);
-  ember_tile_load<D, BM, true>(sq, q, row0, T);
-  ember_tile_load<D, BN, true>(sk, k, 0, S);
-  ember_tile_load<D, BN, true>(sv, v, 0, S);
-  ember_cp_async_commit();
-  float o[NT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-#pragma unroll
-  for (int x = 0; x < NT; x++) o[x][0] = o[x][1] = o[x][2] = o[x][3] = 0.f;
-  const int r_lo = row0 + warp * 16 + (lane >> 2);   /* rows r_lo and r_lo + 8 */
-  for (int t = 0; t < tiles; t++) {
-    ember_next_tiles<D, BN, true>(sk, k, sv, v, t, tiles, S);
-    const unsigned short *ck = sk + (t & 1) * BN * D, *cv = sv + (t & 1) * BN * D;
-    float s[1][BN / 8][4];
-    ember_scores_any<D, BN, 1, BF16, true>(s, sq + wg * 64 * 64, BM, ck);   /* this warpgroup's 64 rows */
-    if (t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0)) {
-#pragma unroll
-      for (int n = 0; n < BN / 8; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          int col = t * BN + n * 8 + (lane & 3) * 2 + (e & 1), row = r_lo + (e >> 1) * 8;
-          if (col >= S || (CAUSAL && col > row)) s[0][n][e] = -INFINITY;
-        }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      float mx = m[h];
-#pragma unroll
-      for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(s[0][n][2 * h], s[0][n][2 * h + 1]) * c);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float base = mx == -INFINITY ? 0.f : mx;   /* no key seen yet: every weight is 0 */
-      const float r = exp2f(m[h] - base);
-      m[h] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < BN / 8; n++)
-#pragma unroll
-        for (int e = 2 * h; e < 2 * h + 2; e++) {
-          s[0][n][e] = exp2f(fmaf(s[0][n][e], c, -base));
-          sum += s[0][n][e];
-        }
-      l[h] = l[h] * r + sum;
-#pragma unroll
-      for (int x = 0; x < NT; x++) { o[x][2 * h] *= r; o[x][2 * h + 1] *= r; }
-    }
-    ember_acc_any<D, BN, NT, BF16, true>(o, s[0], cv);
-    __syncthreads();   /* this slot is filled again two tiles on */
-  }
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    const int row = r_lo + h * 8;
-    if (row >= T) continue;
-    const float inv = 1.f / l[h];
-    float* dst = out + ((size_t)nb * T + row) * (D + 1);
-#pragma unroll
-    for (int x = 0; x < NT; x++) {
-      dst[x * 8 + (lane & 3) * 2] = o[x][2 * h] * inv;
-      dst[x * 8 + (lane & 3) * 2 + 1] = o[x][2 * h + 1] * inv;
-    }
-    if ((lane & 3) == 0) dst[D] = m[h] + log2f(l[h]);
-  }
-}
 """
 
 
 def _hopper_helpers(kernels: list[Kernel]) -> str:
     """The wgmma instructions sm_90a's flash kernels use, as the templates ember_wgmma_s<N, BF16>
     (scores: N columns, both operands from shared memory) and ember_wgmma_pv<D, BF16> (A in
-    registers, B transposed), and the forward's template."""
+    registers, B transposed), and the EmberWg<true> that does the kernels' products with them."""
     hopper = [k for k in kernels if k.hopper and k.fused is not None]
     if not hopper:
         return ""
@@ -542,7 +466,7 @@ TILES = {"attention": {64: (128, 64), 128: (128, 32)},
          "attention_dkdv": {64: (64, 64), 128: (64, 32)}}
 
 
-HOPPER_ROWS, HOPPER_TILE, HOPPER_THREADS = 128, 64, 256   # ember_flash_fwd_wg: two warpgroups of 64 rows
+HOPPER_ROWS, HOPPER_TILE, HOPPER_THREADS = 128, 64, 256   # sm_90a's forward: two warpgroups of 64 rows
 
 
 def smem_bytes(k: Kernel) -> int:
@@ -574,14 +498,9 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
     args = ", ".join(f"b{b.id}" for b in bufs)
     extra = "" if kind == "attention" else f", {c * math.log(2.0)!r}f"   # the backward's scale of ds
     fn = {"attention": "ember_flash_fwd", "attention_dq": "ember_flash_dq", "attention_dkdv": "ember_flash_dkdv"}[kind]
-    if k.hopper and kind == "attention":
-        return (f"extern \"C\" __global__ void __launch_bounds__({HOPPER_THREADS}) {signature} {{\n"
-                f"  ember_flash_fwd_wg<{d}, {str(causal).lower()}, {str(bf16).lower()}>(b{k.out.id}, {args}, "
-                f"{t_len}, {s_len}, {c!r}f);\n}}\n")
-    rows, tile = TILES[kind][d]
-    flags = f"{str(causal).lower()}, {str(bf16).lower()}"
-    if kind != "attention":   # the backward kernels' sm_90a variant
-        flags += f", {str(k.hopper).lower()}"
-    return (f"extern \"C\" __global__ void __launch_bounds__({THREADS}) {signature} {{\n"
+    rows, tile = (HOPPER_ROWS, HOPPER_TILE) if k.hopper and kind == "attention" else TILES[kind][d]
+    flags = f"{str(causal).lower()}, {str(bf16).lower()}, {str(k.hopper).lower()}"
+    threads = HOPPER_THREADS if k.hopper and kind == "attention" else THREADS
+    return (f"extern \"C\" __global__ void __launch_bounds__({threads}) {signature} {{\n"
             f"  {fn}<{d}, {rows}, {tile}, {flags}>(b{k.out.id}, {args}, {t_len}, "
             f"{s_len}, {c!r}f{extra});\n}}\n")
