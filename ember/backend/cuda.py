@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import data, debug
 from .. import dtype as dt
-from ..compiler import pipeline
+from ..compiler import batch, pipeline
 from ..compiler.lower import Kernel
 from ..compiler.rewrite import substitute
 from ..compiler.schedule import Schedule
@@ -196,8 +196,7 @@ def launch_config(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
         return (sum(launch_config(m)[0][0] for m in k.batch), 1, 1), BLOCK, 0
     if k.rows is not None:
         return (max(1, math.prod(r.arg[1] for r in k.rows)), 1, 1), block_size(k), 0
-    total = math.prod(r.arg[1] for r in k.ranges if r not in k.lanes)
-    return (max(1, -(-total // BLOCK)), 1, 1), BLOCK, 0
+    return (max(1, -(-batch.threads(k) // BLOCK)), 1, 1), BLOCK, 0
 
 
 class CUDAKernelWriter(KernelWriter):
