@@ -162,9 +162,14 @@ def _reduce_of_ones(n: Node, x: Node) -> Node | None:
     return None
 
 
+def _zero_pad(x: Node) -> bool:
+    """x is a pad whose value is 0.0 (compared by its bits, as nodes key floats)."""
+    return x.op is Op.PAD and ir._key(float(x.arg[2])) == ir._key(0.0)
+
+
 def _nonzero_boxes(x: Node) -> list[tuple[tuple[int, int], ...]] | None:
     """Boxes (per axis: [start, end)) outside which x is 0, when x is zero-padded pieces."""
-    if x.op is Op.PAD and ir._key(float(x.arg[2])) == ir._key(0.0):
+    if _zero_pad(x):
         return [tuple((b, b + s) for b, s in zip(x.arg[0], x.srcs[0].shape))]
     if x.op is Op.CAST:
         return _nonzero_boxes(x.srcs[0])
@@ -191,7 +196,7 @@ def _narrowed(x: Node, d: DType) -> Node | None:
     d, moved (pads of 0) and added where at most one term is not 0."""
     if x.op is Op.CAST:
         return x.srcs[0] if x.srcs[0].dtype is d else None
-    if x.op in ir.MOVEMENT and (x.op is not Op.PAD or ir._key(float(x.arg[2])) == ir._key(0.0)):
+    if x.op in ir.MOVEMENT and (x.op is not Op.PAD or _zero_pad(x)):
         src = _narrowed(x.srcs[0], d)
         return None if src is None else Node(x.op, d, (src,), x.arg, x.shape)
     if x.op is Op.ADD and (boxes := _nonzero_boxes(x)) is not None and _disjoint(boxes):
