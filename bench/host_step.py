@@ -8,7 +8,6 @@ only `PROFILE_HOST=1 python3 bench/train_gpu.py` on a GPU shows.
 from __future__ import annotations
 
 import argparse
-import collections
 import cProfile
 import itertools
 import os
@@ -87,8 +86,8 @@ def run_device(outputs: list, arch: str) -> float:
     sched = cuda.prepare(outputs, arch)
     prog = object.__new__(cuda.CUDAProgram)
     prog.cu, prog.sched = cu, sched
+    prog.start_runs()
     prog._temp_ptr = {b.id: next(addresses) for b in sched.temps}
-    prog._graphs, prog._seen, prog._blocks, prog._staged, prog._io_meta = collections.OrderedDict(), {}, {}, {}, None
     prog._capture = lambda key, launches, after: prog._graphs.__setitem__(key, None)
     prog._launch_list = lambda ptr: []
     values = {n: cuda.DeviceArray(b.node.shape, b.dtype) for n, b in sched.inputs.items()}

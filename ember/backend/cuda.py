@@ -549,13 +549,7 @@ class CUDAProgram:
                     for m, (_, ks) in zip(self.modules, units) for k in ks}
         self.functions = [function[k.name] for k in self.sched.kernels]
         self.configs = [launch_config(k) for k in self.sched.kernels]
-        self._temp_ptr: dict[int, int] | None = None  # the temporaries' device memory (_temps)
-        self._io: tuple[dict[int, int], list] | None = None   # bind's buffers and launches
-        self._graphs: collections.OrderedDict = collections.OrderedDict()  # buffers -> captured run
-        self._seen: dict[tuple, int] = {}   # runs per set of buffers (graphs are captured on the second)
-        self._blocks: dict[int, list[int]] = {}   # output buffer id -> device blocks it held lately
-        self._staged: dict[int, DeviceArray] = {}  # input buffer id -> where host values are uploaded
-        self._io_meta: tuple[list, list] | None = None   # run_device's view of the inputs and outputs
+        self.start_runs()
         for fn, (_, _, smem) in zip(self.functions, self.configs):
             _allow_smem(fn, smem)
         self.compile_seconds = (t1 - t0, time.perf_counter() - t1)
@@ -565,6 +559,17 @@ class CUDAProgram:
         if PROFILE.enabled and os.environ.get("EMBER_PROFILE_OUT"):   # the profiled kernels' source beside it
             with open(os.environ["EMBER_PROFILE_OUT"] + ".cu", "a") as f:
                 f.write(self.source)
+
+    def start_runs(self) -> None:
+        """The state its runs keep, empty: what a compiled program starts with (bench/host_step.py
+        and tests/compiler/test_cuda_runtime.py give it to a program they build without a GPU)."""
+        self._temp_ptr: dict[int, int] | None = None  # the temporaries' device memory (_temps)
+        self._io: tuple[dict[int, int], list] | None = None   # bind's buffers and launches
+        self._graphs: collections.OrderedDict = collections.OrderedDict()  # buffers -> captured run
+        self._seen: dict[tuple, int] = {}   # runs per set of buffers (graphs are captured on the second)
+        self._blocks: dict[int, list[int]] = {}   # output buffer id -> device blocks it held lately
+        self._staged: dict[int, DeviceArray] = {}  # input buffer id -> where host values are uploaded
+        self._io_meta: tuple[list, list] | None = None   # run_device's view of the inputs and outputs
 
     def _temps(self) -> dict[int, int]:
         """Device memory for the program's temporaries, allocated at its first run and kept:

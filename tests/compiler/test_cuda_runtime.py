@@ -4,7 +4,6 @@ launched first); these check that no block ends up in two live arrays and that a
 own outputs replays one of a few graphs."""
 from __future__ import annotations
 
-import collections
 import itertools
 
 import pytest
@@ -31,9 +30,8 @@ def fake_program(monkeypatch: pytest.MonkeyPatch):
     def make(outputs: list) -> object:
         prog = object.__new__(cuda.CUDAProgram)
         prog.cu, prog.sched = cu, cuda.prepare(outputs, "sm_90a")
+        prog.start_runs()
         prog._temp_ptr = {b.id: next(addresses) for b in prog.sched.temps}
-        prog._graphs, prog._seen, prog._blocks, prog._staged, prog._io_meta = \
-            collections.OrderedDict(), {}, {}, {}, None
         captures = itertools.count()
         prog._capture = lambda key, launches, after: prog._graphs.__setitem__(key, next(captures))
         prog._launch_list = lambda ptr: []
