@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import math
 import os
 import pstats
 import statistics
@@ -35,6 +36,11 @@ from ember.backend import cuda  # noqa: E402
 from ember.models.gpt import GPT, GPTConfig  # noqa: E402
 
 PROFILE_HOST = os.environ.get("PROFILE_HOST") == "1"   # cProfile the replayed steps' Python, print the top
+# steps of an ember.jit loop before its graphs replay, for a step of one program: step 1 checks
+# the trace, step 2 is its first replay (Python issues the launches), steps 3 and 4 capture a
+# graph for each set of buffers the outputs alternate between (counted with the driver faked:
+# docs/performance.md, data parallelism). A step of two programs (2 GPUs) replays one step later.
+JIT_WARMUP = 5
 
 
 def timed_steps(loss_fn: Callable, opt: optim.Optimizer, batches: Callable, steps: int, low: str | None,
@@ -91,11 +97,8 @@ def ember_steps(c: GPTConfig, steps: int, tokens: np.ndarray, device: str,
     times, losses = timed_steps(model.loss, opt, lambda s: (T.Tensor(tokens[s % len(tokens)][:, :-1]),
                                                            T.Tensor(tokens[s % len(tokens)][:, 1:])),
                                 steps, low, jit, host, launch)
-    # with jit: step 1 checks the trace, step 2 is its first replay (Python issues the launches),
-    # steps 3 and 4 capture a graph for each set of buffers the outputs alternate between;
-    # replays from step 5 (a fake-driver count: docs/performance.md, data parallelism)
-    skip = 5 if jit and len(times) > 6 else 2 if jit else 1
-    replayed = [x for x in launch[skip:] if x == x]
+    skip = JIT_WARMUP if jit and len(times) > JIT_WARMUP + 1 else 2 if jit else 1
+    replayed = [x for x in launch[skip:] if not math.isnan(x)]
     return (times[0], times[skip:], losses[-1], statistics.median(host[skip:]),
             statistics.median(replayed) if replayed else float("nan"))
 
@@ -222,7 +225,7 @@ def main() -> None:
         memory = f"   GPU memory in use {device_memory_used():5.1f} GiB" if args.device == "cuda" else ""
         print(f"{name:20s}{tps:10.0f} tok/s   step {statistics.median(rest) * 1e3:8.1f} ms   "
               f"first step {first:6.1f} s   loss {loss:.3f}   host {host * 1e3:6.2f} ms"
-              + (f" ({launch * 1e3:.2f} before the launch)" if launch == launch else "") + memory, flush=True)
+              + ("" if math.isnan(launch) else f" ({launch * 1e3:.2f} before the launch)") + memory, flush=True)
     peers = (("PyTorch eager f32", False), ("PyTorch bf16+SDPA", True))
     for name, bf16 in (peers[1:] if args.bf16_only else peers) if torch.cuda.is_available() else ():
         torch.cuda.reset_peak_memory_stats()
