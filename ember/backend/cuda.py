@@ -38,7 +38,7 @@ from . import run_values as shared_run_values
 from .render import HALF_HELPERS, CLike, KernelWriter, Scope
 
 BLOCK = 256
-ROW_CACHE_REGS = 32   # registers a thread may keep of its row (vector_load): 1024-thread blocks have 64
+ROW_CACHE_REGS = 32   # registers a thread may keep of its row (finish): 1024-thread blocks have 64
 GRAPHS = os.environ.get("EMBER_CUDA_GRAPHS", "1") != "0"  # replay device runs as CUDA graphs
 LAST_REPLAY = [0.0]   # time.perf_counter() of the latest graph replay's launch (bench/train_gpu.py)
 
