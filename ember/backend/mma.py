@@ -186,14 +186,16 @@ def _element(r: CLike, k: Kernel, c: Contraction, prefix: str, tag: str, col: st
     return ElementWriter(r, k, prefix, c.names("ei", col), c.reduce, tag)
 
 
-def _epilogue(r: CLike, k: Kernel, c: Contraction, prefix: str, acc: str) -> list[str]:
+def _epilogue(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str, acc: str) -> list[str]:
     """Statements storing the accumulator elements h and h + 1 (columns ej and ej + 1), inside
-    the guard ei < M && ej < N; one 4- or 8-byte store for the pair where the layout allows."""
+    the guard ei < M && ej < N where tiles can pass the edges; one 4- or 8-byte store for the
+    pair where the layout allows."""
     m, n, _ = c.mnk
     out = k.out.dtype
     first = _element(r, k, c, prefix, "a", "ej")
     lines0, v0, i0 = first.element(acc)
     buf = first.buf(k.store.srcs[0])
+    edges = bool(m % p.block_m or n % p.block_n)   # else every tile is whole: no guards to test
     if c.pair_store:
         lines1, v1, _ = _element(r, k, c, prefix, "b", "ej1").element(acc.replace("[h]", "[h + 1]"))
         if out.itemsize == 2:
@@ -201,12 +203,12 @@ def _epilogue(r: CLike, k: Kernel, c: Contraction, prefix: str, acc: str) -> lis
         else:
             pair = {"float": "float2", "int": "int2", "unsigned": "uint2"}[out.c_name]
             store = f"*({pair}*)&{buf}[{i0}] = make_{pair}({v0}, {v1});"
-        return [f"if (ei < {m} && ej < {n}) {{", "  const int ej1 = ej + 1;",
+        return [f"if (ei < {m} && ej < {n}) {{" if edges else "{", "  const int ej1 = ej + 1;",
                 *["  " + x for x in lines0 + lines1], "  " + store, "}"]
     lines1, v1, i1 = _element(r, k, c, prefix, "b", "ej1").element(acc.replace("[h]", "[h + 1]"))
-    return [f"if (ei < {m} && ej < {n}) {{", *["  " + x for x in lines0], f"  {buf}[{i0}] = {v0};", "}",
-            f"if (ei < {m} && ej + 1 < {n}) {{", "  const int ej1 = ej + 1;", *["  " + x for x in lines1],
-            f"  {buf}[{i1}] = {v1};", "}"]
+    return [f"if (ei < {m} && ej < {n}) {{" if edges else "{", *["  " + x for x in lines0], f"  {buf}[{i0}] = {v0};",
+            "}", f"if (ei < {m} && ej + 1 < {n}) {{" if edges else "{", "  const int ej1 = ej + 1;",
+            *["  " + x for x in lines1], f"  {buf}[{i1}] = {v1};", "}"]
 
 
 def _fill(name: str, op: Operand, base: str, out_var: str, out_size: int, kr_size: int, rows: int, width: int,
@@ -490,8 +492,10 @@ def _render_hopper(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str)
               "  }",
               "  ember_wgmma_wait<0>();",
               "  if (lane == 0) ember_mbar_arrive(&empty[prev]);",
-              *["  " + x for line in _fragment_stores(r, k, c, prefix, [f"for (int y = 0; y < {p.block_n // 8}; y++)"],
-                                                       "acc[y][h]", row, col) for x in line.split("\n")],
+              *["  " + x for line in _fragment_stores(r, k, c, p, prefix,
+                                                       [f"for (int y = 0; y < {p.block_n // 8}; y++)"],
+                                                       "acc[y][h]", row, col)
+                for x in line.split("\n")],
               "}"]
     body = "".join("  " + x + "\n" for line in lines for x in line.split("\n"))
     signature = KernelWriter(r, k, prefix).signature()[len("void "):-1]   # and the tensor maps, by value
@@ -560,7 +564,7 @@ def render(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str) -> str:
         lines += ["#pragma unroll\nfor (int x = 0; x < 8; x++)", "#pragma unroll\nfor (int h = 0; h < 8; h += 2) {",
                   f"  const int ei = m0 + (x >> 2) * {p.block_m // 2} + ty * 4 + (x & 3);",
                   f"  const int ej = n0 + (h >> 2) * {p.block_n // 2} + tx * 4 + (h & 3);",
-                  *["  " + x for x in _epilogue(r, k, c, prefix, "acc[x][h]")], "}"]
+                  *["  " + x for x in _epilogue(r, k, c, p, prefix, "acc[x][h]")], "}"]
         return _kernel(r, k, prefix, lines, f"{nt}")
     # mma fragments: rows (g, g + 8) and columns (2 tig, 2 tig + 1) of every m16n8 tile
     if hopper:
@@ -570,11 +574,11 @@ def render(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str) -> str:
         wtm, wtn = p.block_m // p.warps_m, p.block_n // p.warps_n
         loops = [f"for (int x = 0; x < {wtm // 16}; x++)", f"for (int y = 0; y < {wtn // 8}; y++)"]
         acc, row, col = "acc[x][y][h]", f"m0 + wm * {wtm} + x * 16", f"n0 + wn * {wtn} + y * 8"
-    lines += _fragment_stores(r, k, c, prefix, loops, acc, row, col)
+    lines += _fragment_stores(r, k, c, p, prefix, loops, acc, row, col)
     return _kernel(r, k, prefix, lines, f"{nt}, 1" if hopper else f"{nt}")
 
 
-def _fragment_stores(r: CLike, k: Kernel, c: Contraction, prefix: str, loops: list[str], acc: str,
+def _fragment_stores(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str, loops: list[str], acc: str,
                      row: str, col: str) -> list[str]:
     """The epilogue of mma.sync and wgmma accumulators: under the loops over a thread's
     fragments, rows (g, g + 8) and columns (2 tig, 2 tig + 1) of each m16n8 piece, from the
@@ -582,7 +586,7 @@ def _fragment_stores(r: CLike, k: Kernel, c: Contraction, prefix: str, loops: li
     return [*("#pragma unroll\n" + x for x in loops), "#pragma unroll\nfor (int h = 0; h < 4; h += 2) {",
             f"  const int ei = {row} + (lane >> 2) + (h >> 1) * 8;",
             f"  const int ej = {col} + (lane & 3) * 2;",
-            *["  " + x for x in _epilogue(r, k, c, prefix, acc)], "}"]
+            *["  " + x for x in _epilogue(r, k, c, p, prefix, acc)], "}"]
 
 
 def _kernel(r: CLike, k: Kernel, prefix: str, lines: list[str], bounds: str) -> str:

@@ -284,3 +284,16 @@ def test_tile_order_is_a_permutation() -> None:
                 env[name] = eval(expr, {"min": min}, env)
             seen.add((tile // (tm * tn), env["m0"], env["n0"]))
         assert seen == {(z, m * 128, n * 256) for z in range(3) for m in range(tm) for n in range(tn)}, (tm, tn)
+
+
+def test_epilogue_of_whole_tiles_converts_once_and_tests_no_edges() -> None:
+    """A bf16 product stored as is: its accumulator is converted to bf16 bits once (not rounded,
+    widened and converted again: the same bits), and where every tile is whole (16384 x 3072 in
+    128 x 256 tiles) the epilogue tests no edges; 50304 columns keep the guard."""
+    from ember.backend.cuda import _one_call
+    a, b = ir.param("a", BF16, (16384, 768)), ir.param("b", BF16, (768, 3072))
+    src = cuda.source([matmul(a, b)], "sm_90a")
+    assert "ember_bf16_bits_op(acc[y][h])" in src and "if (ei <" not in src
+    b = ir.param("b", BF16, (768, 50304))
+    assert "if (ei < 16384 && ej < 50304)" in cuda.source([matmul(a, b)], "sm_90a")
+    assert _one_call("(acc[y][h])") and not _one_call("(a) + (b)") and not _one_call("(a")
