@@ -107,6 +107,7 @@ template <typename T, int MAX> EMBER_D T ember_block_reduce(T v) {
 
 class CUDARenderer(CLike):
     restrict = "__restrict__"
+    store_rounded = True
     math32 = {Op.SQRT: "sqrtf", Op.EXP2: "exp2f", Op.LOG2: "log2f", Op.SIN: "sinf", Op.TRUNC: "truncf"}
 
     def alu(self, n: Node, a: list[str], no_overflow: bool = False) -> str:
