@@ -592,8 +592,8 @@ class KernelWriter:
                 expr = self.r.round_result(n.dtype, expr)
         name = self.var()
         scope.put(f"{self.r.ctype(n.dtype)} {name} = {expr};")
-        if op not in EXACT and op is not Op.LOAD and vec is None:
-            self.rounded[name] = expr
+        if op not in EXACT and op is not Op.LOAD and vec is None and n.dtype is dt.bf16:
+            self.rounded[name] = expr   # (a bf16 result: the one whose store converts it again)
         return name
 
     def emit_reduce(self, n: Node, scope: Scope) -> "str | LaneArray":
