@@ -56,7 +56,7 @@ class Contraction:
     j_parts: tuple[Node, ...] = ()
     k_parts: tuple[Node, ...] = ()
     # the output's element strides over i and the batch ranges, where TMA can write its tiles:
-    # 2-byte elements, j contiguous, every other stride and the offset multiples of 16 bytes
+    # bf16 or f16, j contiguous and even, the other strides multiples of 16 bytes, offset 0
     out_strides: "dict[Node, int] | None" = None
 
     @property
@@ -212,7 +212,8 @@ def _out_strides(k: Kernel, i: Node, j: Node, batch: tuple[Node, ...]) -> dict[N
     (Contraction.out_strides), else None."""
     terms, const = sym.linear(k.store.srcs[1])
     chunk = 8   # 2-byte elements in 16 bytes
-    if k.out.dtype.itemsize != 2 or terms.get(j) != 1 or j.arg[1] % 2 or const or set(terms) - {i, j, *batch}:
+    if k.out.dtype not in (dt.bf16, dt.f16) or terms.get(j) != 1 or j.arg[1] % 2 or const or \
+            set(terms) - {i, j, *batch}:
         return None
     strides = {r: terms.get(r, 0) for r in (i, *batch)}
     return strides if strides[i] and all(st % chunk == 0 for st in strides.values()) else None
