@@ -70,6 +70,12 @@ EMBER_D float ember_round_bf16_op(float f) {
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
   return ember_bf16_to_f32(h);
 }
+/* an op's result as bf16 bits: the conversion of ember_round_bf16_op without the way back */
+EMBER_D unsigned short ember_bf16_bits_op(float f) {
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
 /* block-wide reductions: every thread of the block gets the result */
 EMBER_D float ember_add(float a, float b) { return a + b; }
 EMBER_D double ember_add(double a, double b) { return a + b; }
@@ -101,6 +107,7 @@ template <typename T, int MAX> EMBER_D T ember_block_reduce(T v) {
 
 class CUDARenderer(CLike):
     restrict = "__restrict__"
+    store_rounded = True
     math32 = {Op.SQRT: "sqrtf", Op.EXP2: "exp2f", Op.LOG2: "log2f", Op.SIN: "sinf", Op.TRUNC: "truncf"}
 
     def alu(self, n: Node, a: list[str], no_overflow: bool = False) -> str:
@@ -110,6 +117,14 @@ class CUDARenderer(CLike):
 
     def round_result(self, d: DType, expr: str) -> str:
         return f"ember_round_bf16_op({expr})" if d is dt.bf16 else self.round_to(d, expr)
+
+    def store_value(self, v: str, d: DType) -> str:
+        # an op's result rounded where it is stored (a contraction's epilogue): converted once,
+        # not rounded, widened and converted again (the same bits: its NaN is the canonical one)
+        call = "ember_round_bf16_op("
+        if d is dt.bf16 and v.startswith(call) and _one_call(v[len(call) - 1:]):
+            return f"ember_bf16_bits_op{v[len(call) - 1:]}"
+        return super().store_value(v, d)
 
     def cast(self, x: str, src: DType, d: DType) -> str:
         if d.is_float and src.is_int and src.bits < 32:
@@ -166,6 +181,16 @@ class CUDARenderer(CLike):
                      f"  ember_block -= {blocks};"]
         return (members + f"extern \"C\" __global__ void __launch_bounds__({BLOCK}) {prefix}{k.name}({params}) {{\n"
                 + "\n".join(body[:-1]) + "\n}\n")
+
+
+def _one_call(args: str) -> bool:
+    """Whether args, "(...)", is one parenthesized group (its first "(" closes at the end)."""
+    depth = 0
+    for i, ch in enumerate(args):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0:
+            return i == len(args) - 1
+    return False
 
 
 def block_size(k: Kernel) -> int:

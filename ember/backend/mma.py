@@ -12,7 +12,7 @@ The kernel a GpuPlan describes (see compiler/contraction.py):
 """
 from __future__ import annotations
 
-from ..compiler.contraction import SMS, Contraction, GpuPlan, Operand
+from ..compiler.contraction import SMS, Contraction, GpuPlan, Operand, _smem
 from ..compiler.lower import Kernel
 from .render import CLike, ElementWriter, KernelWriter, operand_bases
 
@@ -77,6 +77,13 @@ EMBER_D void ember_mbar_expect(unsigned long long* bar, unsigned bytes) {
 }
 /* a CUtensorMap, passed by value (__grid_constant__) */
 struct __align__(64) EmberTmap { unsigned long long v[16]; };
+/* the TMA store's bulk groups, and a barrier of one warpgroup's threads (ids from 1: 0 is __syncthreads') */
+EMBER_D void ember_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+EMBER_D void ember_bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+EMBER_D void ember_bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+EMBER_D void ember_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
 /* warpgroups trade registers: the producer needs few, the accumulators many */
 template <int N> EMBER_D void ember_setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(N));
@@ -98,6 +105,18 @@ def _tma_helper(rank: int) -> str:
             f'               "[%0], [%1, {{{regs}}}], [%{rank + 2}];\\n"\n'
             f'               :: "r"(ember_smem_addr(dst)), "l"(map), {ins}, "r"(ember_smem_addr(bar))\n'
             f'               : "memory");\n}}\n')
+
+
+def _tma_store_helper(rank: int) -> str:
+    """ember_tma_store<rank>(src, map, c0, c1, ...): one box from shared memory into the tensor at
+    those coordinates (innermost first); what passes the tensor's edge is not written."""
+    coords = ", ".join(f"int c{i}" for i in range(rank))
+    regs = ", ".join(f"%{i + 2}" for i in range(rank))
+    ins = ", ".join(f'"r"(c{i})' for i in range(rank))
+    return (f"EMBER_D void ember_tma_store{rank}(const void* src, const EmberTmap* map, {coords}) {{\n"
+            f'  asm volatile("cp.async.bulk.tensor.{rank}d.global.shared::cta.tile.bulk_group "\n'
+            f'               "[%0, {{{regs}}}], [%1];\\n"\n'
+            f'               :: "l"(map), "r"(ember_smem_addr(src)), {ins} : "memory");\n}}\n')
 
 
 def _wgmma_helper(kind: str, n: int, trans_a: int, trans_b: int, name: str = "", a_in_registers: bool = False) -> str:
@@ -133,6 +152,8 @@ def helpers(kernels: list[Kernel]) -> str:
         out += HOPPER_HELPERS + "".join(_wgmma_helper(*h) for h in hopper)
         out += "".join(_tma_helper(rank) for rank in sorted({len(_tma_box(c, op, p)[0]) for c, p in plans
                                                              if p.tma for op in (c.a, c.b)}))
+        out += "".join(_tma_store_helper(rank) for rank in sorted({len(_tma_out_box(c)[0]) for c, p in plans
+                                                                   if p.tma_store}))
     return out
 
 
@@ -143,6 +164,8 @@ def threads(p: GpuPlan) -> int:
 def smem_bytes(p: GpuPlan) -> int:
     if p.instruction == "fma":  # f32 tiles [block_k][block + 4]
         return p.stages * (p.block_m + p.block_n + 8) * p.block_k * 4
+    if p.tma_store:
+        return _smem(p.block_m, p.block_n, p.block_k, p.stages)
     # room to align the tiles to 1024 bytes (the swizzle atom), and the mbarriers after them
     extra = 1024 + 16 * p.stages * p.tma if p.instruction == "wgmma" else 0
     return p.stages * (p.block_m + p.block_n) * p.block_k * 2 + extra
@@ -186,14 +209,16 @@ def _element(r: CLike, k: Kernel, c: Contraction, prefix: str, tag: str, col: st
     return ElementWriter(r, k, prefix, c.names("ei", col), c.reduce, tag)
 
 
-def _epilogue(r: CLike, k: Kernel, c: Contraction, prefix: str, acc: str) -> list[str]:
+def _epilogue(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str, acc: str) -> list[str]:
     """Statements storing the accumulator elements h and h + 1 (columns ej and ej + 1), inside
-    the guard ei < M && ej < N; one 4- or 8-byte store for the pair where the layout allows."""
+    the guard ei < M && ej < N where tiles can pass the edges; one 4- or 8-byte store for the
+    pair where the layout allows."""
     m, n, _ = c.mnk
     out = k.out.dtype
     first = _element(r, k, c, prefix, "a", "ej")
     lines0, v0, i0 = first.element(acc)
     buf = first.buf(k.store.srcs[0])
+    edges = bool(m % p.block_m or n % p.block_n)   # else every tile is whole: no guards to test
     if c.pair_store:
         lines1, v1, _ = _element(r, k, c, prefix, "b", "ej1").element(acc.replace("[h]", "[h + 1]"))
         if out.itemsize == 2:
@@ -201,12 +226,12 @@ def _epilogue(r: CLike, k: Kernel, c: Contraction, prefix: str, acc: str) -> lis
         else:
             pair = {"float": "float2", "int": "int2", "unsigned": "uint2"}[out.c_name]
             store = f"*({pair}*)&{buf}[{i0}] = make_{pair}({v0}, {v1});"
-        return [f"if (ei < {m} && ej < {n}) {{", "  const int ej1 = ej + 1;",
+        return [f"if (ei < {m} && ej < {n}) {{" if edges else "{", "  const int ej1 = ej + 1;",
                 *["  " + x for x in lines0 + lines1], "  " + store, "}"]
     lines1, v1, i1 = _element(r, k, c, prefix, "b", "ej1").element(acc.replace("[h]", "[h + 1]"))
-    return [f"if (ei < {m} && ej < {n}) {{", *["  " + x for x in lines0], f"  {buf}[{i0}] = {v0};", "}",
-            f"if (ei < {m} && ej + 1 < {n}) {{", "  const int ej1 = ej + 1;", *["  " + x for x in lines1],
-            f"  {buf}[{i1}] = {v1};", "}"]
+    return [f"if (ei < {m} && ej < {n}) {{" if edges else "{", *["  " + x for x in lines0], f"  {buf}[{i0}] = {v0};",
+            "}", f"if (ei < {m} && ej + 1 < {n}) {{" if edges else "{", "  const int ej1 = ej + 1;",
+            *["  " + x for x in lines1], f"  {buf}[{i1}] = {v1};", "}"]
 
 
 def _fill(name: str, op: Operand, base: str, out_var: str, out_size: int, kr_size: int, rows: int, width: int,
@@ -386,20 +411,31 @@ def _tma_box(c: Contraction, op: Operand, p: GpuPlan) -> tuple[list[int], list[i
     return dims, strides, box + [1] * len(batch)
 
 
+def _tma_out_box(c: Contraction) -> tuple[list[int], list[int], list[int]]:
+    """The output as the TMA store sees it (as _tma_box): j, i, then the batch ranges it moves
+    along; a box is one 64-column panel of a warpgroup's 64 rows."""
+    assert c.out_strides is not None
+    batch = [b for b in c.batch if c.out_strides.get(b)]
+    return ([c.j.arg[1], c.i.arg[1]] + [b.arg[1] for b in batch], [1, c.out_strides[c.i]] +
+            [c.out_strides[b] for b in batch], [64, 64] + [1] * len(batch))
+
+
 def tensor_maps(k: Kernel, ptr: dict[int, int]) -> list:
     """The CUtensorMaps of a TMA kernel's operands for buffers at ptr (kernel parameters after
     the buffers: encoded again for every new set of buffers, as a captured graph keeps them)."""
     from cuda.bindings import driver as cu
     assert k.contraction is not None
     c, p = k.contraction
-    kind = cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 if c.dtype.name == "bf16" else \
-        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    kinds = {"bf16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+             "f16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}
     maps = []
-    for op in (c.a, c.b):
-        dims, strides, box = _tma_box(c, op, p)
-        size = op.load.dtype.itemsize
+    boxes = [(_tma_box(c, op, p), ptr[op.load.srcs[0].arg] + op.offset * 2, c.dtype) for op in (c.a, c.b)]
+    if p.tma_store:   # the output (2-byte floats: Contraction.out_strides)
+        boxes.append((_tma_out_box(c), ptr[k.out.id], k.out.dtype))
+    for (dims, strides, box), address, dtype in boxes:
+        size = dtype.itemsize
         err, tmap = cu.cuTensorMapEncodeTiled(
-            kind, len(dims), ptr[op.load.srcs[0].arg] + op.offset * size, [cu.cuuint64_t(d) for d in dims],
+            kinds[dtype.name], len(dims), address, [cu.cuuint64_t(d) for d in dims],
             [cu.cuuint64_t(st * size) for st in strides[1:]], [cu.cuuint32_t(b) for b in box],
             [cu.cuuint32_t(1)] * len(dims), cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
             cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
@@ -431,8 +467,10 @@ def _render_hopper(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str)
     (ar, aw), (br, bw) = _tile_shape(c.a, p.block_m, p), _tile_shape(c.b, p.block_n, p)
     stages, steps = p.stages, -(-kk // p.block_k)
     tn, tm = -(-n // p.block_n), -(-m // p.block_m)
+    out_tile = p.block_m * p.block_n if p.tma_store else 0   # the TMA store's tile, after the slots
     lines = [*_aligned_tiles(), f"unsigned short* sb = sa + {stages * ar * aw};",
-             f"unsigned long long* full = (unsigned long long*)(sb + {stages * br * bw});",
+             f"unsigned short* so = sb + {stages * br * bw};",
+             f"unsigned long long* full = (unsigned long long*)(so + {out_tile});",
              f"unsigned long long* empty = full + {stages};",
              "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;",
              "if (threadIdx.x == 0) {",
@@ -489,14 +527,52 @@ def _render_hopper(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str)
               f"    prev = s; if (++s == {stages}) {{ s = 0; ph ^= 1; }}",
               "  }",
               "  ember_wgmma_wait<0>();",
-              "  if (lane == 0) ember_mbar_arrive(&empty[prev]);",
-              *["  " + x for line in _fragment_stores(r, k, c, prefix, [f"for (int y = 0; y < {p.block_n // 8}; y++)"],
-                                                       "acc[y][h]", row, col) for x in line.split("\n")],
-              "}"]
+              "  if (lane == 0) ember_mbar_arrive(&empty[prev]);"]
+    if p.tma_store:
+        lines += ["  " + x for x in _tma_store_epilogue(r, k, c, p, prefix)] + [
+                  "}", "if ((threadIdx.x & 127) == 0) ember_bulk_wait();   /* the stores read shared memory */"]
+    else:
+        lines += [*["  " + x for line in _fragment_stores(r, k, c, p, prefix,
+                                                          [f"for (int y = 0; y < {p.block_n // 8}; y++)"],
+                                                          "acc[y][h]", row, col)
+                    for x in line.split("\n")], "}"]
     body = "".join("  " + x + "\n" for line in lines for x in line.split("\n"))
     signature = KernelWriter(r, k, prefix).signature()[len("void "):-1]   # and the tensor maps, by value
+    maps = ["tma_a", "tma_b"] + ["tma_c"] * p.tma_store
     return (f"extern \"C\" __global__ void __launch_bounds__({p.threads}, 1) {signature}, "
-            "const __grid_constant__ EmberTmap tma_a, const __grid_constant__ EmberTmap tma_b) {\n" + body + "}\n")
+            + ", ".join(f"const __grid_constant__ EmberTmap {m}" for m in maps) + ") {\n" + body + "}\n")
+
+
+def _tma_store_epilogue(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str) -> list[str]:
+    """A consumer warpgroup's tile out through shared memory: its 64 rows written there as 64-column
+    panels in the 128-byte swizzle (a warp's eight rows then fall in eight different banks), and
+    one thread's TMA stores, which run while the warpgroup goes on to its next tile. Before
+    writing, the warpgroup waits until TMA has read its previous tile."""
+    m, n, _ = c.mnk
+    first = _element(r, k, c, prefix, "a", "ej")
+    lines0, v0, _ = first.element("acc[y][h]")
+    lines1, v1, _ = _element(r, k, c, prefix, "b", "ej1").element("acc[y][h + 1]")
+    zs = [f"z{i}" for i, b in enumerate(c.batch) if c.out_strides.get(b)]
+    rank = 2 + len(zs)
+    stores = [f"  ember_tma_store{rank}(ep + {q * 4096}, &tma_c, {', '.join([f'n0 + {64 * q}', 'm0 + wg * 64', *zs])});"
+              for q in range(p.block_n // 64)]
+    return ["if ((threadIdx.x & 127) == 0) ember_bulk_wait_read();",
+            "ember_bar_sync(1 + wg, 128);",
+            f"unsigned short* ep = so + wg * {64 * p.block_n};",
+            f"#pragma unroll\nfor (int y = 0; y < {p.block_n // 8}; y++)",
+            "#pragma unroll\nfor (int h = 0; h < 4; h += 2) {",
+            "  const int er = (warp & 3) * 16 + (lane >> 2) + (h >> 1) * 8;   /* the row among the 64 */",
+            "  const int ei = m0 + wg * 64 + er, ej = n0 + y * 8 + (lane & 3) * 2, ej1 = ej + 1;",
+            "  unsigned pair = 0;   /* past the edges: TMA does not write it */",
+            f"  if (ei < {m} && ej < {n}) {{" if m % p.block_m or n % p.block_n else "  {",
+            *["    " + x for x in lines0 + lines1],
+            f"    pair = (unsigned){v0} | ((unsigned){v1} << 16);",
+            "  }",
+            "  *(unsigned*)&ep[(y >> 3) * 4096 + er * 64 + (((y & 7) ^ (er & 7)) << 3) + (lane & 3) * 2] = pair;",
+            "}",
+            "ember_fence_async_smem();   /* the writes, seen by the async proxy */",
+            "ember_bar_sync(1 + wg, 128);",
+            "if ((threadIdx.x & 127) == 0) {", *stores, "  ember_bulk_commit();", "}"]
 
 
 def render(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str) -> str:
@@ -560,7 +636,7 @@ def render(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str) -> str:
         lines += ["#pragma unroll\nfor (int x = 0; x < 8; x++)", "#pragma unroll\nfor (int h = 0; h < 8; h += 2) {",
                   f"  const int ei = m0 + (x >> 2) * {p.block_m // 2} + ty * 4 + (x & 3);",
                   f"  const int ej = n0 + (h >> 2) * {p.block_n // 2} + tx * 4 + (h & 3);",
-                  *["  " + x for x in _epilogue(r, k, c, prefix, "acc[x][h]")], "}"]
+                  *["  " + x for x in _epilogue(r, k, c, p, prefix, "acc[x][h]")], "}"]
         return _kernel(r, k, prefix, lines, f"{nt}")
     # mma fragments: rows (g, g + 8) and columns (2 tig, 2 tig + 1) of every m16n8 tile
     if hopper:
@@ -570,11 +646,11 @@ def render(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str) -> str:
         wtm, wtn = p.block_m // p.warps_m, p.block_n // p.warps_n
         loops = [f"for (int x = 0; x < {wtm // 16}; x++)", f"for (int y = 0; y < {wtn // 8}; y++)"]
         acc, row, col = "acc[x][y][h]", f"m0 + wm * {wtm} + x * 16", f"n0 + wn * {wtn} + y * 8"
-    lines += _fragment_stores(r, k, c, prefix, loops, acc, row, col)
+    lines += _fragment_stores(r, k, c, p, prefix, loops, acc, row, col)
     return _kernel(r, k, prefix, lines, f"{nt}, 1" if hopper else f"{nt}")
 
 
-def _fragment_stores(r: CLike, k: Kernel, c: Contraction, prefix: str, loops: list[str], acc: str,
+def _fragment_stores(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str, loops: list[str], acc: str,
                      row: str, col: str) -> list[str]:
     """The epilogue of mma.sync and wgmma accumulators: under the loops over a thread's
     fragments, rows (g, g + 8) and columns (2 tig, 2 tig + 1) of each m16n8 piece, from the
@@ -582,7 +658,7 @@ def _fragment_stores(r: CLike, k: Kernel, c: Contraction, prefix: str, loops: li
     return [*("#pragma unroll\n" + x for x in loops), "#pragma unroll\nfor (int h = 0; h < 4; h += 2) {",
             f"  const int ei = {row} + (lane >> 2) + (h >> 1) * 8;",
             f"  const int ej = {col} + (lane & 3) * 2;",
-            *["  " + x for x in _epilogue(r, k, c, prefix, acc)], "}"]
+            *["  " + x for x in _epilogue(r, k, c, p, prefix, acc)], "}"]
 
 
 def _kernel(r: CLike, k: Kernel, prefix: str, lines: list[str], bounds: str) -> str:

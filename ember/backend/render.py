@@ -109,6 +109,7 @@ class LaneArray:
 class CLike:
     """The shared renderer. Subclasses set the tables and the kernel signature."""
 
+    store_rounded = False   # store an op's rounded result from its expression (CUDARenderer.store_value)
     restrict = "restrict"
     float_suffix = "f"
     math32 = {Op.SQRT: "sqrtf", Op.EXP2: "ember_exp2f", Op.LOG2: "log2f", Op.SIN: "sinf", Op.TRUNC: "truncf"}
@@ -334,6 +335,7 @@ class KernelWriter:
         self.deps = free_ranges(k.store)
         self.names: dict[Node, str] = {}
         self.memo: dict[tuple[Node, int], str | LaneArray] = {}
+        self.rounded: dict[str, str] = {}   # a temp holding an op's rounded result -> that expression
         self.counter = 0
         order = {rg: i for i, rg in enumerate(k.ranges)}
         self.range_order = order
@@ -365,7 +367,9 @@ class KernelWriter:
         scope = self.open_outputs(root)
         buf, idx, value = self.k.store.srcs
         v = self.value(value, scope)
-        stored = self.r.store_value(self.ref(v, value), value.dtype)
+        # a rounded op result is stored from its expression where the target converts that once
+        stored = self.r.store_value(self.rounded.get(v, v) if self.r.store_rounded and isinstance(v, str)
+                                    else self.ref(v, value), value.dtype)
         vec = None if self.k.atomic or self.store_guard(scope) else self.vector_lane(idx, value.dtype)
         if vec is not None and scope.parent is not None and scope.avail - scope.parent.avail == {vec.lane}:
             self.vector_store(scope, buf, value.dtype, stored, vec)
@@ -588,6 +592,8 @@ class KernelWriter:
                 expr = self.r.round_result(n.dtype, expr)
         name = self.var()
         scope.put(f"{self.r.ctype(n.dtype)} {name} = {expr};")
+        if op not in EXACT and op is not Op.LOAD and vec is None and n.dtype is dt.bf16:
+            self.rounded[name] = expr   # (a bf16 result: the one whose store converts it again)
         return name
 
     def emit_reduce(self, n: Node, scope: Scope) -> "str | LaneArray":
@@ -732,6 +738,8 @@ class ElementWriter(KernelWriter):
         v = self.value(value, root)
         i = self.value(idx, root)
         lines = [line for line in root.lines if isinstance(line, str)]
+        if self.r.store_rounded and isinstance(v, str):
+            v = self.rounded.get(v, v)
         return lines, self.r.store_value(self.ref(v, value), value.dtype), i
 
 

@@ -25,7 +25,6 @@ from ..compiler.lower import Kernel
 from . import cache_dir
 
 SHIPPED = Path(__file__).with_name("plans.json")
-SMEM_LIMIT = {"sm_80": 163, "sm_86": 99, "sm_89": 99, "sm_90": 227, "sm_90a": 227}  # KB per block
 
 
 def structure(c: Contraction, arch: str) -> str:
@@ -72,8 +71,8 @@ def candidates(c: Contraction, arch: str) -> list[GpuPlan]:
             shapes = ((128, 256, 4), (128, 256, 3), (128, 128, 4), (128, 128, 3), (64, 256, 4))
             plans = [contraction.fed(GpuPlan("wgmma", bm, bn, 64, bm // 64, 1, s), c) for bm, bn, s in shapes] + plans
     first = contraction.plan(c, arch)
-    plans = ([first] if first else []) + [p for p in plans if p != first]
-    return [p for p in plans if smem_bytes(p) <= SMEM_LIMIT.get(arch, 99) * 1024]
+    plans = list(dict.fromkeys(([first] if first else []) + plans))   # (a TMA store makes 4 stages 3)
+    return [p for p in plans if smem_bytes(p) <= contraction.SMEM_LIMIT.get(arch, 99) * 1024]
 
 
 def choose(kernels: list[Kernel], arch: str, device: str, timer: Any) -> None:

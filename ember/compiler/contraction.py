@@ -55,6 +55,9 @@ class Contraction:
     i_parts: tuple[Node, ...] = ()
     j_parts: tuple[Node, ...] = ()
     k_parts: tuple[Node, ...] = ()
+    # the output's element strides over i and the batch ranges, where TMA can write its tiles:
+    # bf16 or f16, j contiguous and even, the other strides multiples of 16 bytes, offset 0
+    out_strides: "dict[Node, int] | None" = None
 
     @property
     def batch_size(self) -> int:
@@ -110,6 +113,7 @@ class GpuPlan:
     warps_n: int = 2
     stages: int = 4
     tma: bool = False   # wgmma: the operands arrive by TMA, issued by a producer warpgroup of its own
+    tma_store: bool = False   # and the tile leaves through shared memory by TMA (Contraction.out_strides)
 
     @property
     def threads(self) -> int:
@@ -124,7 +128,8 @@ class GpuPlan:
             self.instruction, f"warps {self.warps_m}x{self.warps_n}")
         kind = "FMA register tiles" if self.instruction == "fma" else f"tensor core {self.instruction}"
         return (f"{kind}: block {self.block_m}x{self.block_n}x{self.block_k}, "
-                f"{who}, {'TMA' if self.tma else 'cp.async'} {self.stages}-stage")
+                f"{who}, {'TMA' if self.tma else 'cp.async'} {self.stages}-stage"
+                + (", TMA store" if self.tma_store else ""))
 
 
 @dataclass(frozen=True)
@@ -198,7 +203,20 @@ def find(k: Kernel, dtypes: tuple[dt.DType, ...] = TENSOR_CORE_DTYPES) -> Contra
     if a is None or b is None:
         return None
     pairs = _pairs(k, j_parts[-1] if j_parts else jb)  # even sizes: a pair never straddles parts
-    return Contraction(red, ia, jb, kr, batch, a, b, x.dtype, pairs, i_parts, j_parts, k_parts)
+    out = None if i_parts or j_parts or k.atomic else _out_strides(k, ia, jb, batch)
+    return Contraction(red, ia, jb, kr, batch, a, b, x.dtype, pairs, i_parts, j_parts, k_parts, out)
+
+
+def _out_strides(k: Kernel, i: Node, j: Node, batch: tuple[Node, ...]) -> dict[Node, int] | None:
+    """The store's strides over i and the batch ranges if TMA can write the output tile by tile
+    (Contraction.out_strides), else None."""
+    terms, const = sym.linear(k.store.srcs[1])
+    chunk = 8   # 2-byte elements in 16 bytes
+    if k.out.dtype not in (dt.bf16, dt.f16) or terms.get(j) != 1 or j.arg[1] % 2 or const or \
+            set(terms) - {i, j, *batch}:
+        return None
+    strides = {r: terms.get(r, 0) for r in (i, *batch)}
+    return strides if strides[i] and all(st % chunk == 0 for st in strides.values()) else None
 
 
 def _merge_output(r: Node, only: list[Node], f: tuple[dict, int]) -> tuple[Node, tuple[Node, ...], tuple]:
@@ -279,9 +297,30 @@ def tma_ready(c: Contraction) -> bool:
         op.aligned and 2 + sum(1 for b in c.batch if op.strides.get(b)) <= 5 for op in (c.a, c.b))
 
 
+SMEM_LIMIT = {"sm_80": 163, "sm_86": 99, "sm_89": 99, "sm_90": 227, "sm_90a": 227}  # KB per block
+
+
 def fed(p: GpuPlan, c: Contraction) -> GpuPlan:
-    """A wgmma tiling with TMA where c's operands allow it (stored plans record only tilings)."""
-    return dataclasses.replace(p, tma=tma_ready(c)) if p.instruction == "wgmma" else p
+    """A wgmma tiling with TMA where c's operands allow it (stored plans record only tilings),
+    and the TMA store where the output allows it: its tile takes block_m x block_n x 2 bytes of
+    shared memory, so slots are given up (not below 3) to make room."""
+    if p.instruction != "wgmma" or not tma_ready(c):
+        return p
+    fed = dataclasses.replace(p, tma=True)
+    if c.out_strides is None or p.block_n % 64:
+        return fed
+    stages = p.stages
+    room = SMEM_LIMIT["sm_90a"] * 1024
+    while stages > 3 and _smem(p.block_m, p.block_n, p.block_k, stages) > room:
+        stages -= 1
+    if _smem(p.block_m, p.block_n, p.block_k, stages) > room:
+        return fed
+    return dataclasses.replace(fed, stages=stages, tma_store=True)
+
+
+def _smem(bm: int, bn: int, bk: int, stages: int) -> int:
+    """Shared memory of a TMA-store plan: the slots, the output tile, alignment and mbarriers."""
+    return stages * (bm + bn) * bk * 2 + bm * bn * 2 + 1024 + 16 * stages
 
 
 def plan(c: Contraction, arch: str) -> GpuPlan | None:

@@ -284,3 +284,44 @@ def test_tile_order_is_a_permutation() -> None:
                 env[name] = eval(expr, {"min": min}, env)
             seen.add((tile // (tm * tn), env["m0"], env["n0"]))
         assert seen == {(z, m * 128, n * 256) for z in range(3) for m in range(tm) for n in range(tn)}, (tm, tn)
+
+
+def test_epilogue_of_whole_tiles_converts_once_and_tests_no_edges() -> None:
+    """A bf16 product stored as is: its accumulator is converted to bf16 bits once (not rounded,
+    widened and converted again: the same bits), and where every tile is whole (16384 x 3072 in
+    128 x 256 tiles) the epilogue tests no edges; 50304 columns keep the guard."""
+    from ember.backend.cuda import _one_call
+    a, b = ir.param("a", BF16, (16384, 768)), ir.param("b", BF16, (768, 3072))
+    src = cuda.source([matmul(a, b)], "sm_90a")
+    assert "ember_bf16_bits_op(acc[y][h])" in src and "if (ei <" not in src
+    b = ir.param("b", BF16, (768, 50304))
+    assert "if (ei < 16384 && ej < 50304)" in cuda.source([matmul(a, b)], "sm_90a")
+    assert _one_call("(acc[y][h])") and not _one_call("(a) + (b)") and not _one_call("(a")
+
+
+def test_tma_store_where_the_output_allows() -> None:
+    """The TMA store's view of the output (no GPU: what tensor_maps encodes for it): j, i, then
+    the batch ranges, a box of 64 x 64 per panel of a warpgroup's rows; outputs TMA cannot write
+    (4-byte elements, an odd row, a decoded range) keep the stores from registers. A plan with
+    the store gives up slots to fit the output tile in shared memory."""
+    from ember.backend import mma
+    from ember.compiler.contraction import SMEM_LIMIT
+    room = SMEM_LIMIT["sm_90a"] * 1024
+
+    def plan_of(name: str) -> tuple:
+        (k,) = [k for k in _kernels(case(name)[0], arch="sm_90a") if k.contraction]
+        return k.contraction
+
+    c, p = plan_of("bf16_aligned")   # [256, 192] bf16
+    assert p.tma_store and mma._tma_out_box(c) == ([192, 256], [1, 192], [64, 64])
+    assert mma.smem_bytes(p) <= room
+    c, p = plan_of("batched_wide")   # [2, 128, 96]: the batch is a third dimension
+    assert p.tma_store and mma._tma_out_box(c) == ([96, 128, 2], [1, 96, 128 * 96], [64, 64, 1])
+    for name in ("epilogue", "f16_odd", "conv_like"):   # f32 output; 45 columns; rows n, h, w merged
+        assert not plan_of(name)[1].tma_store, name
+    a, b = ir.param("a", BF16, (16384, 768)), ir.param("b", BF16, (768, 3072))   # GPT-2's fc
+    (k,) = [k for k in _kernels([matmul(a, b)], arch="sm_90a") if k.contraction]
+    _, p = k.contraction
+    assert p.tma_store and p.stages == 3 and mma.smem_bytes(p) <= room
+    src = cuda.source([matmul(a, b)], "sm_90a")
+    assert src.count("ember_tma_store2(ep + ") == p.block_n // 64 and "ember_bulk_wait();" in src

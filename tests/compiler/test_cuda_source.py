@@ -196,3 +196,11 @@ def test_a_row_read_by_three_loops_is_read_once(tmp_path: Path) -> None:
         assert ("uint4 row" in src) == (reads == 1)
         if COMPILER is not None:
             assert compile_cuda(src, "sm_90a", tmp_path) is None
+
+
+def test_an_op_result_stored_as_bf16_is_converted_once() -> None:
+    """A bf16 map's last op is stored from its expression, one cvt (ember_bf16_bits_op), not
+    rounded into a temp and converted again; the C backend keeps its conversion."""
+    prog = text.parse("ember 1\nx = param bf16[64,256]\ny = exp2 x\nz = mul y y\nreturn z\n").output_nodes
+    src = cuda.source(prog, "sm_90a")
+    assert "= ember_bf16_bits_op((t" in src and "ember_f32_to_bf16_bits(t" not in src
