@@ -344,15 +344,18 @@ def selections_to_loads(value: Node) -> Node:
 def lower_kernel(name: str, root: Node, out: Buffer, realized: dict[Node, Buffer], nest: int = 0) -> Kernel:
     if root.op is Op.FUSED:  # rendered whole by the backend; its sources must be buffers, or q, k, v views of them
         store = Node(Op.STORE, root.dtype, (out.ref(), sym.const(0), Node(Op.CONST, root.dtype, (), 0.0)))
-        bufs, views = [], []
+        bufs, views, missing, visited = [], [], set(), {root, *root.srcs}
         for i, s in enumerate(root.srcs):
             whole = _through_reshapes(s, realized)
             found = (whole, None) if whole in realized else strided_view(s, realized) if i < 3 else None
             bufs.append(realized[found[0]] if found else None)
             views.append(found[1] if found else None)
-        missing = {s for s, b in zip(root.srcs, bufs) if b is None}
+            if found is None:   # realize what q, k or v is a view of, if anything, else the source itself
+                base = strided_view(s, realized, assume=True) if i < 3 else None
+                missing.add(base[0] if base else s)
+                visited |= {*_movements(s), base[0]} if base else set()   # lowered again once it is realized
         reads = list({b.id: b for b in bufs if b is not None}.values())
-        return Kernel(name, out, [], store, reads, problems=missing, visited=frozenset([root, *root.srcs]),
+        return Kernel(name, out, [], store, reads, problems=missing, visited=frozenset(visited),
                       fused=None if missing else (root, bufs, views))  # type: ignore[arg-type]
     lw = Lowerer(realized, root, prefix=f"{name}_", nest=nest)
     ranges = [sym.rng(f"{name}_o{d}", n) for d, n in enumerate(root.shape)]
@@ -378,14 +381,23 @@ class View:
     offset: int = 0
 
 
-def strided_view(t: Node, realized: dict[Node, Buffer]) -> tuple[Node, View] | None:
-    """(the realized node, the View) if t, of shape [N, rows, D], is reshapes and permutes of a
-    realized node whose buffer holds it as a View describes, else None."""
+def _movements(t: Node, realized: dict[Node, Buffer] | None = None) -> list[Node]:
+    """t and the reshapes, permutes and windows below it, down to (not including) the first
+    node of another kind or a realized one."""
     chain, x = [], t
-    while x not in realized and x.op in (Op.RESHAPE, Op.PERMUTE, Op.SHRINK):
+    while (realized is None or x not in realized) and x.op in (Op.RESHAPE, Op.PERMUTE, Op.SHRINK):
         chain.append(x)
         x = x.srcs[0]
-    if x not in realized or len(t.shape) != 3:
+    return chain
+
+
+def strided_view(t: Node, realized: dict[Node, Buffer], assume: bool = False) -> tuple[Node, View] | None:
+    """(the realized node, the View) if t, of shape [N, rows, D], is reshapes, permutes and
+    windows of a realized node whose buffer holds it as a View describes, else None. assume:
+    the node below the movements as if it were realized (what to realize for a view)."""
+    chain = _movements(t, realized)
+    x = chain[-1].srcs[0] if chain else t
+    if (x not in realized and not assume) or len(t.shape) != 3:
         return None
     axes: list[list[tuple[int, int]]] | None = []   # each axis: its parts (size, stride), outermost first
     stride = 1
