@@ -371,14 +371,18 @@ def clip_grad_norm_(parameters: Any, max_norm: float, eps: float = 1e-6) -> Tens
     return total
 
 
-def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """softmax(q k^T / sqrt(d), masked so a position sees itself and the past) v; [..., T, d]."""
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, wide: "dt.DType | None" = None) -> Tensor:
+    """softmax(q k^T / sqrt(d), masked so a position sees itself and the past) v; [..., T, d].
+    wide: q, k and v are autocast's narrow dtype and the scores and softmax are in this one
+    (CausalSelfAttention); the result is then narrow too."""
     t, d = q.shape[-2], q.shape[-1]
-    scores = (q @ k.transpose(-2, -1)) * (1 / math.sqrt(d))
+    qk = q @ k.transpose(-2, -1)
+    scores = (qk.cast(wide) if wide is not None else qk) * (1 / math.sqrt(d))
     rows = T.Tensor(T.ir.iota(dt.i32, (t, t), 0))
     cols = T.Tensor(T.ir.iota(dt.i32, (t, t), 1))
     scores = T.where(cols <= rows, scores, -1e9)
-    return scores.softmax(-1) @ v
+    p = scores.softmax(-1)
+    return p.cast(v.dtype) @ v if wide is not None else p @ v
 
 
 class CausalSelfAttention(Module):
@@ -394,8 +398,18 @@ class CausalSelfAttention(Module):
         cached keys and values of the positions before it (the cache takes its own)."""
         b, t, c = x.shape
         h = self.n_head
-        q, k, v = (y.reshape(b, t, h, c // h).transpose(1, 2) for y in T.split(self.qkv(x), c, -1))
-        y = causal_attention(q, k, v) if cache is None else cache.attend(q, k, v)
+        qkv, wide, low = self.qkv(x), None, T.context.autocast
+        if cache is None and low is not None and qkv.dtype.is_float and qkv.dtype.bits > low.bits:
+            # autocast casts q, k and v for the products anyway: cast the projection once, before
+            # the heads are split (the same values), so that they are views of one narrow buffer,
+            # which the flash kernels read in place; the scores and the output stay wide, as before
+            wide, qkv = qkv.dtype, qkv.cast(low)
+        q, k, v = (y.reshape(b, t, h, c // h).transpose(1, 2) for y in T.split(qkv, c, -1))
+        if cache is not None:
+            y = cache.attend(q, k, v)
+        else:
+            y = causal_attention(q, k, v, wide)
+            y = y.cast(wide) if wide is not None else y
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
 

@@ -57,14 +57,15 @@ template <int D> EMBER_D int ember_swz(int row, int chunk) { return (row * (D / 
 template <int R> EMBER_D int ember_hswz(int row, int chunk) {
   return ((chunk >> 3) * R + row) * 64 + ((chunk & 7) ^ (row & 7)) * 8;
 }
-/* rows [row0, row0 + ROWS) of a [nrows][D] matrix into a tile; rows past nrows are zeros */
+/* rows [row0, row0 + ROWS) of a [nrows][D] matrix whose rows are ld apart into a tile; rows
+   past nrows are zeros */
 template <int D, int ROWS, bool HOPPER = false>
-EMBER_D void ember_tile_load(unsigned short* s, const unsigned short* g, int row0, int nrows) {
+EMBER_D void ember_tile_load(unsigned short* s, const unsigned short* g, int row0, int nrows, int ld) {
   for (int i = threadIdx.x; i < ROWS * (D / 8); i += blockDim.x) {
     int r = i / (D / 8), c = i % (D / 8);
     bool ok = row0 + r < nrows;
     ember_cp_async16(s + (HOPPER ? ember_hswz<ROWS>(r, c) : ember_swz<D>(r, c)),
-                     ok ? g + (size_t)(row0 + r) * D + c * 8 : g, ok);
+                     ok ? g + (size_t)(row0 + r) * ld + c * 8 : g, ok);
   }
 }
 /* cp.async writes through the generic proxy; wgmma (sm_90a) reads through the async one */
@@ -74,11 +75,11 @@ template <bool HOPPER> EMBER_D void ember_proxy_fence() {
 /* the next tile of two [nrows][D] matrices into the other slot of their double buffers (none
    after the last), then wait until this tile's have arrived */
 template <int D, int ROWS, bool HOPPER = false>
-EMBER_D void ember_next_tiles(unsigned short* a, const unsigned short* ga, unsigned short* b,
-                              const unsigned short* gb, int t, int tiles, int nrows) {
+EMBER_D void ember_next_tiles(unsigned short* a, const unsigned short* ga, int lda, unsigned short* b,
+                              const unsigned short* gb, int ldb, int t, int tiles, int nrows) {
   if (t + 1 < tiles) {
-    ember_tile_load<D, ROWS, HOPPER>(a + ((t + 1) & 1) * ROWS * D, ga, (t + 1) * ROWS, nrows);
-    ember_tile_load<D, ROWS, HOPPER>(b + ((t + 1) & 1) * ROWS * D, gb, (t + 1) * ROWS, nrows);
+    ember_tile_load<D, ROWS, HOPPER>(a + ((t + 1) & 1) * ROWS * D, ga, (t + 1) * ROWS, nrows, lda);
+    ember_tile_load<D, ROWS, HOPPER>(b + ((t + 1) & 1) * ROWS * D, gb, (t + 1) * ROWS, nrows, ldb);
   }
   ember_cp_async_commit();
   ember_cp_async_wait<1>();
@@ -177,17 +178,16 @@ template <bool HOPPER> EMBER_D unsigned short* ember_flash_tiles() {
    operand of o += p v, whose B (v, contiguous along D) is read transposed. */
 template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, bool HOPPER = false>
 EMBER_D void ember_flash_fwd(float* out, const unsigned short* q, const unsigned short* k,
-                             const unsigned short* v, int T, int S, float c) {
+                             const unsigned short* v, int ldq, int ldk, int ldv, int T, int S, float c) {
   constexpr int BM = ROWS, BN = TILE, WM = HOPPER ? 1 : ROWS / 64, NT = D / 8;
   unsigned short *sq = ember_flash_tiles<HOPPER>(), *sk = sq + BM * D, *sv = sk + 2 * BN * D;
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;  /* longest rows first */
-  q += (size_t)nb * T * D; k += (size_t)nb * S * D; v += (size_t)nb * S * D;
   int tiles = (S + BN - 1) / BN;
   if (CAUSAL) tiles = min(tiles, (row0 + BM - 1) / BN + 1);
-  ember_tile_load<D, BM, HOPPER>(sq, q, row0, T);
-  ember_tile_load<D, BN, HOPPER>(sk, k, 0, S);
-  ember_tile_load<D, BN, HOPPER>(sv, v, 0, S);
+  ember_tile_load<D, BM, HOPPER>(sq, q, row0, T, ldq);
+  ember_tile_load<D, BN, HOPPER>(sk, k, 0, S, ldk);
+  ember_tile_load<D, BN, HOPPER>(sv, v, 0, S, ldv);
   ember_cp_async_commit();
   float o[WM][NT][4], m[WM][2], l[WM][2];
 #pragma unroll
@@ -199,7 +199,7 @@ EMBER_D void ember_flash_fwd(float* out, const unsigned short* q, const unsigned
   }
   const int r_lo = row0 + warp * 16 * WM + (lane >> 2);   /* rows r_lo + 16 w and r_lo + 16 w + 8 */
   for (int t = 0; t < tiles; t++) {
-    ember_next_tiles<D, BN, HOPPER>(sk, k, sv, v, t, tiles, S);
+    ember_next_tiles<D, BN, HOPPER>(sk, k, ldk, sv, v, ldv, t, tiles, S);
     const unsigned short *ck = sk + (t & 1) * BN * D, *cv = sv + (t & 1) * BN * D;
     float s[WM][BN / 8][4];
     ember_scores_any<D, BN, WM, BF16, HOPPER>(s, HOPPER ? sq + (warp >> 2) * 64 * 64 : sq, BM, ck);
@@ -282,27 +282,25 @@ EMBER_D void ember_flash_ds(float (*s)[4], float (*dp)[4], float c, int r_lo, in
 
 template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, bool HOPPER, typename OUT>
 EMBER_D void ember_flash_dq(OUT* out, const unsigned short* q, const unsigned short* k, const unsigned short* v,
-                            const float* packed, const unsigned short* dout, const float* di, int T, int S,
-                            float c, float cs) {
+                            const float* packed, const unsigned short* dout, const float* di, int ldq, int ldk,
+                            int ldv, int T, int S, float c, float cs) {
   constexpr int BM = ROWS, BN = TILE, NT = D / 8;
   unsigned short *sq = ember_flash_tiles<HOPPER>(), *sdo = sq + BM * D, *sk = sdo + BM * D, *sv = sk + 2 * BN * D;
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
-  q += (size_t)nb * T * D; dout += (size_t)nb * T * D; k += (size_t)nb * S * D; v += (size_t)nb * S * D;
-  packed += (size_t)nb * T * (D + 1); di += (size_t)nb * T;
   int tiles = (S + BN - 1) / BN;
   if (CAUSAL) tiles = min(tiles, (row0 + BM - 1) / BN + 1);
-  ember_tile_load<D, BM, HOPPER>(sq, q, row0, T);
-  ember_tile_load<D, BM, HOPPER>(sdo, dout, row0, T);
-  ember_tile_load<D, BN, HOPPER>(sk, k, 0, S);
-  ember_tile_load<D, BN, HOPPER>(sv, v, 0, S);
+  ember_tile_load<D, BM, HOPPER>(sq, q, row0, T, ldq);
+  ember_tile_load<D, BM, HOPPER>(sdo, dout, row0, T, D);
+  ember_tile_load<D, BN, HOPPER>(sk, k, 0, S, ldk);
+  ember_tile_load<D, BN, HOPPER>(sv, v, 0, S, ldv);
   ember_cp_async_commit();
   float acc[NT][4];
 #pragma unroll
   for (int x = 0; x < NT; x++) acc[x][0] = acc[x][1] = acc[x][2] = acc[x][3] = 0.f;
   const int r_lo = row0 + warp * 16 + (lane >> 2);
   for (int t = 0; t < tiles; t++) {
-    ember_next_tiles<D, BN, HOPPER>(sk, k, sv, v, t, tiles, S);
+    ember_next_tiles<D, BN, HOPPER>(sk, k, ldk, sv, v, ldv, t, tiles, S);
     const unsigned short *ck = sk + (t & 1) * BN * D, *cv = sv + (t & 1) * BN * D;
     float s[1][BN / 8][4], dp[1][BN / 8][4];
     ember_scores_any<D, BN, 1, BF16, HOPPER>(s, sq, BM, ck);
@@ -325,20 +323,18 @@ EMBER_D void ember_flash_dq(OUT* out, const unsigned short* q, const unsigned sh
 
 template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, bool HOPPER, typename OUT>
 EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned short* k, const unsigned short* v,
-                              const float* packed, const unsigned short* dout, const float* di, int T, int S,
-                              float c, float cs) {
+                              const float* packed, const unsigned short* dout, const float* di, int ldq, int ldk,
+                              int ldv, int T, int S, float c, float cs) {
   constexpr int BN = ROWS, BM = TILE, NT = D / 8;   /* BN keys per block, BM queries per tile */
   unsigned short *sk = ember_flash_tiles<HOPPER>(), *sv = sk + BN * D, *sq = sv + BN * D, *sdo = sq + 2 * BM * D;
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int key0 = blockIdx.x * BN;
-  q += (size_t)nb * T * D; dout += (size_t)nb * T * D; k += (size_t)nb * S * D; v += (size_t)nb * S * D;
-  packed += (size_t)nb * T * (D + 1); di += (size_t)nb * T;
   const int first = CAUSAL ? key0 / BM : 0, tiles = (T + BM - 1) / BM;
-  ember_tile_load<D, BN, HOPPER>(sk, k, key0, S);
-  ember_tile_load<D, BN, HOPPER>(sv, v, key0, S);
+  ember_tile_load<D, BN, HOPPER>(sk, k, key0, S, ldk);
+  ember_tile_load<D, BN, HOPPER>(sv, v, key0, S, ldv);
   if (first < tiles) {
-    ember_tile_load<D, BM, HOPPER>(sq + (first & 1) * BM * D, q, first * BM, T);
-    ember_tile_load<D, BM, HOPPER>(sdo + (first & 1) * BM * D, dout, first * BM, T);
+    ember_tile_load<D, BM, HOPPER>(sq + (first & 1) * BM * D, q, first * BM, T, ldq);
+    ember_tile_load<D, BM, HOPPER>(sdo + (first & 1) * BM * D, dout, first * BM, T, D);
   }
   ember_cp_async_commit();
   float dk[NT][4], dv[NT][4];
@@ -348,7 +344,7 @@ EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned 
     for (int e = 0; e < 4; e++) dk[x][e] = dv[x][e] = 0.f;
   const int r_lo = key0 + warp * 16 + (lane >> 2);   /* this thread's key rows */
   for (int t = first; t < tiles; t++) {
-    ember_next_tiles<D, BM, HOPPER>(sq, q, sdo, dout, t, tiles, T);
+    ember_next_tiles<D, BM, HOPPER>(sq, q, ldq, sdo, dout, D, t, tiles, T);
     const unsigned short *cq = sq + (t & 1) * BM * D, *cdo = sdo + (t & 1) * BM * D;
     float s[1][BM / 8][4], dp[1][BM / 8][4];
     ember_scores_any<D, BM, 1, BF16, HOPPER>(s, sk, BN, cq);     /* s^T: keys x queries */
@@ -451,7 +447,7 @@ def helpers(kernels: list[Kernel]) -> str:
 
 def _sizes(k: Kernel) -> tuple[str, bool, float, int, int, int, int]:
     assert k.fused is not None
-    node, _ = k.fused
+    node = k.fused[0]
     kind, causal, c = node.arg
     n, t_len, d = node.srcs[0].shape
     return kind, causal, c, n, t_len, node.srcs[1].shape[1], d
@@ -489,18 +485,29 @@ def launch(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
 
 
 def render(r: CLike, k: Kernel, prefix: str = "") -> str:
-    """The kernel's entry point: its buffers in `Kernel.args` order, handed to the template."""
+    """The kernel's entry point: its buffers in `Kernel.args` order, each source placed at the
+    block's batch (q, k and v where their View says, the others in order) and handed to the
+    template with the row strides of q, k and v."""
     assert k.fused is not None
-    node, bufs = k.fused
+    node, bufs, views = k.fused
     kind, causal, c, _, t_len, s_len, d = _sizes(k)
     bf16 = node.srcs[0].dtype.name == "bf16"
     signature = KernelWriter(r, k, prefix).signature()[len("void "):]
-    args = ", ".join(f"b{b.id}" for b in bufs)
+    args = []
+    for src, b, view in zip(node.srcs, bufs, views):
+        if view is None:
+            args.append(f"b{b.id} + (size_t)nb * {math.prod(src.shape[1:])}")
+        else:
+            args.append(f"b{b.id} + {view.offset} + (size_t)(nb / {view.heads}) * {view.sb} + "
+                        f"(size_t)(nb % {view.heads}) * {view.sh}")
+    lds = [str(v.ld if v else d) for v in views[:3]]
+    call = ", ".join(args + lds)
     extra = "" if kind == "attention" else f", {c * math.log(2.0)!r}f"   # the backward's scale of ds
     fn = {"attention": "ember_flash_fwd", "attention_dq": "ember_flash_dq", "attention_dkdv": "ember_flash_dkdv"}[kind]
     rows, tile = (HOPPER_ROWS, HOPPER_TILE) if k.hopper and kind == "attention" else TILES[kind][d]
     flags = f"{str(causal).lower()}, {str(bf16).lower()}, {str(k.hopper).lower()}"
     threads = HOPPER_THREADS if k.hopper and kind == "attention" else THREADS
     return (f"extern \"C\" __global__ void __launch_bounds__({threads}) {signature} {{\n"
-            f"  {fn}<{d}, {rows}, {tile}, {flags}>(b{k.out.id}, {args}, {t_len}, "
+            "  const int nb = blockIdx.y;\n"
+            f"  {fn}<{d}, {rows}, {tile}, {flags}>(b{k.out.id}, {call}, {t_len}, "
             f"{s_len}, {c!r}f{extra});\n}}\n")

@@ -81,7 +81,8 @@ class Kernel:
     atomic: bool = False               # GPU: the store adds into a zeroed output (a scatter, optimize.py)
     visited: frozenset = frozenset()   # the tensor nodes its lowering went through (schedule.py's cache)
     online: "object | None" = None      # CPU: a max and its exponential sums in one loop (online.py)
-    fused: "tuple[Node, list[Buffer]] | None" = None   # a FUSED node and its sources' buffers (attention.py)
+    fused: "tuple[Node, list[Buffer], list[View | None]] | None" = None   # a FUSED node, its sources' buffers
+                                        # and how q, k, v lie in theirs (None: in order) (attention.py)
     batch: "list[Kernel] | None" = None   # GPU: small kernels run as one launch, block by block (batch.py)
     hopper: bool = False               # GPU: a kernel rendered whole gets its sm_90a variant (flash.py)
 
@@ -341,13 +342,21 @@ def selections_to_loads(value: Node) -> Node:
 
 
 def lower_kernel(name: str, root: Node, out: Buffer, realized: dict[Node, Buffer], nest: int = 0) -> Kernel:
-    if root.op is Op.FUSED:  # rendered whole by the backend; its sources must be buffers
+    if root.op is Op.FUSED:  # rendered whole by the backend; its sources must be buffers, or q, k, v views of them
         store = Node(Op.STORE, root.dtype, (out.ref(), sym.const(0), Node(Op.CONST, root.dtype, (), 0.0)))
-        bufs = [realized.get(_through_reshapes(s, realized)) for s in root.srcs]
-        missing = {s for s, b in zip(root.srcs, bufs) if b is None}
+        bufs, views, missing, visited = [], [], set(), {root, *root.srcs}
+        for i, s in enumerate(root.srcs):
+            whole = _through_reshapes(s, realized)
+            found = (whole, None) if whole in realized else strided_view(s, realized) if i < 3 else None
+            bufs.append(realized[found[0]] if found else None)
+            views.append(found[1] if found else None)
+            if found is None:   # realize what q, k or v is a view of, if anything, else the source itself
+                base = strided_view(s, realized, assume=True) if i < 3 else None
+                missing.add(base[0] if base else s)
+                visited |= {*_movements(s), base[0]} if base else set()   # lowered again once it is realized
         reads = list({b.id: b for b in bufs if b is not None}.values())
-        return Kernel(name, out, [], store, reads, problems=missing, visited=frozenset([root, *root.srcs]),
-                      fused=None if missing else (root, bufs))  # type: ignore[arg-type]
+        return Kernel(name, out, [], store, reads, problems=missing, visited=frozenset(visited),
+                      fused=None if missing else (root, bufs, views))  # type: ignore[arg-type]
     lw = Lowerer(realized, root, prefix=f"{name}_", nest=nest)
     ranges = [sym.rng(f"{name}_o{d}", n) for d, n in enumerate(root.shape)]
     idx = tuple(r if r.arg[1] > 1 else sym.const(0) for r in ranges)
@@ -358,6 +367,94 @@ def lower_kernel(name: str, root: Node, out: Buffer, realized: dict[Node, Buffer
     store = Node(Op.STORE, root.dtype, (out.ref(), index, value))
     return Kernel(name, out, [r for r in ranges if r.arg[1] > 1], store, lw.reads, lw.reduces, problems=lw.problems,
                   origin=lw.origin, visited=frozenset(t for t, _, _ in lw.memo))
+
+
+@dataclass(frozen=True)
+class View:
+    """A FUSED kernel's [N, rows, D] operand read in place from a buffer (attention's q, k and v,
+    heads of a [B, T, H * D] projection): element (n, r, d) sits at offset + (n // heads) * sb +
+    (n % heads) * sh + r * ld + d."""
+    heads: int
+    sb: int
+    sh: int
+    ld: int
+    offset: int = 0
+
+
+def _movements(t: Node, realized: dict[Node, Buffer] | None = None) -> list[Node]:
+    """t and the reshapes, permutes and windows below it, down to (not including) the first
+    node of another kind or a realized one."""
+    chain, x = [], t
+    while (realized is None or x not in realized) and x.op in (Op.RESHAPE, Op.PERMUTE, Op.SHRINK):
+        chain.append(x)
+        x = x.srcs[0]
+    return chain
+
+
+def strided_view(t: Node, realized: dict[Node, Buffer], assume: bool = False) -> tuple[Node, View] | None:
+    """(the realized node, the View) if t, of shape [N, rows, D], is reshapes, permutes and
+    windows of a realized node whose buffer holds it as a View describes, else None. assume:
+    the node below the movements as if it were realized (what to realize for a view)."""
+    chain = _movements(t, realized)
+    x = chain[-1].srcs[0] if chain else t
+    if (x not in realized and not assume) or len(t.shape) != 3:
+        return None
+    axes: list[list[tuple[int, int]]] | None = []   # each axis: its parts (size, stride), outermost first
+    stride = 1
+    for size in reversed(x.shape):
+        axes.insert(0, [(size, stride)])
+        stride *= size
+    offset = 0
+    for node in reversed(chain):   # from the buffer up to t
+        if node.op is Op.SHRINK:   # a window of axes that are one part each: the start moves
+            starts, ends = node.arg
+            full = node.srcs[0].shape
+            if any(len(a) != 1 for i, (a, s0, e) in enumerate(zip(axes, starts, ends)) if (s0, e) != (0, full[i])):
+                return None
+            offset += sum(s0 * a[0][1] for a, s0 in zip(axes, starts) if s0)
+            axes = [[(e - s0, a[0][1])] if (s0, e) != (0, full[i]) else a
+                    for i, (a, s0, e) in enumerate(zip(axes, starts, ends))]
+        else:
+            axes = [axes[p] for p in node.arg] if node.op is Op.PERMUTE else _regroup(axes, node.shape)
+        if axes is None:
+            return None
+    n, rows, d = ([p for p in a if p[0] != 1] for a in axes)
+    if d != [(t.shape[2], 1)] or len(rows) > 1 or len(n) > 2:
+        return None
+    ld = rows[0][1] if rows else t.shape[2]
+    (_, sb), (heads, sh) = n if len(n) == 2 else [(1, n[0][1] if n else 0), (1, 0)]
+    # the kernels copy rows 16 bytes at a time (8 elements of 2 bytes): every row starts aligned
+    return (x, View(heads, sb, sh, ld, offset)) if all(v % 8 == 0 for v in (sb, sh, ld, offset)) else None
+
+
+def _regroup(axes: list[list[tuple[int, int]]], shape: tuple[int, ...]) -> list[list[tuple[int, int]]] | None:
+    """The axes' parts (size, stride) cut and grouped as a reshape to shape sees them (row-major),
+    neighbours that are one stride apart merged; None where a part would have to straddle axes."""
+    parts = [p for a in axes for p in a if p[0] != 1]
+    out = []
+    for size in shape:
+        group: list[tuple[int, int]] = []
+        while size > 1:
+            if not parts:
+                return None
+            s, st = parts[0]
+            if size % s == 0:       # the part whole
+                group.append(parts.pop(0))
+                size //= s
+            elif s % size == 0:     # its outer part: size of them, each s // size elements apart
+                group.append((size, st * (s // size)))
+                parts[0] = (s // size, st)
+                size = 1
+            else:
+                return None
+        merged: list[tuple[int, int]] = []
+        for s, st in group:
+            if merged and merged[-1][1] == s * st:
+                merged[-1] = (merged[-1][0] * s, st)
+            else:
+                merged.append((s, st))
+        out.append(merged)
+    return None if parts else out
 
 
 def _through_reshapes(t: Node, realized: dict[Node, Buffer]) -> Node:

@@ -82,6 +82,8 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
         # only kernels that fused a newly realized node change (this keeps scheduling linear in
         # the graph's size: a 12-layer GPT's step took 36 s when every iteration lowered all)
         lowered = {t: k for t, k in lowered.items() if not (k.visited & more)}
+    # a FUSED kernel lowered before its sources had buffers would be rendered as nothing
+    assert all(lowered[t].fused is not None for t in targets if t.op is Op.FUSED), "FUSED sources unrealized"
     kernels = outputs_early(kernels)
     in_order = [k.out for k in kernels if k.out.kind == "temp"]
     sched = Schedule(inputs, [out_bufs[o] for o in graph], kernels, in_order)

@@ -76,11 +76,18 @@ CASES = {
     "autocast_full": ((1, 2, 48, 64), (1, 2, 100, 64), False, dt.f32, dt.bf16),   # T != S, batch of 1
     "f16_causal_d128": ((2, 70, 128), (2, 70, 128), True, dt.f16, dt.f16),         # one batch axis, odd T
     "bf16_causal": ((1, 2, 65, 64), (1, 2, 65, 64), True, dt.bf16, dt.bf16),
+    "bf16_heads": ((2, 2, 65, 64), (2, 2, 65, 64), True, dt.bf16, dt.bf16),   # q, k, v read in place (below)
 }
 
 
 def case(name: str) -> tuple[list[Node], list[Node]]:
     qs, ks, mask, hi, low = CASES[name]
+    if name.endswith("_heads"):   # the heads of one [B, T, 3 H D] projection, as a GPT's attention
+        b, h, t_len, d = qs
+        x = ir.param("x", hi, (b, t_len, 3 * h * d))
+        q, k, v = (ir.permute(ir.reshape(ir.shrink(x, (0, 0, i * h * d), (b, t_len, (i + 1) * h * d)),
+                                         (b, t_len, h, d)), (0, 2, 1, 3)) for i in range(3))
+        return loss_and_grads(attention_graph(q, k, v, mask, low), [x]), [x]
     q, k, v = ir.param("q", hi, qs), ir.param("k", hi, ks), ir.param("v", hi, ks)
     return loss_and_grads(attention_graph(q, k, v, mask, low), [q, k, v]), [q, k, v]
 
@@ -225,3 +232,31 @@ def test_flash_attention_on_the_gpu_matches_pytorch(causal: bool) -> None:
     for got, theirs in zip(mine, (to, tq.grad, tk.grad, tv.grad)):
         a, b = np.asarray(got, np.float64), theirs.detach().numpy().astype(np.float64)
         assert np.abs(a - b).max() <= 0.03 * np.abs(b).max() + 1e-3
+
+
+def test_strided_views_of_heads_match_numpy() -> None:
+    """lower.strided_view: q, k or v as heads of a [B, T, 3 H D] projection (a window, reshapes,
+    a permute) is read in place; every element of the View's formula is numpy's element, and
+    layouts a View cannot describe (d not contiguous) or the kernels cannot copy by 16 bytes
+    (rows of 4 elements) are refused."""
+    from ember.compiler.lower import Buffer, strided_view
+    b, t, h, d = 2, 5, 3, 8
+    x = ir.param("x", dt.bf16, (b, t, 3 * h * d))
+    arr = np.arange(x.numel).reshape(x.shape)
+    realized = {x: Buffer(0, dt.bf16, x.numel, "temp", x)}
+    for part in range(3):
+        s = ir.shrink(x, (0, 0, part * h * d), (b, t, (part + 1) * h * d))
+        heads = ir.permute(ir.reshape(s, (b, t, h, d)), (0, 2, 1, 3))
+        q = ir.reshape(heads, (b * h, t, d))
+        base, view = strided_view(q, realized)
+        assert base is x
+        want = arr[:, :, part * h * d:(part + 1) * h * d].reshape(b, t, h, d).transpose(0, 2, 1, 3).reshape(b * h, t, d)
+        n, r, e = np.meshgrid(np.arange(b * h), np.arange(t), np.arange(d), indexing="ij")
+        got = view.offset + (n // view.heads) * view.sb + (n % view.heads) * view.sh + r * view.ld + e
+        assert np.array_equal(got, want), (part, view)
+    kt = ir.reshape(ir.permute(ir.reshape(x, (b, t, 3 * h, d)), (0, 2, 3, 1)), (b * 3 * h, d, t))   # d strided
+    assert strided_view(kt, realized) is None
+    y = ir.param("y", dt.bf16, (b, t, 3 * 4))   # heads of 4: rows 8 bytes apart
+    realized = {y: Buffer(1, dt.bf16, y.numel, "temp", y)}
+    q = ir.reshape(ir.permute(ir.reshape(ir.shrink(y, (0, 0, 0), (b, t, 12)), (b, t, 3, 4)), (0, 2, 1, 3)), (6, t, 4))
+    assert strided_view(q, realized) is None
