@@ -15,6 +15,9 @@ class DType:
     def __repr__(self) -> str:
         return self.name
 
+    def __reduce__(self) -> tuple:
+        return _by_name, (self.name,)   # unpickled as the one object of its name: dtypes compare by `is`
+
     @property
     def itemsize(self) -> int:
         return max(1, self.bits // 8)
@@ -60,3 +63,7 @@ f64 = DType("f64", 64, "f", "float64", "double")
 
 ALL = (bool_, i8, i16, i32, i64, u8, u16, u32, u64, f16, bf16, f32, f64)
 BY_NAME = {d.name: d for d in ALL}
+
+
+def _by_name(name: str) -> DType:
+    return BY_NAME[name]

@@ -14,7 +14,7 @@ then its compiler and runtime.
 from __future__ import annotations
 
 from ..ir import Node
-from . import attention, autodiff, contraction
+from . import attention, autodiff, contraction, store
 from .batch import batch_small
 from .optimize import optimize
 from .schedule import Schedule, schedule
@@ -23,7 +23,17 @@ from .split import split_large_reductions
 
 def compile_schedule(outputs: list[Node], target: str, arch: str = "", nest: int = 0) -> Schedule:
     """target: "c" or "cuda"; arch: the GPU architecture (sm_86, sm_90a...); nest: the C
-    backend's allowance for short reductions inside others (lower.Lowerer)."""
+    backend's allowance for short reductions inside others (lower.Lowerer). A program compiled
+    before, in this process or another, is loaded from the disk cache (store.py)."""
+    k = store.key(outputs, target, arch, nest)
+    sched = store.load(k)
+    if sched is None:
+        sched = _compile(outputs, target, arch, nest)
+        store.save(k, sched)
+    return sched
+
+
+def _compile(outputs: list[Node], target: str, arch: str, nest: int) -> Schedule:
     if target == "cuda" and contraction.tensor_cores(arch):   # flash attention (mma.sync)
         outputs = attention.fuse(outputs)
     graph = autodiff.expand_grads(outputs)   # gradients first: their reductions are split too
