@@ -29,82 +29,77 @@ from ember.backend import cuda  # noqa: E402
 from ember.models.gpt import GPT, GPTConfig  # noqa: E402
 
 
-def median_ms(fn, runs: int = 25, skip: int = 5) -> float:
+def median_ms(fn, runs: int = 25, skip: int = 5, profile: cProfile.Profile | None = None) -> float:
     times = []
-    for _ in range(runs):
+    for i in range(runs):
+        if profile and i == skip:
+            profile.enable()
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
+    if profile:
+        profile.disable()
     return statistics.median(times[skip:]) * 1e3
 
 
-def replay(args: argparse.Namespace) -> tuple[list, float]:
-    """ember.jit's replay of the step with T.execute returning ready arrays; (the step's program
-    outputs, milliseconds per replay)."""
-    ready: dict = {}
-    programs: list = []
-
-    def fake_execute(canonical: list, values: dict, average: tuple = ()) -> list:
-        T.context.runs += 1
-        programs.append(canonical)
-        for n in canonical:
-            if (n.shape, n.dtype.np_name) not in ready:
-                ready[n.shape, n.dtype.np_name] = np.zeros(n.shape, np.dtype(n.dtype.np_name))
-        return [ready[n.shape, n.dtype.np_name] for n in canonical]
-
-    real, T.execute = T.execute, fake_execute
-    try:
-        T.manual_seed(0)
-        model = GPT(GPTConfig(vocab=args.vocab, block=args.block, dim=args.dim, n_layer=args.layers,
-                              n_head=args.dim // 64))
-        opt = optim.AdamW(model.parameters(), lr=3e-4)
-
-        @ember.jit
-        def step(x: T.Tensor, y: T.Tensor) -> T.Tensor:
-            opt.zero_grad()
-            with T.autocast("bfloat16"):
-                loss = model.loss(x, y)
-            loss.backward()
-            opt.step()
-            return loss
-
-        tokens = np.zeros((args.batch, args.block), np.int32)
-        ms = median_ms(lambda: step(T.Tensor(tokens), T.Tensor(tokens)))
-        return max(programs, key=len), ms
-    finally:
-        T.execute = real
-
-
-def run_device(outputs: list, arch: str) -> float:
-    """Milliseconds of CUDAProgram.run_device's Python for the step's schedule, the driver faked,
-    each step's outputs fed back as the next step's inputs (the graph found every time)."""
+def fake_driver() -> None:
+    """cuda-python's calls that a replayed step makes, as no-ops; blocks are integers."""
     from cuda.bindings import driver as cu
     addresses = itertools.count(1 << 20, 1 << 12)
-    cu.cuMemAlloc = lambda n: (cu.CUresult.CUDA_SUCCESS, next(addresses))
-    cu.cuMemcpyHtoD = cu.cuGraphLaunch = lambda *a: (cu.CUresult.CUDA_SUCCESS, None)
-    cu.cuStreamCreate = lambda *a: (cu.CUresult.CUDA_SUCCESS, 1)
-    sched = cuda.prepare(outputs, arch)
-    prog = object.__new__(cuda.CUDAProgram)
-    prog.cu, prog.sched = cu, sched
-    prog.start_runs()
-    prog._temp_ptr = {b.id: next(addresses) for b in sched.temps}
-    prog._capture = lambda key, launches, after: prog._graphs.__setitem__(key, None)
-    prog._launch_list = lambda ptr: []
-    values = {n: cuda.DeviceArray(b.node.shape, b.dtype) for n, b in sched.inputs.items()}
-    same = {(b.node.shape, b.dtype.name): [n for n, i in sched.inputs.items() if (i.node.shape, i.dtype.name) ==
-                                           (b.node.shape, b.dtype.name)] for b in sched.outputs}
+    ok = cu.CUresult.CUDA_SUCCESS
+    cu.cuMemAlloc = lambda n: (ok, next(addresses))
+    cu.cuMemcpyHtoD = cu.cuGraphLaunch = lambda *a: (ok, None)
+    cu.cuStreamCreate = lambda *a: (ok, 1)
 
-    def one() -> None:
-        results = prog.run_device(values)
-        taken: dict = {}
-        for b, arr in zip(sched.outputs, results):
-            nodes = same[(b.node.shape, b.dtype.name)]
-            i = taken.get(id(nodes), 0)
-            if i < len(nodes):
-                values[nodes[i]] = arr
-                taken[id(nodes)] = i + 1
-    print(f"run_device: {len(sched.inputs)} inputs, {len(sched.outputs)} outputs, {len(sched.kernels)} kernels")
-    return median_ms(one)
+    def program(outputs: list) -> cuda.CUDAProgram:
+        prog = object.__new__(cuda.CUDAProgram)
+        prog.cu, prog.sched = cu, cuda.prepare(outputs, "sm_90a")
+        prog.start_runs()
+        prog._temp_ptr = {b.id: next(addresses) for b in prog.sched.temps}
+        prog._capture = lambda key, launches, after: prog._graphs.__setitem__(key, None)
+        prog._launch_list = lambda ptr: []
+        prog._issue = lambda launches, stream, after=None: None
+        return prog
+    cuda.compile = cuda.cached(program)
+
+
+def step_ms(args: argparse.Namespace, profile: cProfile.Profile | None) -> tuple[float, int, int]:
+    """Milliseconds of a replayed step's Python (ember.jit's replay and CUDAProgram.run_device,
+    the driver faked); the step program's inputs and the outputs it made arrays for."""
+    def zeros(canonical: list, values: dict, average: tuple = (), donate: tuple = ()) -> list:
+        T.context.runs += 1
+        return [np.zeros(n.shape, np.dtype(n.dtype.np_name)) for n in canonical]
+
+    T.manual_seed(0)
+    model = GPT(GPTConfig(vocab=args.vocab, block=args.block, dim=args.dim, n_layer=args.layers,
+                          n_head=args.dim // 64))
+    opt = optim.AdamW(model.parameters(), lr=3e-4)
+
+    @ember.jit
+    def step(x: T.Tensor, y: T.Tensor) -> T.Tensor:
+        opt.zero_grad()
+        with T.autocast("bfloat16"):
+            loss = model.loss(x, y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    def on_gpu(canonical: list, values: dict, average: tuple = (), donate: tuple = ()) -> list:
+        T.context.runs += 1   # T.execute's "cuda" path (the default device here is the CPU)
+        return cuda.run_device(canonical, values, average, donate)
+
+    tokens = np.zeros((args.batch, args.block), np.int32)
+    real, T.execute = T.execute, zeros   # the traced calls run eagerly: their programs' values faked
+    try:
+        for _ in range(2):
+            step(T.Tensor(tokens), T.Tensor(tokens))
+        T.execute = on_gpu
+        ms = median_ms(lambda: step(T.Tensor(tokens), T.Tensor(tokens)), profile=profile)
+    finally:
+        T.execute = real
+    prog = max(cuda.compile.programs.values(), key=lambda p: len(p.sched.kernels))
+    made = len(prog.sched.outputs) - len(next(iter(prog._donatable.values()), {}))
+    return ms, len(prog.sched.inputs), made
 
 
 def main() -> None:
@@ -114,19 +109,15 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--vocab", type=int, default=50304)
-    ap.add_argument("--arch", default="sm_90a")
-    ap.add_argument("--profile", action="store_true", help="cProfile both parts, print the top")
+    ap.add_argument("--profile", action="store_true", help="cProfile the replayed steps, print the top")
     args = ap.parse_args()
+    fake_driver()
     profile = cProfile.Profile() if args.profile else None
+    ms, inputs, made = step_ms(args, profile)
     if profile:
-        profile.enable()
-    program, replay_ms = replay(args)
-    device_ms = run_device(program, args.arch)
-    if profile:
-        profile.disable()
         pstats.Stats(profile).sort_stats("tottime").print_stats(15)
-    print(f"jit replay (execution faked): {replay_ms:.3f} ms; run_device (driver faked): {device_ms:.3f} ms; "
-          f"together {replay_ms + device_ms:.3f} ms of Python a step")
+    print(f"replayed step: {ms:.3f} ms of Python (ember.jit's replay and run_device, the driver faked); "
+          f"the step program's {inputs} inputs, {made} outputs given new arrays (the rest updated in place)")
 
 
 if __name__ == "__main__":

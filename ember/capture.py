@@ -28,8 +28,8 @@ from .tensor import Tensor
 
 
 class Trace:
-    """The events of one call: ("host", fn), ("run", canonical, sources, averaged outputs),
-    ("assign", leaf node, (run index, output index))."""
+    """The events of one call: ("host", fn), ("run", canonical, sources, averaged outputs,
+    donated outputs), ("assign", leaf node, (run index, output index), the run's slot for the leaf)."""
 
     def __init__(self, args: tuple) -> None:
         self.args = {a.node: i for i, a in enumerate(args) if isinstance(a, Tensor)}
@@ -54,12 +54,12 @@ class Trace:
         return ("data", T._host(value))
 
     def on_run(self, canonical: list[Node], slots: dict[Node, Node], todo: list[Tensor], results: list,
-               average: tuple[int, ...]) -> None:
+               average: tuple[int, ...], donate: tuple[tuple[int, Node], ...]) -> None:
         sources = [(slot, self.source(p)) for p, slot in slots.items()]
         for i, (t, v) in enumerate(zip(todo, results)):
             self.outputs[id(t)] = self.values[id(v)] = (self.runs, i)
         self.alive += [*todo, *results]
-        self.events.append(("run", tuple(canonical), sources, average))
+        self.events.append(("run", tuple(canonical), sources, average, donate))
         self.runs += 1
 
     def on_assign(self, leaf: Tensor, source: Tensor) -> None:
@@ -67,7 +67,9 @@ class Trace:
         if where is None or _order(leaf.node) >= self.first_new:
             self.broken = "a tensor took a value that no program of the step computed"
             return
-        self.events.append(("assign", leaf.node, where))
+        run = self.events[[i for i, e in enumerate(self.events) if e[0] == "run"][where[0]]]
+        slot = next((slot for slot, src in run[2] if src == ("leaf", leaf.node)), None)
+        self.events.append(("assign", leaf.node, where, slot))   # slot: where the run read the leaf
 
     def on_host(self, fn: Callable[[], None]) -> None:
         self.events.append(("host", fn))
@@ -148,6 +150,7 @@ class jit:
     def _replay(self, args: tuple) -> Any:
         assert self.trace is not None
         results: list[list] = []
+        fed: list[dict] = []   # each run's inputs
         for event in self.trace.events:
             if event[0] == "host":
                 event[1]()
@@ -155,10 +158,12 @@ class jit:
                 data = T._DATA   # the sources inline: this loop is on the step's critical path
                 values = {slot: data[args[src[1]].node] if src[0] == "arg" else data[src[1]] if src[0] == "leaf"
                           else self._value(src, args, results) for slot, src in event[2]}
-                results.append(T.execute(list(event[1]), values, event[3]))
+                fed.append(values)
+                results.append(T.execute(list(event[1]), values, event[3], event[4]))
             else:
-                _, node, (run, i) = event
-                T._DATA[node] = results[run][i]
+                _, node, (run, i), slot = event
+                if slot is None or results[run][i] is not fed[run][slot]:   # (updated in place: nothing to do)
+                    T._DATA[node] = results[run][i]
         returns, single = self.returns
         out = [Tensor(results[r.run][r.index], r.dtype) if isinstance(r, Returned) else r for r in returns]
         return out[0] if single else tuple(out)

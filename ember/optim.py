@@ -38,9 +38,9 @@ class Optimizer:
         pairs = self.updates()
         loss, T.context.pending_loss = T.context.pending_loss, None
         extra = [loss] if loss is not None and loss.value() is None else []
-        T.realize(*extra, *[new for _, new in pairs])
-        for target, new in pairs:
-            target.assign(new)
+        for target, new in pairs:   # taken at the realize: the GPU then updates in place (T._compute)
+            target.assign(new, lazy=True)
+        T.realize(*extra)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {"steps": np.array(self.steps, np.int64)}

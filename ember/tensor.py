@@ -1706,7 +1706,7 @@ def realize(*tensors: Tensor, average: Sequence[Tensor] = ()) -> None:
     assigns, context.pending_assigns = list(context.pending_assigns.values()), {}
     todo = list({id(t): t for t in [t for t in tensors if t.value() is None] +
                  [v for _, v in assigns if v.value() is None]}.values())
-    _compute(todo, {id(t) for t in average})
+    _compute(todo, {id(t) for t in average}, {id(v): leaf.node for leaf, v in assigns})
     for leaf, v in assigns:
         _DATA[leaf.node] = v.value()
         if context.trace is not None:
@@ -1725,7 +1725,9 @@ def host(fn: Callable[[], None]) -> None:
         trace.on_host(fn)
 
 
-def _compute(todo: list[Tensor], average: set[int]) -> None:
+def _compute(todo: list[Tensor], average: set[int], replacing: dict[int, Node]) -> None:
+    """replacing: id(tensor) -> the leaf that takes its value after this run (pending assigns):
+    the leaf's old value is dead then, and its device memory may take the new one."""
     for t in [t for t in todo if t.numel() == 0]:  # empty: nothing to compute
         t._value = np.empty(t.shape, _np_dtype(t.dtype))
     todo = [t for t in todo if t.numel()]
@@ -1736,21 +1738,24 @@ def _compute(todo: list[Tensor], average: set[int]) -> None:
     values = {slot: _DATA[p] for p, slot in slots.items()}
     context.python_s += time.perf_counter() - t0
     averaged = tuple(i for i, t in enumerate(todo) if id(t) in average)
-    results = execute(canonical, values, averaged)
+    donate = tuple((i, slots[leaf]) for i, t in enumerate(todo) if (leaf := replacing.get(id(t))) in slots)
+    results = execute(canonical, values, averaged, donate)
     for t, v in zip(todo, results):
         t._value = v  # the node stays: gradients can still flow through t
     if context.trace is not None:
-        context.trace.on_run(canonical, slots, todo, results, averaged)
+        context.trace.on_run(canonical, slots, todo, results, averaged, donate)
 
 
-def execute(canonical: list[Node], values: dict[Node, Any], average: tuple[int, ...] = ()) -> list:
+def execute(canonical: list[Node], values: dict[Node, Any], average: tuple[int, ...] = (),
+            donate: tuple[tuple[int, Node], ...] = ()) -> list:
     """Run a canonical program (its params are slots) on the default device: the results stay
     there (a GPU's in device memory). average: the outputs averaged over the data-parallel
-    ranks."""
+    ranks; donate: (output, slot) pairs whose slot's value is dead after the run (the GPU may
+    write the output over it: cuda.CUDAProgram.run_device)."""
     backend = backends.BACKENDS[default_device()]
     if backend.keeps_values:
         try:
-            results = backend.compiler.run_device(canonical, values, average)
+            results = backend.compiler.run_device(canonical, values, average, donate)
         except (RuntimeError, NotImplementedError) as e:
             raise backends.BackendError(str(e)) from None
     elif average:

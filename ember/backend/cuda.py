@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import itertools
 import math
 import os
 import sys
@@ -27,7 +28,7 @@ import numpy as np
 
 from .. import data, debug
 from .. import dtype as dt
-from ..compiler import batch, pipeline
+from ..compiler import batch, pipeline, schedule
 from ..compiler.lower import Kernel
 from ..compiler.rewrite import substitute
 from ..compiler.schedule import Schedule
@@ -391,6 +392,13 @@ def source(outputs: list[Node], arch: str | None = None) -> str:
 
 # ---------------------------------------------------------------------------------- runtime
 
+# The references to an input's array that run_device may write over: the leaf's (T._DATA), the
+# run's values, run_device's `given` and `held`, _donations' list and getrefcount's argument.
+# One more (a detached copy, another leaf given the same array by assign) would see the array
+# change: it is not donated.
+DONOR_REFS = 6
+
+
 def _check(result: Any) -> Any:
     err = result[0]
     if int(err) != 0:
@@ -595,6 +603,7 @@ class CUDAProgram:
         self._blocks: dict[int, list[int]] = {}   # output buffer id -> device blocks it held lately
         self._staged: dict[int, DeviceArray] = {}  # input buffer id -> where host values are uploaded
         self._io_meta: tuple[list, list] | None = None   # run_device's view of the inputs and outputs
+        self._donatable: dict[tuple, dict[int, int]] = {}   # run_device's donate -> the pairs allowed
 
     def _temps(self) -> dict[int, int]:
         """Device memory for the program's temporaries, allocated at its first run and kept:
@@ -698,50 +707,54 @@ class CUDAProgram:
         run()
         return fetch()
 
-    def run_device(self, values: dict[Node, "np.ndarray | DeviceArray"],
-                   average: tuple[int, ...] = ()) -> list[DeviceArray]:
+    def run_device(self, values: dict[Node, "np.ndarray | DeviceArray"], average: tuple[int, ...] = (),
+                   donate: tuple[tuple[int, Node], ...] = ()) -> list[DeviceArray]:
         """One run with inputs taken where they are (host values are uploaded) and outputs left
         on the GPU: the training loop's path, where a step's new weights are the next step's
         inputs and nothing crosses PCIe but the batch and the loss. average: outputs averaged
-        over the data-parallel ranks (distributed.py) as soon as their kernels are done."""
+        over the data-parallel ranks (distributed.py) as soon as their kernels are done.
+        donate: (output index, input) pairs whose input value is dead after the run (an
+        optimizer's update): where schedule.donatable allows, the output is written over the
+        input's block and returned as the input's own array (PyTorch's in-place update: no
+        block taken, no array made, one CUDA graph for every step)."""
         sched = self.sched
         if self._io_meta is None:   # what run_device reads of each input and output, once
-            self._io_meta = ([(n, b.id, b.dtype, b.nbytes) for n, b in sched.inputs.items()],
+            ins = list(sched.inputs.items())
+            self._io_meta = ([n for n, _ in ins], [b.id for _, b in ins], [b.dtype for _, b in ins],
+                             [b.nbytes for _, b in ins],
                              [(b.id, b.node.shape, b.dtype, b.nbytes, self._blocks.setdefault(b.id, []))
                               for b in sched.outputs])
-        ins, outs = self._io_meta
-        held: dict[int, DeviceArray] = {}   # input buffer id -> its array (kept alive for the run)
-        for node, bid, dtype, nbytes in ins:
-            v = values[node]
-            if not isinstance(v, DeviceArray):   # into a block of the program's own: the same every run
-                if bid not in self._staged:
-                    self._staged[bid] = DeviceArray(node.shape, dtype)
-                self._staged[bid].copy_from(v)
-                v = self._staged[bid]
-            elif v.dtype is not dtype or v.nbytes != nbytes:
-                raise RuntimeError(f"a device value of {v.dtype}{list(v.shape)} given for {dtype}{list(node.shape)}")
-            held[bid] = v
+        in_nodes, in_bids, in_dtypes, in_nbytes, outs = self._io_meta
+        given = [values[n] for n in in_nodes]
+        for j in [j for j, v, d, nb in zip(itertools.count(), given, in_dtypes, in_nbytes)
+                  if type(v) is not DeviceArray or v.dtype is not d or v.nbytes != nb]:
+            given[j] = self._device_input(given[j], in_nodes[j], in_bids[j], in_dtypes[j], in_nbytes[j])
+        held = dict(zip(in_bids, given))   # input buffer id -> its array (alive for the run)
+        donated = self._donations(donate, given) if donate else {}
+        del given
         # the outputs' blocks as bare addresses first: a replayed graph is launched before Python
         # makes their arrays, so that work (and the caller's) runs while the GPU does the step's
         out_ptr = {bid: v.ptr for bid, v in held.items()}   # an output that is an input's buffer shares it
+        for out_bid, in_bid in donated.items():
+            out_ptr[out_bid] = held[in_bid].ptr
         take = POOL.take
-        for bid, _, _, nbytes, used in outs:
-            if bid not in out_ptr:
-                # each output takes back a block it had before if that one is free: a step's new
-                # weights then alternate between two blocks, and the run's buffers recur, so its
-                # CUDA graph is replayed (the pool's last-freed block makes a permutation of the
-                # weights' blocks whose period can be longer than the run of a training job)
-                p = out_ptr[bid] = take(nbytes, used)
-                if p not in used:
-                    used.insert(0, p)
-                    del used[3:]
+        fresh = list({o[0]: o for o in outs if o[0] not in out_ptr}.values())   # (a buffer returned twice: once)
+        for bid, _, _, nbytes, used in fresh:
+            # each output takes back a block it had before if that one is free: a step's new
+            # weights then alternate between two blocks, and the run's buffers recur, so its
+            # CUDA graph is replayed (the pool's last-freed block makes a permutation of the
+            # weights' blocks whose period can be longer than the run of a training job)
+            p = out_ptr[bid] = take(nbytes, used)
+            if p not in used:
+                used.insert(0, p)
+                del used[3:]
         key = (average, *out_ptr.values())   # the inputs' blocks, then the outputs' (dicts keep order)
 
         def arrays() -> list[DeviceArray]:
             made = dict(held)
-            for bid, shape, dtype, nbytes, _ in outs:
-                if bid not in made:   # (a buffer returned twice is one array)
-                    made[bid] = DeviceArray.adopt(out_ptr[bid], shape, dtype, nbytes)
+            made.update({out_bid: held[in_bid] for out_bid, in_bid in donated.items()})
+            for bid, shape, dtype, nbytes, _ in fresh:
+                made[bid] = DeviceArray.adopt(out_ptr[bid], shape, dtype, nbytes)
             return [made[o[0]] for o in outs]
         if key in self._graphs:  # the same buffers as a captured run: replay it
             self._graphs.move_to_end(key)
@@ -759,6 +772,31 @@ class CUDAProgram:
         else:
             self._issue(launches, 0, after)
         return results
+
+    def _device_input(self, v: "np.ndarray | DeviceArray", node: Node, bid: int, dtype: DType,
+                      nbytes: int) -> DeviceArray:
+        """A host value uploaded into a block of the program's own (the same every run); a
+        device value of another type or size refused."""
+        if isinstance(v, DeviceArray):
+            raise RuntimeError(f"a device value of {v.dtype}{list(v.shape)} given for {dtype}{list(node.shape)}")
+        if bid not in self._staged:
+            self._staged[bid] = DeviceArray(node.shape, dtype)
+        self._staged[bid].copy_from(v)
+        return self._staged[bid]
+
+    def _donations(self, donate: tuple[tuple[int, Node], ...], given: list[DeviceArray]) -> dict[int, int]:
+        """Output buffer id -> input buffer id, for the pairs of donate that schedule.donatable
+        allows (decided once per donate) whose input array has no holder but this run's: one
+        more (a detached copy, another leaf given it by assign, the program's upload block, a
+        second input) would see it change."""
+        if donate not in self._donatable:
+            sched, outs = self.sched, self.sched.outputs
+            place = {n: j for j, n in enumerate(sched.inputs)}
+            self._donatable[donate] = [(outs[i].id, sched.inputs[n].id, place[n]) for i, n in donate
+                                       if n in sched.inputs and schedule.donatable(sched, outs[i], sched.inputs[n])]
+        pairs = self._donatable[donate]
+        refs = list(map(sys.getrefcount, [given[j] for _, _, j in pairs]))
+        return {o: i for (o, i, _), r in zip(pairs, refs) if r <= DONOR_REFS}
 
     def _averaging(self, average: tuple[int, ...], results: list[DeviceArray]) -> dict[int, list[Callable]]:
         """The hooks that average the outputs `average` over the ranks: in buckets of about
@@ -891,10 +929,10 @@ class DeviceArray:
 
 
 def run_device(outputs: list[Node], values: dict[Node, "np.ndarray | DeviceArray"],
-               average: tuple[int, ...] = ()) -> list[DeviceArray]:
+               average: tuple[int, ...] = (), donate: tuple[tuple[int, Node], ...] = ()) -> list[DeviceArray]:
     """Run the program on values that may already be on the GPU; the results stay there.
-    average: the outputs averaged over the data-parallel ranks (CUDAProgram.run_device)."""
-    return compile(outputs).run_device(values, average)
+    average, donate: as CUDAProgram.run_device."""
+    return compile(outputs).run_device(values, average, donate)
 
 
 class _Profile:

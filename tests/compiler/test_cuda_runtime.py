@@ -67,3 +67,32 @@ def test_a_device_value_of_the_wrong_shape_is_refused(fake_program) -> None:
     prog = fake_program([ir.binary(Op.ADD, x, x)])
     with pytest.raises(RuntimeError, match="given for f32"):
         prog.run_device({next(iter(prog.sched.inputs)): DeviceArray((4,), dt.f32)})
+
+
+def test_updates_in_place_replay_one_graph(fake_program) -> None:
+    from ember.backend.cuda import DeviceArray
+    w, g = ir.param("w", dt.f32, (64,)), ir.param("g", dt.f32, (64,))
+    prog = fake_program([ir.binary(Op.SUB, w, g), ir.reduce(Op.SUM, g, (0,))])
+    weights, grad = DeviceArray((64,), dt.f32), DeviceArray((64,), dt.f32)
+    block = weights.ptr
+    for step in range(6):
+        results = prog.run_device({w: weights, g: grad}, donate=((0, w),))
+        assert results[0] is weights and weights.ptr == block   # written over the old weights
+        del results
+    assert len(prog._graphs) == 1 and prog.launched == [0] * 4
+    kept = weights   # a second holder (a detached copy) must keep its values: a new block
+    results = prog.run_device({w: weights, g: grad}, donate=((0, w),))
+    assert results[0] is not kept and results[0].ptr != block
+
+
+def test_only_outputs_read_at_their_own_element_are_donated() -> None:
+    from ember.backend import cuda
+    from ember.compiler import schedule
+    w, g = ir.param("w", dt.f32, (8, 8)), ir.param("g", dt.f32, (8, 8))
+    cases = {"elementwise": (ir.binary(Op.SUB, w, g), True),
+             "transposed": (ir.binary(Op.SUB, w, ir.permute(w, (1, 0))), False),
+             "row sums": (ir.binary(Op.SUB, w, ir.expand(ir.reduce(Op.SUM, w, (1,)), (8, 8))), False)}
+    for name, (new_w, ok) in cases.items():
+        sched = cuda.prepare([new_w, ir.binary(Op.MUL, g, g)], "sm_90a")
+        assert schedule.donatable(sched, sched.outputs[0], sched.inputs[w]) is ok, name
+        assert not schedule.donatable(sched, sched.outputs[1], sched.inputs[w]), name   # another output

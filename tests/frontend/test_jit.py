@@ -122,7 +122,7 @@ def test_tensors_made_after_others_died_are_told_apart(monkeypatch) -> None:
     tensors the trace keyed by id die inside the call, and their ids must not be taken for the
     new tensors' (ember train --gpus 2 read a gradient for the loss)."""
     execute = et.execute
-    monkeypatch.setattr(et, "execute", lambda canonical, values, average=(): execute(canonical, values))
+    monkeypatch.setattr(et, "execute", lambda canonical, values, average=(), donate=(): execute(canonical, values))
 
     def losses(jit: bool) -> list[float]:
         et.manual_seed(0)
