@@ -41,6 +41,7 @@ PROFILE_HOST = os.environ.get("PROFILE_HOST") == "1"   # cProfile the replayed s
 # graph for each set of buffers the outputs alternate between (counted with the driver faked:
 # docs/performance.md, data parallelism). A step of two programs (2 GPUs) replays one step later.
 JIT_WARMUP = 5
+PEAK_BF16 = 989e12   # the H200's dense bf16 tensor-core rate
 
 
 def timed_steps(loss_fn: Callable, opt: optim.Optimizer, batches: Callable, steps: int, low: str | None,
@@ -213,8 +214,13 @@ def main() -> None:
     tokens = np.random.default_rng(0).integers(0, args.vocab, (4, args.batch, args.block + 1)).astype(np.int32)
     per_step = args.batch * args.block
     params = 12 * args.layers * args.dim ** 2 + (args.vocab + args.block) * args.dim
+    # MFU as nanoGPT estimates it: 6 FLOPs per parameter (position embedding left out) and token,
+    # plus attention's 12 * layers * dim * context (causal counted whole), against bf16's dense peak
+    flops_per_token = 6 * (params - args.block * args.dim) + 12 * args.layers * args.dim * args.block
+    mfu = lambda tps: f"MFU {100 * tps * flops_per_token / PEAK_BF16:4.1f}%"  # noqa: E731
     print(f"GPT {args.layers} layers, dim {args.dim}, context {args.block}, batch {args.batch}, vocab {args.vocab} "
-          f"(about {params / 1e6:.0f}M parameters): {per_step} tokens a step")
+          f"(about {params / 1e6:.0f}M parameters): {per_step} tokens a step; MFU against {PEAK_BF16 / 1e12:.0f} "
+          "TFLOP/s (bf16 dense)")
     ember_tps = {}
     variants = (("Ember f32", None, False), ("Ember f32, jit", None, True),
                 ("Ember bf16 autocast", "bfloat16", False), ("Ember bf16, jit", "bfloat16", True))
@@ -223,7 +229,7 @@ def main() -> None:
         tps = per_step / statistics.median(rest)
         ember_tps[low] = max(ember_tps.get(low, 0.0), tps)
         memory = f"   GPU memory in use {device_memory_used():5.1f} GiB" if args.device == "cuda" else ""
-        print(f"{name:20s}{tps:10.0f} tok/s   step {statistics.median(rest) * 1e3:8.1f} ms   "
+        print(f"{name:20s}{tps:10.0f} tok/s   {mfu(tps)}   step {statistics.median(rest) * 1e3:8.1f} ms   "
               f"first step {first:6.1f} s   loss {loss:.3f}   host {host * 1e3:6.2f} ms"
               + ("" if math.isnan(launch) else f" ({launch * 1e3:.2f} before the launch)") + memory, flush=True)
     peers = (("PyTorch eager f32", False), ("PyTorch bf16+SDPA", True))
@@ -231,7 +237,8 @@ def main() -> None:
         torch.cuda.reset_peak_memory_stats()
         tps = per_step / statistics.median(torch_steps(c, args.steps, tokens, bf16))
         mine = ember_tps["bfloat16" if bf16 else None]
-        print(f"{name:20s}{tps:10.0f} tok/s   Ember ({'bf16' if bf16 else 'f32'})/PyTorch {mine / tps:.3f}   "
+        ratio = f"Ember ({'bf16' if bf16 else 'f32'})/PyTorch {mine / tps:.3f}"
+        print(f"{name:20s}{tps:10.0f} tok/s   {mfu(tps)}   {ratio}   "
               f"peak allocated {torch.cuda.max_memory_allocated() / 2 ** 30:5.1f} GiB", flush=True)
     if args.torch_profile and torch.cuda.is_available():
         torch_profile(c, tokens)

@@ -4,6 +4,7 @@ launched first); these check that no block ends up in two live arrays and that a
 own outputs replays one of a few graphs."""
 from __future__ import annotations
 
+import gc
 import itertools
 
 import pytest
@@ -37,8 +38,17 @@ def fake_program(monkeypatch: pytest.MonkeyPatch):
         prog._launch_list = lambda ptr: []
         prog._issue = lambda launches, stream, after=None: None
         prog.launched = launched
+        made.append(prog)
         return prog
-    return make
+    made: list = []
+    yield make
+    # before the driver is real again (on a GPU): nothing of the fakes may reach it, the
+    # programs' graphs and blocks are integers, the arrays' blocks go back to the fake pool
+    for prog in made:
+        prog._graphs.clear()
+        prog._temp_ptr = prog._io = None
+    made.clear()
+    gc.collect()
 
 
 def test_replayed_outputs_never_share_a_block(fake_program) -> None:
