@@ -76,13 +76,29 @@ def softmax(n: int, m: int, dtype: dt.DType = F32) -> tuple[list[Node], list[Nod
     return [x], [p], ref
 
 
-def layernorm(n: int, m: int) -> tuple[list[Node], list[Node], Callable]:
-    x = ir.param("x", F32, (n, m))
-    inv = const(1.0 / m, (n, 1))
+def log_softmax(n: int, m: int, dtype: dt.DType = F32) -> tuple[list[Node], list[Node], Callable]:
+    """x - max - log(sum(exp(x - max))) along rows, with exp2 and log2 as the IR has them."""
+    x = ir.param("x", dtype, (n, m))
+    d = ir.binary(Op.SUB, x, bcast(ir.reduce(Op.RMAX, x, (1,)), (n, m)))
+    e = ir.unary(Op.EXP2, ir.binary(Op.MUL, d, ir.const(float(np.float32(1.4426950408889634)), dtype, (n, m))))
+    lse = ir.binary(Op.MUL, ir.unary(Op.LOG2, ir.reduce(Op.SUM, e, (1,))),
+                    ir.const(float(np.float32(0.6931471805599453)), dtype, (n, 1)))
+    y = ir.binary(Op.SUB, d, bcast(lse, (n, m)))
+
+    def ref(x: np.ndarray) -> np.ndarray:
+        d = x - x.max(1, keepdims=True)
+        return d - np.log(np.exp(d).sum(1, keepdims=True))
+    return [x], [y], ref
+
+
+def layernorm(n: int, m: int, dtype: dt.DType = F32) -> tuple[list[Node], list[Node], Callable]:
+    x = ir.param("x", dtype, (n, m))
+    c = lambda v, shape: ir.const(float(np.float32(v)), dtype, shape)  # noqa: E731
+    inv = c(1.0 / m, (n, 1))
     mu = ir.binary(Op.MUL, ir.reduce(Op.SUM, x, (1,)), inv)
     d = ir.binary(Op.SUB, x, bcast(mu, (n, m)))
     var = ir.binary(Op.MUL, ir.reduce(Op.SUM, ir.binary(Op.MUL, d, d), (1,)), inv)
-    r = ir.unary(Op.RECIP, ir.unary(Op.SQRT, ir.binary(Op.ADD, var, const(1e-5, (n, 1)))))
+    r = ir.unary(Op.RECIP, ir.unary(Op.SQRT, ir.binary(Op.ADD, var, c(1e-5, (n, 1)))))
     y = ir.binary(Op.MUL, d, bcast(r, (n, m)))
 
     def ref(x: np.ndarray) -> np.ndarray:
@@ -91,8 +107,10 @@ def layernorm(n: int, m: int) -> tuple[list[Node], list[Node], Callable]:
     return [x], [y], ref
 
 
-def reduce_sum(n: int, m: int, axes: tuple[int, ...]) -> tuple[list[Node], list[Node], Callable]:
-    x = ir.param("x", F32, (n, m))
+def reduce_sum(n: int, m: int | None, axes: tuple[int, ...],
+               dtype: dt.DType = F32) -> tuple[list[Node], list[Node], Callable]:
+    """The sum of an n x m array over axes, or of a vector of n (m None, axes (0,))."""
+    x = ir.param("x", dtype, (n,) if m is None else (n, m))
     return [x], [ir.reduce(Op.SUM, x, axes)], lambda x: x.sum(axis=axes, keepdims=True)
 
 

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu import chain8, compile_times, layernorm, matmul, reduce_sum, softmax  # noqa: E402
+from cpu import chain8, compile_times, layernorm, log_softmax, matmul, reduce_sum, softmax  # noqa: E402
 
 from ember import data, ir  # noqa: E402
 from ember import dtype as dt  # noqa: E402
@@ -55,6 +55,8 @@ TORCH = {
     "rowsum": lambda x: x.sum(1, keepdim=True),
     "colsum": lambda x: x.sum(0, keepdim=True),
     "fullsum": lambda x: x.sum().reshape(1, 1),
+    "fullsum1d": lambda x: x.sum().reshape(1),
+    "logsoftmax": lambda x: torch.log_softmax(x, 1),
     "transpose": lambda x: x.t().contiguous(),
     "matmul": lambda a, b: a @ b,
 }
@@ -81,9 +83,16 @@ def main() -> None:
         ("rowsum", f"row sum f32 {rows}x{cols}", reduce_sum(rows, cols, (1,))),
         ("colsum", f"column sum f32 {rows}x{cols}", reduce_sum(rows, cols, (0,))),
         ("fullsum", f"full sum f32 {rows}x{cols}", reduce_sum(rows, cols, (0, 1))),
+        ("fullsum1d", f"full sum f32 1-D 2^{vec.bit_length() - 1}", reduce_sum(vec, None, (0,))),
+        ("rowsum", f"row sum bf16 {rows}x{cols}", reduce_sum(rows, cols, (1,), dt.bf16)),
+        ("colsum", f"column sum bf16 {rows}x{cols}", reduce_sum(rows, cols, (0,), dt.bf16)),
+        ("fullsum", f"full sum bf16 {rows}x{cols}", reduce_sum(rows, cols, (0, 1), dt.bf16)),
         ("softmax", f"softmax rows f32 {rows}x{cols}", softmax(rows, cols)),
         ("softmax", f"softmax rows bf16 {rows}x{cols}", softmax(rows, cols, dt.bf16)),
+        ("logsoftmax", f"log-softmax rows f32 {rows}x{cols}", log_softmax(rows, cols)),
+        ("logsoftmax", f"log-softmax rows bf16 {rows}x{cols}", log_softmax(rows, cols, dt.bf16)),
         ("layernorm", f"layernorm rows f32 {rows}x{cols}", layernorm(rows, cols)),
+        ("layernorm", f"layernorm rows bf16 {rows}x{cols}", layernorm(rows, cols, dt.bf16)),
         ("transpose", f"transpose f32 {tn}x{tn}", transpose(tn)),
         ("matmul", f"matmul f32 {mm} (TF32 off)", matmul(mm)),
     ]
