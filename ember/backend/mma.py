@@ -94,12 +94,16 @@ template <int N> EMBER_D void ember_setmaxnreg_dec() {
 """
 
 
+def _tma_coordinates(rank: int) -> tuple[str, str, str]:
+    """A TMA helper's coordinate parameters, their asm operands (%2 on) and inputs."""
+    return (", ".join(f"int c{i}" for i in range(rank)), ", ".join(f"%{i + 2}" for i in range(rank)),
+            ", ".join(f'"r"(c{i})' for i in range(rank)))
+
+
 def _tma_helper(rank: int) -> str:
     """ember_tma<rank>(dst, map, c0, c1, ..., bar): one box of the tensor at those coordinates
     (innermost first) into shared memory, zeros where it passes the tensor's edge."""
-    coords = ", ".join(f"int c{i}" for i in range(rank))
-    regs = ", ".join(f"%{i + 2}" for i in range(rank))
-    ins = ", ".join(f'"r"(c{i})' for i in range(rank))
+    coords, regs, ins = _tma_coordinates(rank)
     return (f"EMBER_D void ember_tma{rank}(void* dst, const EmberTmap* map, {coords}, unsigned long long* bar) {{\n"
             f'  asm volatile("cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "\n'
             f'               "[%0], [%1, {{{regs}}}], [%{rank + 2}];\\n"\n'
@@ -110,9 +114,7 @@ def _tma_helper(rank: int) -> str:
 def _tma_store_helper(rank: int) -> str:
     """ember_tma_store<rank>(src, map, c0, c1, ...): one box from shared memory into the tensor at
     those coordinates (innermost first); what passes the tensor's edge is not written."""
-    coords = ", ".join(f"int c{i}" for i in range(rank))
-    regs = ", ".join(f"%{i + 2}" for i in range(rank))
-    ins = ", ".join(f'"r"(c{i})' for i in range(rank))
+    coords, regs, ins = _tma_coordinates(rank)
     return (f"EMBER_D void ember_tma_store{rank}(const void* src, const EmberTmap* map, {coords}) {{\n"
             f'  asm volatile("cp.async.bulk.tensor.{rank}d.global.shared::cta.tile.bulk_group "\n'
             f'               "[%0, {{{regs}}}], [%1];\\n"\n'
