@@ -1,7 +1,7 @@
 """Attention on the GPU: Ember's flash kernels, derived from the primitive graph (expand-mul-sum,
 iota mask, max, exp2, sum, div, expand-mul-sum), beside PyTorch's SDPA flash in the same run.
 
-    PYTHONPATH=. python3 bench/attention_gpu.py [--quick]
+    PYTHONPATH=. python3 bench/attention_gpu.py [--quick | --f32-memory]
 
 bf16, 16k tokens a batch (batch = 16384 / S) and a model width of 2048 (heads = 2048 / D), as
 FlashAttention's own benchmarks. FLOPs: 4 B H S^2 D for the forward (two matmuls), 2.5 times
@@ -66,7 +66,12 @@ def fused_ms(prog: cuda.CUDAProgram) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="S = 1024 and 4096, D = 64")
+    ap.add_argument("--f32-memory", action="store_true",
+                    help="only f32 attention's device memory at S = 1024, 2048, 4096 (issue 9: not S^2)")
     args = ap.parse_args()
+    if args.f32_memory:
+        f32_memory()
+        return
     print(f"{'case':28} {'pass':8} {'Ember TFLOP/s':>13} {'(kernel)':>9} {'SDPA':>7} {'ratio':>6} {'% peak':>7} "
           f"{'ms':>7} {'compile':>8}")
     for d in (64, 128):
@@ -75,6 +80,41 @@ def main() -> None:
                 continue
             for causal in (False, True):
                 run_case(d, s, causal)
+
+
+def f32_memory() -> None:
+    """f32 attention (no autocast: no tensor cores), causal, D = 64, 8 heads: the device memory
+    Ember's program holds (its buffers, temporaries sharing slots as planned) beside PyTorch's
+    peak for SDPA on f32, and whether it grows as S^2 (16x from S = 1024 to 4096) or S (4x)."""
+    print(f"{'f32 attention, causal, D=64, 8 heads':38} {'Ember MiB':>10} {'temps MiB':>10} {'SDPA peak MiB':>14} "
+          f"{'Ember ms':>9} {'error':>8}")
+    held = {}
+    for s in (1024, 2048, 4096):
+        q, k, v = (ir.param(n, dt.f32, (1, 8, s, 64)) for n in "qkv")
+        prog = cuda.CUDAProgram([attention(q, k, v, True)])
+        sched = prog.sched
+        slots = {sched.slots[b.id]: 0 for b in sched.temps}
+        for b in sched.temps:
+            slots[sched.slots[b.id]] = max(slots[sched.slots[b.id]], b.nbytes)
+        temps = sum(slots.values())
+        total = temps + sum(b.nbytes for b in [*sched.inputs.values(), *sched.outputs])
+        g = torch.Generator(device="cuda").manual_seed(0)
+        tq, tk, tv = (torch.randn((1, 8, s, 64), device="cuda", generator=g) for _ in range(3))
+        inputs = {p: x.cpu().numpy() for p, x in zip((q, k, v), (tq, tk, tv))}
+        got, times = prog.timed(inputs, 5)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        want = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+        peak = torch.cuda.max_memory_allocated() - base
+        err = float(np.abs(got[0] - want.cpu().numpy()).max() / np.abs(want.cpu().numpy()).max())
+        held[s] = total
+        print(f"S={s:<36} {total / 2**20:10.1f} {temps / 2**20:10.1f} {peak / 2**20:14.1f} "
+              f"{statistics.median(times):9.2f} {err:8.1e}", flush=True)
+        prog.free()
+    growth = held[4096] / held[1024]
+    kind = "S^2: the scores are in memory" if growth > 8 else "linear in S"
+    print(f"S 1024 -> 4096: Ember's memory x{growth:.1f} ({kind})")
 
 
 def run_case(d: int, s: int, causal: bool) -> None:
