@@ -603,7 +603,8 @@ class CUDAProgram:
         self._blocks: dict[int, list[int]] = {}   # output buffer id -> device blocks it held lately
         self._staged: dict[int, DeviceArray] = {}  # input buffer id -> where host values are uploaded
         self._io_meta: tuple[list, list] | None = None   # run_device's view of the inputs and outputs
-        self._donatable: dict[tuple, dict[int, int]] = {}   # run_device's donate -> the pairs allowed
+        self._donatable: dict[tuple, list[tuple[int, int, int]]] = {}   # run_device's donate -> the pairs
+        # allowed: (output buffer id, input buffer id, the input's place)
 
     def _temps(self) -> dict[int, int]:
         """Device memory for the program's temporaries, allocated at its first run and kept:
@@ -792,8 +793,10 @@ class CUDAProgram:
         if donate not in self._donatable:
             sched, outs = self.sched, self.sched.outputs
             place = {n: j for j, n in enumerate(sched.inputs)}
-            self._donatable[donate] = [(outs[i].id, sched.inputs[n].id, place[n]) for i, n in donate
-                                       if n in sched.inputs and schedule.donatable(sched, outs[i], sched.inputs[n])]
+            known = [(i, n) for i, n in donate if n in sched.inputs]
+            ok = schedule.donatable(sched, [(outs[i], sched.inputs[n]) for i, n in known])
+            self._donatable[donate] = [(outs[i].id, sched.inputs[n].id, place[n])
+                                       for (i, n), yes in zip(known, ok) if yes]
         pairs = self._donatable[donate]
         refs = list(map(sys.getrefcount, [given[j] for _, _, j in pairs]))
         return {o: i for (o, i, _), r in zip(pairs, refs) if r <= DONOR_REFS}

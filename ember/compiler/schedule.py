@@ -155,30 +155,34 @@ def outputs_early(kernels: list[Kernel]) -> list[Kernel]:
     return order + waiting
 
 
-def donatable(sched: Schedule, out: Buffer, inp: Buffer) -> bool:
-    """Whether output `out` may be written over input `inp`'s memory (an optimizer's update in
-    place, its old value dead after the run): every kernel that reads inp runs before out's
-    writer, or is the writer and reads inp only at the element it stores, each element read by
-    the thread that then overwrites it (a map: never a reduction, tile or template over inp)."""
-    position = {}
-    for i, k in enumerate(sched.kernels):
-        for m in k.batch or [k]:   # a batch's members run at once, in one launch
-            position[id(m)] = i
-    writer = next((m for k in sched.kernels for m in k.batch or [k] if m.out.id == out.id), None)
-    if writer is None or inp.kind != "input" or out.nbytes != inp.nbytes or any(b.id == inp.id for b in sched.outputs):
-        return False   # (an input returned as it is keeps its value)
-    for k in sched.kernels:
-        for m in k.batch or [k]:
-            if m is writer or all(b.id != inp.id for b in m.reads):
-                continue
-            if position[id(m)] >= position[id(writer)]:
-                return False
-    if all(b.id != inp.id for b in writer.reads):
-        return True
-    if writer.contraction or writer.fused or writer.atomic or writer.stages or writer.batch:
-        return False
-    index = writer.store.srcs[1]
-    return all(n.srcs[1] is index for n in toposort([writer.store]) if n.op is Op.LOAD and n.srcs[0].arg == inp.id)
+def donatable(sched: Schedule, pairs: list[tuple[Buffer, Buffer]]) -> list[bool]:
+    """For each (output, input) pair, whether the output may be written over the input's memory
+    (an optimizer's update in place, the old value dead after the run): every kernel that reads
+    the input runs before the output's writer, or is the writer and reads the input only at the
+    element it stores, each element read by the thread that then overwrites it (a map: never a
+    reduction, tile or template over it). The kernels are indexed once for all the pairs."""
+    members = [(i, m) for i, k in enumerate(sched.kernels) for m in k.batch or [k]]   # a batch's run at once
+    writer: dict[int, tuple[int, Kernel]] = {}
+    readers: dict[int, list[tuple[int, Kernel]]] = {}
+    for i, m in members:
+        writer.setdefault(m.out.id, (i, m))
+        for bid in {b.id for b in m.reads}:
+            readers.setdefault(bid, []).append((i, m))
+    returned = {b.id for b in sched.outputs}   # (an input returned as it is keeps its value)
+
+    def allowed(out: Buffer, inp: Buffer) -> bool:
+        if out.id not in writer or inp.kind != "input" or out.nbytes != inp.nbytes or inp.id in returned:
+            return False
+        at, w = writer[out.id]
+        if any(m is not w and i >= at for i, m in readers.get(inp.id, [])):
+            return False
+        if all(b.id != inp.id for b in w.reads):
+            return True
+        if w.contraction or w.fused or w.atomic or w.stages or w.batch:
+            return False
+        index = w.store.srcs[1]
+        return all(n.srcs[1] is index for n in toposort([w.store]) if n.op is Op.LOAD and n.srcs[0].arg == inp.id)
+    return [allowed(out, inp) for out, inp in pairs]
 
 
 def plan_memory(sched: Schedule) -> dict[int, int]:

@@ -104,5 +104,5 @@ def test_only_outputs_read_at_their_own_element_are_donated() -> None:
              "row sums": (ir.binary(Op.SUB, w, ir.expand(ir.reduce(Op.SUM, w, (1,)), (8, 8))), False)}
     for name, (new_w, ok) in cases.items():
         sched = cuda.prepare([new_w, ir.binary(Op.MUL, g, g)], "sm_90a")
-        assert schedule.donatable(sched, sched.outputs[0], sched.inputs[w]) is ok, name
-        assert not schedule.donatable(sched, sched.outputs[1], sched.inputs[w]), name   # another output
+        assert schedule.donatable(sched, [(sched.outputs[0], sched.inputs[w])]) == [ok], name
+        assert schedule.donatable(sched, [(sched.outputs[1], sched.inputs[w])]) == [False], name   # another output
