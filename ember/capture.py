@@ -38,6 +38,7 @@ class Trace:
         self.outputs: dict[int, tuple[int, int]] = {}   # id(tensor) -> where its value comes from
         self.values: dict[int, tuple[int, int]] = {}    # id(value) -> the same
         self.runs = 0
+        self.leaf_slots: list[dict[Node, Node]] = []   # per run: leaf node -> the slot it fed
         self.broken = ""    # why this call cannot be replayed, if it cannot
         self.alive: list = []   # what outputs and values are keyed by, alive until the call ends: an id
                                 # is unique only while its object lives (a gradient replaced by a
@@ -60,6 +61,7 @@ class Trace:
             self.outputs[id(t)] = self.values[id(v)] = (self.runs, i)
         self.alive += [*todo, *results]
         self.events.append(("run", tuple(canonical), sources, average, donate))
+        self.leaf_slots.append({src[1]: slot for slot, src in sources if src[0] == "leaf"})
         self.runs += 1
 
     def on_assign(self, leaf: Tensor, source: Tensor) -> None:
@@ -67,9 +69,8 @@ class Trace:
         if where is None or _order(leaf.node) >= self.first_new:
             self.broken = "a tensor took a value that no program of the step computed"
             return
-        run = self.events[[i for i, e in enumerate(self.events) if e[0] == "run"][where[0]]]
-        slot = next((slot for slot, src in run[2] if src == ("leaf", leaf.node)), None)
-        self.events.append(("assign", leaf.node, where, slot))   # slot: where the run read the leaf
+        slot = self.leaf_slots[where[0]].get(leaf.node)   # where the run read the leaf, if it did
+        self.events.append(("assign", leaf.node, where, slot))
 
     def on_host(self, fn: Callable[[], None]) -> None:
         self.events.append(("host", fn))
