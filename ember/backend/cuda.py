@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import data, debug
 from .. import dtype as dt
-from ..compiler import batch, pipeline, schedule
+from ..compiler import batch, contraction, pipeline, schedule
 from ..compiler.lower import Kernel
 from ..compiler.rewrite import substitute
 from ..compiler.schedule import Schedule
@@ -215,7 +215,7 @@ def launch_config(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
     """(grid, threads per block, dynamic shared memory bytes), from the plan optimize made."""
     if k.contraction is not None:
         c, p = k.contraction
-        return mma.grid(c, p), mma.threads(p), mma.smem_bytes(p)
+        return mma.grid(c, p), mma.threads(p), contraction.smem_bytes(p)
     if k.fused is not None:
         return flash.launch(k)
     if k.batch is not None:   # every member's blocks, one after the other

@@ -12,7 +12,7 @@ The kernel a GpuPlan describes (see compiler/contraction.py):
 """
 from __future__ import annotations
 
-from ..compiler.contraction import SMS, Contraction, GpuPlan, Operand, _smem
+from ..compiler.contraction import SMS, Contraction, GpuPlan, Operand
 from ..compiler.lower import Kernel
 from .render import CLike, ElementWriter, KernelWriter, operand_bases
 
@@ -161,16 +161,6 @@ def helpers(kernels: list[Kernel]) -> str:
 
 def threads(p: GpuPlan) -> int:
     return p.threads
-
-
-def smem_bytes(p: GpuPlan) -> int:
-    if p.instruction == "fma":  # f32 tiles [block_k][block + 4]
-        return p.stages * (p.block_m + p.block_n + 8) * p.block_k * 4
-    if p.tma_store:
-        return _smem(p.block_m, p.block_n, p.block_k, p.stages)
-    # room to align the tiles to 1024 bytes (the swizzle atom), and the mbarriers after them
-    extra = 1024 + 16 * p.stages * p.tma if p.instruction == "wgmma" else 0
-    return p.stages * (p.block_m + p.block_n) * p.block_k * 2 + extra
 
 
 def grid(c: Contraction, p: GpuPlan) -> tuple[int, int, int]:

@@ -61,7 +61,6 @@ def _store(device: str, key: str, plan: GpuPlan) -> None:
 
 def candidates(c: Contraction, arch: str) -> list[GpuPlan]:
     """Plans worth timing for c on arch (the heuristic's first), within shared memory."""
-    from .mma import smem_bytes
     if c.dtype.name == "f32":
         plans = [GpuPlan("fma", 128, 128, 8, 1, 1, s) for s in (3, 2, 4)] + [GpuPlan("fma", 64, 64, 8, 1, 1, 3)]
     else:
@@ -72,7 +71,7 @@ def candidates(c: Contraction, arch: str) -> list[GpuPlan]:
             plans = [contraction.fed(GpuPlan("wgmma", bm, bn, 64, bm // 64, 1, s), c) for bm, bn, s in shapes] + plans
     first = contraction.plan(c, arch)
     plans = list(dict.fromkeys(([first] if first else []) + plans))   # (a TMA store makes 4 stages 3)
-    return [p for p in plans if smem_bytes(p) <= contraction.SMEM_LIMIT.get(arch, 99) * 1024]
+    return [p for p in plans if contraction.smem_bytes(p) <= contraction.SMEM_LIMIT.get(arch, 99) * 1024]
 
 
 def choose(kernels: list[Kernel], arch: str, device: str, timer: Any) -> None:

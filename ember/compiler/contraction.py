@@ -309,18 +309,21 @@ def fed(p: GpuPlan, c: Contraction) -> GpuPlan:
     fed = dataclasses.replace(p, tma=True)
     if c.out_strides is None or p.block_n % 64:
         return fed
-    stages = p.stages
+    # the most slots that fit, given up down to 3 (a plan of fewer keeps its own)
+    stored = [dataclasses.replace(fed, stages=s, tma_store=True) for s in range(p.stages, min(p.stages, 3) - 1, -1)]
     room = SMEM_LIMIT["sm_90a"] * 1024
-    while stages > 3 and _smem(p.block_m, p.block_n, p.block_k, stages) > room:
-        stages -= 1
-    if _smem(p.block_m, p.block_n, p.block_k, stages) > room:
-        return fed
-    return dataclasses.replace(fed, stages=stages, tma_store=True)
+    return next((q for q in stored if smem_bytes(q) <= room), fed)
 
 
-def _smem(bm: int, bn: int, bk: int, stages: int) -> int:
-    """Shared memory of a TMA-store plan: the slots, the output tile, alignment and mbarriers."""
-    return stages * (bm + bn) * bk * 2 + bm * bn * 2 + 1024 + 16 * stages
+def smem_bytes(p: GpuPlan) -> int:
+    """A plan's shared memory: its slots, and for wgmma room to align the tiles to 1024 bytes
+    (the swizzle atom), the mbarriers (TMA) and the TMA store's output tile."""
+    if p.instruction == "fma":  # f32 tiles [block_k][block + 4]
+        return p.stages * (p.block_m + p.block_n + 8) * p.block_k * 4
+    slots = p.stages * (p.block_m + p.block_n) * p.block_k * 2
+    if p.instruction != "wgmma":
+        return slots
+    return slots + 1024 + 16 * p.stages * p.tma + p.block_m * p.block_n * 2 * p.tma_store
 
 
 def plan(c: Contraction, arch: str) -> GpuPlan | None:

@@ -16,7 +16,7 @@ import pytest
 from ember import backends, ir, ref
 from ember import dtype as dt
 from ember.backend import cuda, run_values
-from ember.compiler import optimize
+from ember.compiler import contraction, optimize
 from ember.compiler.schedule import schedule
 from ember.ir import Node, Op
 
@@ -193,7 +193,7 @@ def test_search_keeps_the_fastest_plan_and_reuses_it(tmp_path: Path, monkeypatch
     (k,) = _kernels(case("bf16_aligned")[0], arch="sm_90a")
     plans = search.candidates(k.contraction[0], "sm_90a")
     assert plans[0] == k.contraction[1] and len(plans) == len(set(plans)) > 4  # the heuristic's first
-    assert all(cuda.mma.smem_bytes(p) <= 227 * 1024 for p in plans)
+    assert all(contraction.smem_bytes(p) <= 227 * 1024 for p in plans)
     fastest = plans[3]
     timed = []
 
@@ -314,7 +314,7 @@ def test_tma_store_where_the_output_allows() -> None:
 
     c, p = plan_of("bf16_aligned")   # [256, 192] bf16
     assert p.tma_store and mma._tma_out_box(c) == ([192, 256], [1, 192], [64, 64])
-    assert mma.smem_bytes(p) <= room
+    assert contraction.smem_bytes(p) <= room
     c, p = plan_of("batched_wide")   # [2, 128, 96]: the batch is a third dimension
     assert p.tma_store and mma._tma_out_box(c) == ([96, 128, 2], [1, 96, 128 * 96], [64, 64, 1])
     for name in ("epilogue", "f16_odd", "conv_like"):   # f32 output; 45 columns; rows n, h, w merged
@@ -322,6 +322,6 @@ def test_tma_store_where_the_output_allows() -> None:
     a, b = ir.param("a", BF16, (16384, 768)), ir.param("b", BF16, (768, 3072))   # GPT-2's fc
     (k,) = [k for k in _kernels([matmul(a, b)], arch="sm_90a") if k.contraction]
     _, p = k.contraction
-    assert p.tma_store and p.stages == 3 and mma.smem_bytes(p) <= room
+    assert p.tma_store and p.stages == 3 and contraction.smem_bytes(p) <= room
     src = cuda.source([matmul(a, b)], "sm_90a")
     assert src.count("ember_tma_store2(ep + ") == p.block_n // 64 and "ember_bulk_wait();" in src
