@@ -1,7 +1,8 @@
-"""The Python of a replayed GPT training step, without a GPU: `ember.jit`'s replay with execution
-faked, then `CUDAProgram.run_device` for the step's real schedule with the driver's calls faked.
-What a replay costs the host besides the driver's own work (cuGraphLaunch, the uploads), which
-only `PROFILE_HOST=1 python3 bench/train_gpu.py` on a GPU shows.
+"""The Python of a replayed GPT training step, without a GPU: `ember.jit`'s replay and
+`CUDAProgram.run_device` on the step's real schedule, together, with the driver's calls faked
+(the two traced calls before it run with their programs' values faked). What a replay costs the
+host besides the driver's own work (cuGraphLaunch, the uploads), which only `PROFILE_HOST=1
+python3 bench/train_gpu.py` on a GPU shows.
 
     python3 bench/host_step.py [--layers 12] [--profile]
 """
@@ -98,7 +99,7 @@ def step_ms(args: argparse.Namespace, profile: cProfile.Profile | None) -> tuple
     finally:
         T.execute = real
     prog = max(cuda.compile.programs.values(), key=lambda p: len(p.sched.kernels))
-    made = len(prog.sched.outputs) - len(next(iter(prog._donatable.values()), {}))
+    made = len(prog.sched.outputs) - len(next(iter(prog._donatable.values()), []))
     return ms, len(prog.sched.inputs), made
 
 
