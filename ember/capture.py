@@ -151,7 +151,7 @@ class jit:
     def _replay(self, args: tuple) -> Any:
         assert self.trace is not None
         results: list[list] = []
-        fed: list[dict] = []   # each run's inputs
+        values: dict = {}   # the last run's inputs (only its: an array held longer is not updated in place)
         for event in self.trace.events:
             if event[0] == "host":
                 event[1]()
@@ -159,12 +159,11 @@ class jit:
                 data = T._DATA   # the sources inline: this loop is on the step's critical path
                 values = {slot: data[args[src[1]].node] if src[0] == "arg" else data[src[1]] if src[0] == "leaf"
                           else self._value(src, args, results) for slot, src in event[2]}
-                fed.append(values)
                 results.append(T.execute(list(event[1]), values, event[3], event[4]))
             else:
                 _, node, (run, i), slot = event
-                if slot is None or results[run][i] is not fed[run][slot]:   # (updated in place: nothing to do)
-                    T._DATA[node] = results[run][i]
+                if run != len(results) - 1 or slot is None or results[run][i] is not values[slot]:
+                    T._DATA[node] = results[run][i]   # (not when updated in place: the same array)
         returns, single = self.returns
         out = [Tensor(results[r.run][r.index], r.dtype) if isinstance(r, Returned) else r for r in returns]
         return out[0] if single else tuple(out)

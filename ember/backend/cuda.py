@@ -297,6 +297,17 @@ class CUDAKernelWriter(KernelWriter):
             return ["#pragma unroll", f"for ({t} {v} = threadIdx.x; {v} < ({t})threadIdx.x + {n}; {v} += {threads})"]
         return [f"for ({t} {v} = threadIdx.x; {v} < {n}; {v} += blockDim.x)"]
 
+    def stage_open(self, name: str, ctype: str, size: int, count: int, var: str) -> tuple[list[str], list[str]]:
+        """The block fills a stage with a constant trip count where its threads divide it, so
+        that the loop unrolls and a thread's loads are in flight together (a transpose's 32 x 32
+        tile took its four loads one after another)."""
+        before, header = super().stage_open(name, ctype, size, count, var)
+        threads = block_size(self.k)
+        if not self.member and count % threads == 0 and count // threads <= 16:
+            header = ["#pragma unroll", f"for (int {var} = threadIdx.x; {var} < (int)threadIdx.x + {count}; "
+                                        f"{var} += {threads})"]
+        return before, header
+
     def vector_read(self, n: Node, scope: Scope, vec: Any) -> tuple[Scope, str]:
         """Reads of a row by a block's unrolled loops are noted for finish (below)."""
         outer, arr = super().vector_read(n, scope, vec)

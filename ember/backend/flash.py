@@ -20,8 +20,9 @@ the row (eight rows one `ldmatrix` reads fall in eight bank groups).
 On sm_90a (`Kernel.hopper`) every product is wgmma (`EmberWg<true>`): scores from tiles in the
 128-byte-swizzled layout (`ember_hswz`), and p (or ds) kept in registers as the A operand of
 the product that follows, the other operand read transposed. The three kernels are the ones
-above with HOPPER set: the forward with two warpgroups of 64 rows (128 a block), dq and dk|dv
-with one. SASS: HGMMA only, 8, 12 and 16 a tile for the forward, dq and dk|dv; 90, 126 and 174
+above with HOPPER set: the forward with two warpgroups of 64 rows (128 a block; tiles of 128
+keys at D = 64, HOPPER_TILE), dq and dk|dv with one. SASS: HGMMA only, 8, 12 and 16 a tile for
+the forward (tiles of 64 keys), dq and dk|dv; 90-126 (forward, 128-key tiles), 126 and 174
 registers at D = 64; no local memory. Measured on the H200 (docs/performance.md).
 """
 from __future__ import annotations
@@ -423,7 +424,7 @@ def _hopper_helpers(kernels: list[Kernel]) -> str:
     for k in hopper:
         kind, _, _, _, _, _, d = _sizes(k)
         dtype = k.fused[0].srcs[0].dtype.name
-        scores.add((dtype, HOPPER_TILE if kind == "attention" else TILES[kind][d][1]))
+        scores.add((dtype, HOPPER_TILE[d] if kind == "attention" else TILES[kind][d][1]))
         products.add((dtype, d))
     out = ("template <int N, bool BF16> EMBER_D void ember_wgmma_s(float* d, unsigned long long da, "
            "unsigned long long db);\n"
@@ -462,7 +463,8 @@ TILES = {"attention": {64: (128, 64), 128: (128, 32)},
          "attention_dkdv": {64: (64, 64), 128: (64, 32)}}
 
 
-HOPPER_ROWS, HOPPER_TILE, HOPPER_THREADS = 128, 64, 256   # sm_90a's forward: two warpgroups of 64 rows
+HOPPER_ROWS, HOPPER_THREADS = 128, 256   # sm_90a's forward: two warpgroups of 64 rows
+HOPPER_TILE = {64: 128, 128: 64}   # its keys per tile, by head size (D = 128: 160 KB of tiles at 128, one block an SM)
 
 
 def smem_bytes(k: Kernel) -> int:
@@ -471,7 +473,7 @@ def smem_bytes(k: Kernel) -> int:
     bytes (the swizzle's period)."""
     kind, _, _, _, _, _, d = _sizes(k)
     if k.hopper and kind == "attention":
-        return (HOPPER_ROWS + 4 * HOPPER_TILE) * d * 2 + 1024
+        return (HOPPER_ROWS + 4 * HOPPER_TILE[d]) * d * 2 + 1024
     rows, tile = TILES[kind][d]
     return ((1 if kind == "attention" else 2) * rows + 4 * tile) * d * 2 + 1024 * k.hopper
 
@@ -504,7 +506,7 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
     call = ", ".join(args + lds)
     extra = "" if kind == "attention" else f", {c * math.log(2.0)!r}f"   # the backward's scale of ds
     fn = {"attention": "ember_flash_fwd", "attention_dq": "ember_flash_dq", "attention_dkdv": "ember_flash_dkdv"}[kind]
-    rows, tile = (HOPPER_ROWS, HOPPER_TILE) if k.hopper and kind == "attention" else TILES[kind][d]
+    rows, tile = (HOPPER_ROWS, HOPPER_TILE[d]) if k.hopper and kind == "attention" else TILES[kind][d]
     flags = f"{str(causal).lower()}, {str(bf16).lower()}, {str(k.hopper).lower()}"
     threads = HOPPER_THREADS if k.hopper and kind == "attention" else THREADS
     return (f"extern \"C\" __global__ void __launch_bounds__({threads}) {signature} {{\n"

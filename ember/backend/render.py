@@ -383,6 +383,10 @@ class KernelWriter:
     def finish(self, root: Scope) -> None:
         """A target's last changes to the kernel's statements before they are printed."""
 
+    def stage_open(self, name: str, ctype: str, size: int, count: int, var: str) -> tuple[list[str], list[str]]:
+        """A stage's declaration and fill-loop header (the renderer's; a target may change them)."""
+        return self.r.stage_open(name, ctype, size, count, var)
+
     def vector_lane(self, index: Node, d: DType) -> "Vector | None":
         """The aligned vector access of a lane's loads or store at index = base + lane, base a
         multiple of the lane's size (buffers start 16-byte aligned), or None. Written out, since
@@ -466,7 +470,7 @@ class KernelWriter:
             fresh = {r: sym.rng(f"{r.arg[0]}f", r.arg[1]) for r in st.over}
             (load,) = substitute([st.load], fresh)
             count = math.prod(r.arg[1] for r in st.over)
-            before, header = self.r.stage_open(name, self.r.ctype(st.load.dtype), st.size, count, e)
+            before, header = self.stage_open(name, self.r.ctype(st.load.dtype), st.size, count, e)
             for line in before:
                 scope.put(line)
             fill = scope.open(frozenset(fresh.values()), header)
