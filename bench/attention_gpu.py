@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu import cuda_time  # noqa: E402
+from gpu import cuda_time, device_memory_used  # noqa: E402
 
 from ember import data, ir  # noqa: E402
 from ember import dtype as dt  # noqa: E402
@@ -67,7 +67,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="S = 1024 and 4096, D = 64")
     ap.add_argument("--f32-memory", action="store_true",
-                    help="only f32 attention's device memory at S = 1024, 2048, 4096 (issue 9: not S^2)")
+                    help="only f32 attention's device memory and time at S = 1024, 2048, 4096 (issue 9: not S^2)")
     args = ap.parse_args()
     if args.f32_memory:
         f32_memory()
@@ -83,34 +83,40 @@ def main() -> None:
 
 
 def f32_memory() -> None:
-    """f32 attention (no autocast: no tensor cores), causal, D = 64, 8 heads: the device memory
-    Ember's program holds (its buffers, temporaries sharing slots as planned) beside PyTorch's
-    peak for SDPA on f32, and whether it grows as S^2 (16x from S = 1024 to 4096) or S (4x)."""
-    print(f"{'f32 attention, causal, D=64, 8 heads':38} {'Ember MiB':>10} {'temps MiB':>10} {'SDPA peak MiB':>14} "
-          f"{'Ember ms':>9} {'error':>8}")
+    """f32 attention (no autocast), causal, D = 64, 8 heads, forward: the device memory Ember's
+    program holds, as planned (its buffers, temporaries sharing slots) and as measured (the GPU's
+    memory in use after its runs less before it was built: Ember frees nothing in between),
+    beside PyTorch's peak for SDPA on f32 and both times; then whether Ember's memory grows as
+    S^2 (16x from S = 1024 to 4096) or as S (4x)."""
+    print(f"{'f32 attention, causal, D=64, 8 heads':38} {'planned MiB':>11} {'measured MiB':>12} "
+          f"{'SDPA peak MiB':>14} {'Ember ms':>9} {'SDPA ms':>8} {'ratio':>6} {'error':>8}")
     held = {}
     for s in (1024, 2048, 4096):
+        g = torch.Generator(device="cuda").manual_seed(0)
+        tq, tk, tv = (torch.randn((1, 8, s, 64), device="cuda", generator=g) for _ in range(3))
+        torch.cuda.synchronize()
+        before = device_memory_used()
         q, k, v = (ir.param(n, dt.f32, (1, 8, s, 64)) for n in "qkv")
         prog = cuda.CUDAProgram([attention(q, k, v, True)])
         sched = prog.sched
         slots = {sched.slots[b.id]: 0 for b in sched.temps}
         for b in sched.temps:
             slots[sched.slots[b.id]] = max(slots[sched.slots[b.id]], b.nbytes)
-        temps = sum(slots.values())
-        total = temps + sum(b.nbytes for b in [*sched.inputs.values(), *sched.outputs])
-        g = torch.Generator(device="cuda").manual_seed(0)
-        tq, tk, tv = (torch.randn((1, 8, s, 64), device="cuda", generator=g) for _ in range(3))
+        planned = sum(slots.values()) + sum(b.nbytes for b in [*sched.inputs.values(), *sched.outputs])
         inputs = {p: x.cpu().numpy() for p, x in zip((q, k, v), (tq, tk, tv))}
         got, times = prog.timed(inputs, 5)
+        measured = (device_memory_used() - before) * 2**30
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         want = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
         peak = torch.cuda.max_memory_allocated() - base
+        torch_ms = cuda_time(lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True)) * 1e3
         err = float(np.abs(got[0] - want.cpu().numpy()).max() / np.abs(want.cpu().numpy()).max())
-        held[s] = total
-        print(f"S={s:<36} {total / 2**20:10.1f} {temps / 2**20:10.1f} {peak / 2**20:14.1f} "
-              f"{statistics.median(times):9.2f} {err:8.1e}", flush=True)
+        held[s] = planned
+        ember_ms = statistics.median(times)
+        print(f"S={s:<36} {planned / 2**20:11.1f} {measured / 2**20:12.1f} {peak / 2**20:14.1f} "
+              f"{ember_ms:9.2f} {torch_ms:8.2f} {torch_ms / ember_ms:6.2f} {err:8.1e}", flush=True)
         prog.free()
     growth = held[4096] / held[1024]
     kind = "S^2: the scores are in memory" if growth > 8 else "linear in S"

@@ -48,6 +48,15 @@ def cuda_time(fn: Callable[[], object], reps: int = 20) -> float:
     return statistics.median(times)
 
 
+def device_memory_used() -> float:
+    """GiB of the GPU in use by anything (cuMemGetInfo); Ember keeps what it allocates in its
+    pool, so after its steps this is its peak, plus the CUDA context."""
+    from cuda.bindings import driver as cu
+    cu.cuInit(0)
+    err, free, total = cu.cuMemGetInfo()
+    return (total - free) / 2 ** 30 if err == cu.CUresult.CUDA_SUCCESS else float("nan")
+
+
 TORCH = {
     "chain": lambda x: ((((torch.clamp(x * 1.5 + 0.5, min=0) - 0.25) * x + 1) ** 2) - x),
     "softmax": lambda x: torch.softmax(x, 1),

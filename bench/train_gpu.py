@@ -29,6 +29,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpu import device_memory_used  # noqa: E402
+
 import ember  # noqa: E402
 from ember import optim  # noqa: E402
 from ember import tensor as T  # noqa: E402
@@ -133,15 +135,6 @@ class TorchGPT(torch.nn.Module):
             x = x + blk["proj"](y.transpose(1, 2).reshape(b, t, -1))
             x = x + blk["out"](F.gelu(blk["fc"](blk["ln2"](x)), approximate="tanh"))
         return self.head(self.ln(x))
-
-
-def device_memory_used() -> float:
-    """GiB of the GPU in use by anything (cuMemGetInfo); Ember keeps what it allocates in its
-    pool, so after its steps this is its peak, plus the CUDA context."""
-    from cuda.bindings import driver as cu
-    cu.cuInit(0)
-    err, free, total = cu.cuMemGetInfo()
-    return (total - free) / 2 ** 30 if err == cu.CUresult.CUDA_SUCCESS else float("nan")
 
 
 def torch_steps(c: GPTConfig, steps: int, tokens: np.ndarray, bf16: bool,

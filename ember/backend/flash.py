@@ -24,6 +24,16 @@ above with HOPPER set: the forward with two warpgroups of 64 rows (128 a block; 
 keys at D = 64, HOPPER_TILE), dq and dk|dv with one. SASS: HGMMA only, 8, 12 and 16 a tile for
 the forward (tiles of 64 keys), dq and dk|dv; 90-126 (forward, 128-key tiles), 126 and 174
 registers at D = 64; no local memory. Measured on the H200 (docs/performance.md).
+
+f32 operands (tensor cores would round them) take three kernels of their own on CUDA cores
+(`ember_flash32_*`, sizes in TILES32): G = D / 16 neighbouring threads hold a row, 16 of its
+values each in registers; every thread of a block reads the same key (or query) row of a
+shared-memory tile at once, a broadcast, and a row's dot products are summed over its G threads
+with shuffles. The forward holds two query rows a thread (each key loaded serves both) and
+updates the running max every 16 keys; dq and dk|dv hold one row. 96-134 registers, no local
+memory. A causal block skips the tiles past its last row but computes its diagonal tiles whole,
+masked: skipping per warp inside a tile made ptxas keep a divergent copy of the shuffles
+(BRA.DIV) and spill.
 """
 from __future__ import annotations
 
@@ -69,15 +79,24 @@ EMBER_D void ember_tile_load(unsigned short* s, const unsigned short* g, int row
                      ok ? g + (size_t)(row0 + r) * ld + c * 8 : g, ok);
   }
 }
+/* the same for f32 operands (ember_flash32_*), with no swizzle: every thread of a block reads
+   the same row at once */
+template <int D, int ROWS, bool HOPPER = false>
+EMBER_D void ember_tile_load(float* s, const float* g, int row0, int nrows, int ld) {
+  for (int i = threadIdx.x; i < ROWS * (D / 4); i += blockDim.x) {
+    int r = i / (D / 4), c = i % (D / 4);
+    bool ok = row0 + r < nrows;
+    ember_cp_async16(s + r * D + c * 4, ok ? g + (size_t)(row0 + r) * ld + c * 4 : g, ok);
+  }
+}
 /* cp.async writes through the generic proxy; wgmma (sm_90a) reads through the async one */
 template <bool HOPPER> EMBER_D void ember_proxy_fence() {
   if constexpr (HOPPER) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 /* the next tile of two [nrows][D] matrices into the other slot of their double buffers (none
    after the last), then wait until this tile's have arrived */
-template <int D, int ROWS, bool HOPPER = false>
-EMBER_D void ember_next_tiles(unsigned short* a, const unsigned short* ga, int lda, unsigned short* b,
-                              const unsigned short* gb, int ldb, int t, int tiles, int nrows) {
+template <int D, int ROWS, bool HOPPER = false, typename E>
+EMBER_D void ember_next_tiles(E* a, const E* ga, int lda, E* b, const E* gb, int ldb, int t, int tiles, int nrows) {
   if (t + 1 < tiles) {
     ember_tile_load<D, ROWS, HOPPER>(a + ((t + 1) & 1) * ROWS * D, ga, (t + 1) * ROWS, nrows, lda);
     ember_tile_load<D, ROWS, HOPPER>(b + ((t + 1) & 1) * ROWS * D, gb, (t + 1) * ROWS, nrows, ldb);
@@ -372,6 +391,244 @@ EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned 
 """
 
 
+F32 = r"""
+/* ---- flash attention on f32 operands, on CUDA cores (backend/flash.py) ---- */
+/* G = D / 16 neighbouring threads hold a row, 16 values each: float4 c of thread g is columns
+   4 (c G + g)..+3, so the G threads of a row read 16 G consecutive bytes together */
+template <int D> EMBER_D void ember_row32(float* r, const float* row) {
+#pragma unroll
+  for (int c = 0; c < 4; c++)
+    *(float4*)(r + 4 * c) = *(const float4*)(row + 4 * (c * (D / 16) + threadIdx.x % (D / 16)));
+}
+template <int D> EMBER_D void ember_row32_store(float* row, const float* r, float scale) {
+#pragma unroll
+  for (int c = 0; c < 4; c++)
+    *(float4*)(row + 4 * (c * (D / 16) + threadIdx.x % (D / 16))) =
+        make_float4(r[4 * c] * scale, r[4 * c + 1] * scale, r[4 * c + 2] * scale, r[4 * c + 3] * scale);
+}
+EMBER_D float ember_dot16(const float* a, const float* b) {   /* this thread's part of a dot product */
+  float acc = 0.f;
+#pragma unroll
+  for (int e = 0; e < 16; e++) acc = fmaf(a[e], b[e], acc);
+  return acc;
+}
+template <int D> EMBER_D float ember_row_total(float x) {   /* summed over the G threads of the row */
+#pragma unroll
+  for (int o = 1; o < D / 16; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+EMBER_D void ember_axpy16(float* acc, float a, const float* x) {
+#pragma unroll
+  for (int e = 0; e < 16; e++) acc[e] = fmaf(a, x[e], acc[e]);
+}
+
+/* The forward: 128 threads, two query rows per G threads (a key loaded once serves both), ROWS
+   = 256 / G rows a block. Every thread reads the same key at once (a broadcast); keys and values
+   arrive in tiles of TILE through a double buffer, and the running max and sum are updated
+   every 16 keys. Writes what ember_flash_fwd writes. */
+template <int D, int ROWS, int TILE, bool CAUSAL>
+EMBER_D void ember_flash32_fwd(float* out, const float* q, const float* k, const float* v, int ldq, int ldk,
+                               int ldv, int T, int S, float c) {
+  constexpr int G = D / 16, KC = 16;
+  float *sk = (float*)ember_flash_tiles<false>(), *sv = sk + 2 * TILE * D;
+  const int nb = blockIdx.y, row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * ROWS;
+  const int r0 = row0 + threadIdx.x / G * 2;   /* this thread's rows: r0 and r0 + 1 */
+  int tiles = (S + TILE - 1) / TILE;
+  if (CAUSAL) tiles = min(tiles, (row0 + ROWS - 1) / TILE + 1);
+  ember_tile_load<D, TILE>(sk, k, 0, S, ldk);
+  ember_tile_load<D, TILE>(sv, v, 0, S, ldv);
+  ember_cp_async_commit();
+  float qr[2][16], o[2][16], m[2], l[2];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    m[h] = -INFINITY;
+    l[h] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 16; e++) qr[h][e] = o[h][e] = 0.f;
+    if (r0 + h < T) ember_row32<D>(qr[h], q + (size_t)(r0 + h) * ldq);
+  }
+  for (int t = 0; t < tiles; t++) {
+    ember_next_tiles<D, TILE>(sk, k, ldk, sv, v, ldv, t, tiles, S);
+    const float *ck = sk + (t & 1) * TILE * D, *cv = sv + (t & 1) * TILE * D;
+#pragma unroll 1
+    for (int j0 = 0; j0 < TILE; j0 += KC) {
+      const int col0 = t * TILE + j0;
+      float s[2][KC];
+#pragma unroll
+      for (int j = 0; j < KC; j++) {
+        float x[16];
+        ember_row32<D>(x, ck + (j0 + j) * D);
+        s[0][j] = ember_dot16(qr[0], x);
+        s[1][j] = ember_dot16(qr[1], x);
+      }
+      const bool edge = col0 + KC > S || (CAUSAL && col0 + KC - 1 > r0);
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        float mx = m[h];
+#pragma unroll
+        for (int j = 0; j < KC; j++) {
+          s[h][j] = ember_row_total<D>(s[h][j]) * c;
+          if (edge && (col0 + j >= S || (CAUSAL && col0 + j > r0 + h))) s[h][j] = -INFINITY;
+          mx = fmaxf(mx, s[h][j]);
+        }
+        const float base = mx == -INFINITY ? 0.f : mx;   /* no key seen yet: every weight is 0 */
+        const float r = exp2f(m[h] - base);
+        m[h] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < KC; j++) {
+          s[h][j] = exp2f(s[h][j] - base);
+          sum += s[h][j];
+        }
+        l[h] = l[h] * r + sum;
+#pragma unroll
+        for (int e = 0; e < 16; e++) o[h][e] *= r;
+      }
+#pragma unroll
+      for (int j = 0; j < KC; j++) {
+        float x[16];
+        ember_row32<D>(x, cv + (j0 + j) * D);
+        ember_axpy16(o[0], s[0][j], x);
+        ember_axpy16(o[1], s[1][j], x);
+      }
+    }
+    __syncthreads();   /* this slot is filled again two tiles on */
+  }
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int row = r0 + h;
+    if (row >= T) continue;
+    float* dst = out + ((size_t)nb * T + row) * (D + 1);
+    const float inv = 1.f / l[h];
+#pragma unroll
+    for (int c4 = 0; c4 < 4; c4++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) dst[4 * (c4 * G + threadIdx.x % G) + e] = o[h][4 * c4 + e] * inv;
+    if (threadIdx.x % G == 0) dst[D] = m[h] + log2f(l[h]);
+  }
+}
+
+/* The backward on f32 operands: a row (a query's for dq, a key's for dk|dv) per G threads, ROWS
+   = 128 / G a block, the other side's rows streamed through a double buffer in tiles of TILE
+   and taken 8 at a time: p = exp2(s c - lse), ds = p (dp - rowsum(do o)). */
+template <int D, int ROWS, int TILE, bool CAUSAL>
+EMBER_D void ember_flash32_dq(float* out, const float* q, const float* k, const float* v, const float* packed,
+                              const float* dout, const float* di, int ldq, int ldk, int ldv, int T, int S,
+                              float c, float cs) {
+  constexpr int G = D / 16, KC = 8;
+  float *sk = (float*)ember_flash_tiles<false>(), *sv = sk + 2 * TILE * D;
+  const int nb = blockIdx.y, row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * ROWS;
+  const int row = row0 + threadIdx.x / G;
+  const bool live = row < T;
+  int tiles = (S + TILE - 1) / TILE;
+  if (CAUSAL) tiles = min(tiles, (row0 + ROWS - 1) / TILE + 1);
+  ember_tile_load<D, TILE>(sk, k, 0, S, ldk);
+  ember_tile_load<D, TILE>(sv, v, 0, S, ldv);
+  ember_cp_async_commit();
+  float qr[16], dor[16], acc[16];
+#pragma unroll
+  for (int e = 0; e < 16; e++) qr[e] = dor[e] = acc[e] = 0.f;
+  if (live) {
+    ember_row32<D>(qr, q + (size_t)row * ldq);
+    ember_row32<D>(dor, dout + (size_t)row * D);
+  }
+  const float lse = live ? packed[(size_t)row * (D + 1) + D] : 0.f, dd = live ? di[row] : 0.f;
+  for (int t = 0; t < tiles; t++) {
+    ember_next_tiles<D, TILE>(sk, k, ldk, sv, v, ldv, t, tiles, S);
+    const float *ck = sk + (t & 1) * TILE * D, *cv = sv + (t & 1) * TILE * D;
+#pragma unroll 1
+    for (int j0 = 0; j0 < TILE; j0 += KC) {
+      const int col0 = t * TILE + j0;
+      float s[KC], dp[KC];
+#pragma unroll
+      for (int j = 0; j < KC; j++) {
+        float x[16];
+        ember_row32<D>(x, ck + (j0 + j) * D);
+        s[j] = ember_dot16(qr, x);
+        ember_row32<D>(x, cv + (j0 + j) * D);
+        dp[j] = ember_dot16(dor, x);
+      }
+#pragma unroll
+      for (int j = 0; j < KC; j++) {
+        const float sj = ember_row_total<D>(s[j]), dpj = ember_row_total<D>(dp[j]);   /* every lane shuffles */
+        const bool ok = live && col0 + j < S && (!CAUSAL || col0 + j <= row);
+        s[j] = ok ? exp2f(fmaf(sj, c, -lse)) * (dpj - dd) : 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < KC; j++) {
+        float x[16];
+        ember_row32<D>(x, ck + (j0 + j) * D);
+        ember_axpy16(acc, s[j], x);
+      }
+    }
+    __syncthreads();
+  }
+  if (live) ember_row32_store<D>(out + ((size_t)nb * T + row) * D, acc, cs);
+}
+
+template <int D, int ROWS, int TILE, bool CAUSAL>
+EMBER_D void ember_flash32_dkdv(float* out, const float* q, const float* k, const float* v, const float* packed,
+                                const float* dout, const float* di, int ldq, int ldk, int ldv, int T, int S,
+                                float c, float cs) {
+  constexpr int G = D / 16, KC = 8;
+  float *sq = (float*)ember_flash_tiles<false>(), *sdo = sq + 2 * TILE * D;
+  const int nb = blockIdx.y, key0 = blockIdx.x * ROWS, key = key0 + threadIdx.x / G;
+  const bool live = key < S;
+  const int first = CAUSAL ? key0 / TILE : 0, tiles = (T + TILE - 1) / TILE;
+  if (first < tiles) {
+    ember_tile_load<D, TILE>(sq + (first & 1) * TILE * D, q, first * TILE, T, ldq);
+    ember_tile_load<D, TILE>(sdo + (first & 1) * TILE * D, dout, first * TILE, T, D);
+  }
+  ember_cp_async_commit();
+  float kr[16], vr[16], dk[16], dv[16];
+#pragma unroll
+  for (int e = 0; e < 16; e++) kr[e] = vr[e] = dk[e] = dv[e] = 0.f;
+  if (live) {
+    ember_row32<D>(kr, k + (size_t)key * ldk);
+    ember_row32<D>(vr, v + (size_t)key * ldv);
+  }
+  for (int t = first; t < tiles; t++) {
+    ember_next_tiles<D, TILE>(sq, q, ldq, sdo, dout, D, t, tiles, T);
+    const float *cq = sq + (t & 1) * TILE * D, *cdo = sdo + (t & 1) * TILE * D;
+#pragma unroll 1
+    for (int i0 = 0; i0 < TILE; i0 += KC) {
+      const int qi0 = t * TILE + i0;
+      float s[KC], dp[KC];
+#pragma unroll
+      for (int i = 0; i < KC; i++) {
+        float x[16];
+        ember_row32<D>(x, cq + (i0 + i) * D);
+        s[i] = ember_dot16(kr, x);
+        ember_row32<D>(x, cdo + (i0 + i) * D);
+        dp[i] = ember_dot16(vr, x);
+      }
+#pragma unroll
+      for (int i = 0; i < KC; i++) {
+        const int qi = qi0 + i;
+        const float si = ember_row_total<D>(s[i]), dpi = ember_row_total<D>(dp[i]);   /* every lane shuffles */
+        const bool ok = live && qi < T && (!CAUSAL || key <= qi);
+        s[i] = ok ? exp2f(fmaf(si, c, -packed[(size_t)qi * (D + 1) + D])) : 0.f;
+        dp[i] = ok ? s[i] * (dpi - di[qi]) : 0.f;
+      }
+#pragma unroll
+      for (int i = 0; i < KC; i++) {
+        float x[16];
+        ember_row32<D>(x, cdo + (i0 + i) * D);
+        ember_axpy16(dv, s[i], x);
+        ember_row32<D>(x, cq + (i0 + i) * D);
+        ember_axpy16(dk, dp[i], x);
+      }
+    }
+    __syncthreads();
+  }
+  if (live) {
+    ember_row32_store<D>(out + ((size_t)nb * S + key) * 2 * D, dk, cs);
+    ember_row32_store<D>(out + ((size_t)nb * S + key) * 2 * D + D, dv, 1.f);
+  }
+}
+"""
+
+
 HOPPER = r"""
 /* ---- flash attention on wgmma (sm_90a, backend/flash.py) ---- */
 /* s = A B^T (A: 64 rows of a tile of rows_a, B: BN rows), both from shared memory; and
@@ -443,7 +700,16 @@ def _hopper_helpers(kernels: list[Kernel]) -> str:
 
 
 def helpers(kernels: list[Kernel]) -> str:
-    return (HELPERS + _hopper_helpers(kernels)) if any(k.fused is not None for k in kernels) else ""
+    fused = [k for k in kernels if k.fused is not None]
+    if not fused:
+        return ""
+    return HELPERS + (F32 if any(_f32(k) for k in fused) else "") + _hopper_helpers(kernels)
+
+
+def _f32(k: Kernel) -> bool:
+    """Whether a flash kernel takes f32 operands (CUDA cores: tensor cores would round them)."""
+    assert k.fused is not None
+    return k.fused[0].srcs[0].dtype.name == "f32"
 
 
 def _sizes(k: Kernel) -> tuple[str, bool, float, int, int, int, int]:
@@ -467,23 +733,39 @@ HOPPER_ROWS, HOPPER_THREADS = 128, 256   # sm_90a's forward: two warpgroups of 6
 HOPPER_TILE = {64: 128, 128: 64}   # its keys per tile, by head size (D = 128: 160 KB of tiles at 128, one block an SM)
 
 
-def smem_bytes(k: Kernel) -> int:
-    """The forward keeps its block's q, the backward kernels two matrices (q and do; k and v);
-    each streams two matrices through double buffers. The sm_90a forward's tiles start on 1024
-    bytes (the swizzle's period)."""
+# f32 operands (CUDA cores): kind -> head size -> (rows a block owns, rows of each tile streamed
+# past them); the forward's threads hold two rows each, the backward's one; 32 KB of tiles
+TILES32 = {"attention": {64: (64, 32), 128: (32, 16)},
+           "attention_dq": {64: (32, 32), 128: (16, 16)},
+           "attention_dkdv": {64: (32, 32), 128: (16, 16)}}
+
+
+def _plan(k: Kernel) -> tuple[int, int, int]:
+    """(rows a block owns, rows a tile streams, threads a block)."""
     kind, _, _, _, _, _, d = _sizes(k)
+    if _f32(k):
+        return (*TILES32[kind][d], THREADS)
     if k.hopper and kind == "attention":
-        return (HOPPER_ROWS + 4 * HOPPER_TILE[d]) * d * 2 + 1024
-    rows, tile = TILES[kind][d]
+        return HOPPER_ROWS, HOPPER_TILE[d], HOPPER_THREADS
+    return (*TILES[kind][d], THREADS)
+
+
+def smem_bytes(k: Kernel) -> int:
+    """f16/bf16: the forward keeps its block's q, the backward kernels two matrices (q and do; k
+    and v); each streams two matrices through double buffers. The sm_90a tiles start on 1024
+    bytes (the swizzle's period). f32: only the two streamed matrices (a thread's own rows are
+    in its registers)."""
+    kind, _, _, _, _, _, d = _sizes(k)
+    rows, tile, _ = _plan(k)
+    if _f32(k):
+        return 4 * tile * d * 4
     return ((1 if kind == "attention" else 2) * rows + 4 * tile) * d * 2 + 1024 * k.hopper
 
 
 def launch(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
     kind, _, _, n, t_len, s_len, d = _sizes(k)
-    rows = s_len if kind == "attention_dkdv" else t_len
-    if k.hopper and kind == "attention":
-        return (-(-rows // HOPPER_ROWS), n, 1), HOPPER_THREADS, smem_bytes(k)
-    return (-(-rows // TILES[kind][d][0]), n, 1), THREADS, smem_bytes(k)
+    rows, _, threads = _plan(k)
+    return (-(-(s_len if kind == "attention_dkdv" else t_len) // rows), n, 1), threads, smem_bytes(k)
 
 
 def render(r: CLike, k: Kernel, prefix: str = "") -> str:
@@ -505,10 +787,10 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
     lds = [str(v.ld if v else d) for v in views[:3]]
     call = ", ".join(args + lds)
     extra = "" if kind == "attention" else f", {c * math.log(2.0)!r}f"   # the backward's scale of ds
-    fn = {"attention": "ember_flash_fwd", "attention_dq": "ember_flash_dq", "attention_dkdv": "ember_flash_dkdv"}[kind]
-    rows, tile = (HOPPER_ROWS, HOPPER_TILE[d]) if k.hopper and kind == "attention" else TILES[kind][d]
-    flags = f"{str(causal).lower()}, {str(bf16).lower()}, {str(k.hopper).lower()}"
-    threads = HOPPER_THREADS if k.hopper and kind == "attention" else THREADS
+    fn = {"attention": "fwd", "attention_dq": "dq", "attention_dkdv": "dkdv"}[kind]
+    fn = f"ember_flash32_{fn}" if _f32(k) else f"ember_flash_{fn}"
+    rows, tile, threads = _plan(k)
+    flags = str(causal).lower() if _f32(k) else f"{str(causal).lower()}, {str(bf16).lower()}, {str(k.hopper).lower()}"
     return (f"extern \"C\" __global__ void __launch_bounds__({threads}) {signature} {{\n"
             "  const int nb = blockIdx.y;\n"
             f"  {fn}<{d}, {rows}, {tile}, {flags}>(b{k.out.id}, {call}, {t_len}, "

@@ -20,9 +20,10 @@ scores and probabilities are recomputed per tile from the saved logsumexp.
 Rounding: the kernels keep the scores, the running max and the sums in f32 and round p to the
 operand dtype once, where the graph rounds after every op (the scores to bf16, p = e / sum
 before the cast). The difference is within bf16 rounding of the result (docs/performance.md
-measures it); f32 programs keep the graph's own kernels, since tensor cores would round their
-operands. A mask value of -1e9 or below counts as -inf: a causal row always keeps its diagonal,
-so every such weight is exactly 0 in f32 either way.
+measures it). f32 operands get kernels of their own on CUDA cores (tensor cores would round
+them), which differ from the graph by f32 rounding alone. A mask value of -1e9 or below
+counts as -inf: a causal row always keeps its diagonal, so every such weight is exactly 0 in
+f32 either way.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from ..ir import Node, Op, toposort
 from .rewrite import P, RuleSet, rewrite
 
 HEAD_DIMS = (64, 128)      # head sizes the kernels are written for
+OPERANDS = (dt.bf16, dt.f16, dt.f32)   # f16/bf16 on tensor cores, f32 on CUDA cores
 MASKED = -1e9              # a mask constant at or below this is -inf (see above)
 
 Labels = list  # one label per axis of a node ("i", "j", "k", "d", "b0", ...; None for axes of size 1)
@@ -156,7 +158,7 @@ def _scores(s: Node, labels: Labels) -> _Scores | None:
 
 def _match(o_sum: Node) -> Node | None:
     """The replacement of attention's second contraction o_sum, or None if it is not one."""
-    if len(o_sum.arg) != 1 or o_sum.dtype not in (dt.bf16, dt.f16):
+    if len(o_sum.arg) != 1 or o_sum.dtype not in OPERANDS:
         return None
     (jax,) = o_sum.arg
     prod = o_sum.srcs[0]
@@ -233,14 +235,14 @@ def _match_sides(o_sum: Node, lab: Labels, p_op: Node, v_op: Node) -> Node | Non
 
 
 def fuse(outputs: list[Node]) -> list[Node]:
-    """The graph with every attention of f16/bf16 operands and head size 64 or 128 replaced by
-    the flash kernels. Left alone when a gradient is taken of a gradient (the backward kernels
+    """The graph with every attention of f16, bf16 or f32 operands and head size 64 or 128
+    replaced by the flash kernels. Left alone when a gradient is taken of a gradient (the backward kernels
     have no gradient of their own)."""
     nodes = toposort(outputs)
     grads = [n for n in nodes if n.op is Op.GRAD]
     if grads and any(n.op is Op.GRAD for n in toposort([g.srcs[0] for g in grads])):
         return outputs
-    if not any(n.op is Op.SUM and n.dtype in (dt.bf16, dt.f16) for n in nodes):
+    if not any(n.op is Op.SUM and n.dtype in OPERANDS for n in nodes):
         return outputs
     return rewrite(outputs, RuleSet([(P(Op.SUM, name="o_sum"), _match)]))
 
@@ -255,7 +257,7 @@ def vjp(n: Node, g: Node) -> list[tuple[Node, Node]]:
     do = ir.shrink(g, (0, 0, 0), (size, t_len, d))
     o = ir.shrink(n, (0, 0, 0), (size, t_len, d))
     di = ir.reshape(ir.reduce(Op.SUM, ir.binary(Op.MUL, do, o), (2,)), (size, t_len))   # rowsum(dO * O)
-    srcs = (q, k, v, n, ir.unary(Op.CAST, do, q.dtype), di)
+    srcs = (q, k, v, n, do if q.dtype is dt.f32 else ir.unary(Op.CAST, do, q.dtype), di)
     # in the operands' dtype, rounded once from the f32 accumulators as a cast would: half the
     # bytes to write, and to read where they are put back together (GPT-2's qkv gradient)
     dq = Node(Op.FUSED, q.dtype, srcs, ("attention_dq", causal, c), (size, t_len, d))

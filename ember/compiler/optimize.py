@@ -327,7 +327,7 @@ def optimize(sched: Schedule, target: str, arch: str = "") -> None:
 def _optimize(sched: Schedule, target: str, arch: str) -> None:
     for k in sched.kernels:
         if k.fused is not None:   # rendered whole (backend/flash.py)
-            k.hopper = target == "cuda" and arch == "sm_90a"
+            k.hopper = target == "cuda" and arch == "sm_90a" and k.fused[0].srcs[0].dtype is not dt.f32
             continue
         if target == "c":
             if not cpu_packed(k):

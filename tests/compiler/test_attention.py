@@ -77,6 +77,9 @@ CASES = {
     "f16_causal_d128": ((2, 70, 128), (2, 70, 128), True, dt.f16, dt.f16),         # one batch axis, odd T
     "bf16_causal": ((1, 2, 65, 64), (1, 2, 65, 64), True, dt.bf16, dt.bf16),
     "bf16_heads": ((2, 2, 65, 64), (2, 2, 65, 64), True, dt.bf16, dt.bf16),   # q, k, v read in place (below)
+    "f32_causal": ((2, 3, 80, 64), (2, 3, 80, 64), True, dt.f32, dt.f32),         # CUDA cores, no rounding
+    "f32_full_d128": ((1, 2, 48, 128), (1, 2, 100, 128), False, dt.f32, dt.f32),
+    "f32_heads": ((2, 2, 37, 64), (2, 2, 37, 64), True, dt.f32, dt.f32),
 }
 
 
@@ -142,10 +145,10 @@ def test_frontend_forms_are_fused() -> None:
         assert compare([o.node], got, ref.evaluate([o.node], inputs), precision=dt.bf16) is None
 
 
-@pytest.mark.parametrize("what", ["f32", "head_dim_32", "strict_mask", "additive_mask", "small_fill",
+@pytest.mark.parametrize("what", ["f64", "head_dim_32", "strict_mask", "additive_mask", "small_fill",
                                   "negative_scale", "grad_of_grad"])
 def test_what_is_not_flash_attention_is_left_alone(what: str) -> None:
-    hi, low, d = (dt.f32, dt.f32, 64) if what == "f32" else (dt.f32, dt.bf16, 32 if what == "head_dim_32" else 64)
+    hi, low, d = (dt.f64, dt.f64, 64) if what == "f64" else (dt.f32, dt.bf16, 32 if what == "head_dim_32" else 64)
     q, k, v = (ir.param(n, hi, (2, 40, d)) for n in "qkv")
     if what in ("strict_mask", "additive_mask"):
         s = cast(matmul(cast(q, low), t(cast(k, low))), hi)
@@ -180,12 +183,13 @@ def test_flash_source_compiles(arch: str, tmp_path: Path) -> None:
     assert err is None, err
 
 
-def test_no_score_sized_buffer_is_planned() -> None:
-    """Causal attention with S = 1024: forward and backward hold O(S * D) values, never S x S."""
+@pytest.mark.parametrize("low", [dt.bf16, dt.f32])
+def test_no_score_sized_buffer_is_planned(low: dt.DType) -> None:
+    """Causal attention with S = 1024, autocast's bf16 or f32 throughout: forward and backward
+    hold O(S * D) values, never S x S."""
     from ember.backend import cuda
-    outputs, _ = case("autocast_causal")
     q, k, v = (ir.param(n, dt.f32, (1, 2, 1024, 64)) for n in "qkv")
-    outputs = loss_and_grads(attention_graph(q, k, v, True, dt.bf16), [q, k, v])
+    outputs = loss_and_grads(attention_graph(q, k, v, True, low), [q, k, v])
     sched = cuda.prepare(outputs, "sm_90a")
     assert max(b.size for b in sched.buffers) < 1024 * 1024
     assert len(sched.kernels) <= 14, [k.name for k in sched.kernels]
