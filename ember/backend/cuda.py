@@ -58,24 +58,25 @@ PRELUDE = r"""
    epilogue of an f16 matmul cost half its time. */
 EMBER_D unsigned short ember_f32_to_f16_bits(float f) {
   if (f != f) return (unsigned short)(((__float_as_uint(f) >> 16) & 0x8000u) | 0x7e00u);
-  unsigned short h;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  return h;
+  unsigned r;   /* the paired form: one F2FP (see ember_round_bf16_op) */
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(0.f), "f"(f));
+  return (unsigned short)r;
 }
 """ + HALF_HELPERS + r"""
 /* An op's result to bf16 and back, without the NaN test a cast needs: the GPU's arithmetic makes
-   only the canonical NaN, which cvt keeps (0x7fff). Six instructions were two: bf16 softmax is
-   bound by instructions. */
+   only the canonical NaN, which cvt keeps (0x7fff). The paired conversion puts f, rounded, in
+   the upper half and 0 in the lower: the rounded value's f32 bits in one F2FP instruction. The
+   single conversion (F2F) is a slow instruction on Hopper, and bf16 softmax was bound by them. */
 EMBER_D float ember_round_bf16_op(float f) {
-  unsigned short h;
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  return ember_bf16_to_f32(h);
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(f), "f"(0.f));
+  return __uint_as_float(r);
 }
-/* an op's result as bf16 bits: the conversion of ember_round_bf16_op without the way back */
+/* an op's result as bf16 bits: the conversion of ember_round_bf16_op, in the lower half */
 EMBER_D unsigned short ember_bf16_bits_op(float f) {
-  unsigned short h;
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  return h;
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(0.f), "f"(f));
+  return (unsigned short)r;
 }
 /* block-wide reductions: every thread of the block gets the result */
 EMBER_D float ember_add(float a, float b) { return a + b; }

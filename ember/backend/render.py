@@ -68,10 +68,10 @@ EMBER_D float ember_bf16_to_f32(unsigned short h) { return ember_as_float((unsig
 EMBER_D unsigned short ember_f32_to_bf16_bits(float f) {  /* round to nearest, ties to even */
   unsigned int x = ember_as_uint(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);
-#ifdef __CUDA_ARCH__  /* one instruction from sm_80 on: bf16 softmax is bound by instructions, not bytes */
-  unsigned short h;
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  return h;
+#ifdef __CUDA_ARCH__  /* one instruction from sm_80 on, the paired form (cuda.py's ember_round_bf16_op) */
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(0.f), "f"(f));
+  return (unsigned short)r;
 #else
   return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 #endif
