@@ -23,8 +23,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ember import (
+    data,  # noqa: E402
+    ir,  # noqa: E402
+)
 from ember import dtype as dt  # noqa: E402
-from ember import ir  # noqa: E402
 from ember.backend import c  # noqa: E402
 from ember.ir import Node, Op  # noqa: E402
 
@@ -32,7 +35,12 @@ F32 = dt.f32
 
 
 def const(v: float, shape: tuple[int, ...]) -> Node:
-    return ir.const(float(np.float32(v)), F32, shape)
+    return ir.const(literal(v, F32), F32, shape)
+
+
+def literal(v: float, dtype: dt.DType) -> float:
+    """v as a const of dtype holds it: rounded to the dtype (ir.const's precondition)."""
+    return float(data.literal_value(v, dtype, True))
 
 
 def bcast(x: Node, shape: tuple[int, ...]) -> Node:
@@ -66,7 +74,7 @@ def chain8(n: int) -> tuple[list[Node], list[Node], Callable]:
 def softmax(n: int, m: int, dtype: dt.DType = F32) -> tuple[list[Node], list[Node], Callable]:
     x = ir.param("x", dtype, (n, m))
     mx = bcast(ir.reduce(Op.RMAX, x, (1,)), (n, m))
-    log2e = ir.const(float(np.float32(1.4426950408889634)), dtype, (n, m))
+    log2e = ir.const(literal(1.4426950408889634, dtype), dtype, (n, m))
     e = ir.unary(Op.EXP2, ir.binary(Op.MUL, ir.binary(Op.SUB, x, mx), log2e))
     p = ir.binary(Op.DIV, e, bcast(ir.reduce(Op.SUM, e, (1,)), (n, m)))
 
@@ -80,9 +88,9 @@ def log_softmax(n: int, m: int, dtype: dt.DType = F32) -> tuple[list[Node], list
     """x - max - log(sum(exp(x - max))) along rows, with exp2 and log2 as the IR has them."""
     x = ir.param("x", dtype, (n, m))
     d = ir.binary(Op.SUB, x, bcast(ir.reduce(Op.RMAX, x, (1,)), (n, m)))
-    e = ir.unary(Op.EXP2, ir.binary(Op.MUL, d, ir.const(float(np.float32(1.4426950408889634)), dtype, (n, m))))
+    e = ir.unary(Op.EXP2, ir.binary(Op.MUL, d, ir.const(literal(1.4426950408889634, dtype), dtype, (n, m))))
     lse = ir.binary(Op.MUL, ir.unary(Op.LOG2, ir.reduce(Op.SUM, e, (1,))),
-                    ir.const(float(np.float32(0.6931471805599453)), dtype, (n, 1)))
+                    ir.const(literal(0.6931471805599453, dtype), dtype, (n, 1)))
     y = ir.binary(Op.SUB, d, bcast(lse, (n, m)))
 
     def ref(x: np.ndarray) -> np.ndarray:
@@ -93,7 +101,7 @@ def log_softmax(n: int, m: int, dtype: dt.DType = F32) -> tuple[list[Node], list
 
 def layernorm(n: int, m: int, dtype: dt.DType = F32) -> tuple[list[Node], list[Node], Callable]:
     x = ir.param("x", dtype, (n, m))
-    c = lambda v, shape: ir.const(float(np.float32(v)), dtype, shape)  # noqa: E731
+    c = lambda v, shape: ir.const(literal(v, dtype), dtype, shape)  # noqa: E731
     inv = c(1.0 / m, (n, 1))
     mu = ir.binary(Op.MUL, ir.reduce(Op.SUM, x, (1,)), inv)
     d = ir.binary(Op.SUB, x, bcast(mu, (n, m)))

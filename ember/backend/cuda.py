@@ -78,6 +78,16 @@ EMBER_D unsigned short ember_bf16_bits_op(float f) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(0.f), "f"(f));
   return (unsigned short)r;
 }
+/* bf16 a * b + c, rounded once, for operands that hold bf16 values (their upper halves are
+   them): the hardware's bf16 fma at full rate, where rounding an f32 result is one of Hopper's
+   slow conversions. add is fma(a, 1, b), sub fma(b, -1, a), mul fma(a, b, -0): each rounded
+   once, as the spec says (an f32 sub rounded to bf16 rounds twice). No subnormal is flushed. */
+EMBER_D float ember_bf16_fma(float a, float b, float c) {
+  unsigned short r;
+  asm("fma.rn.bf16 %0, %1, %2, %3;" : "=h"(r) : "h"((unsigned short)(__float_as_uint(a) >> 16)),
+      "h"((unsigned short)(__float_as_uint(b) >> 16)), "h"((unsigned short)(__float_as_uint(c) >> 16)));
+  return __uint_as_float((unsigned)r << 16);
+}
 /* block-wide reductions: every thread of the block gets the result */
 EMBER_D float ember_add(float a, float b) { return a + b; }
 EMBER_D double ember_add(double a, double b) { return a + b; }
@@ -115,17 +125,22 @@ class CUDARenderer(CLike):
     def alu(self, n: Node, a: list[str], no_overflow: bool = False) -> str:
         if n.op is Op.MAX and n.dtype.is_int:  # see ember_imax in the prelude: a ptxas miscompile
             return f"ember_imax<{n.dtype.c_name}>({a[0]}, {a[1]})"
+        if n.dtype is dt.bf16 and n.op in BF16_FMA:   # rounded by the instruction itself
+            return BF16_FMA[n.op].format(*a)
         return super().alu(n, a, no_overflow)
 
     def round_result(self, d: DType, expr: str) -> str:
+        if d is dt.bf16 and _call_of(expr, "ember_bf16_fma"):
+            return expr
         return f"ember_round_bf16_op({expr})" if d is dt.bf16 else self.round_to(d, expr)
 
     def store_value(self, v: str, d: DType) -> str:
         # an op's result rounded where it is stored (a contraction's epilogue): converted once,
         # not rounded, widened and converted again (the same bits: its NaN is the canonical one)
-        call = "ember_round_bf16_op("
-        if d is dt.bf16 and v.startswith(call) and _one_call(v[len(call) - 1:]):
-            return f"ember_bf16_bits_op{v[len(call) - 1:]}"
+        if d is dt.bf16 and _call_of(v, "ember_round_bf16_op"):
+            return f"ember_bf16_bits_op{v[len('ember_round_bf16_op'):]}"
+        if d is dt.bf16 and _call_of(v, "ember_bf16_fma"):   # a bf16 value already: its upper half
+            return f"((unsigned short)(__float_as_uint({v}) >> 16))"
         return super().store_value(v, d)
 
     def cast(self, x: str, src: DType, d: DType) -> str:
@@ -183,6 +198,15 @@ class CUDARenderer(CLike):
                      f"  ember_block -= {blocks};"]
         return (members + f"extern \"C\" __global__ void __launch_bounds__({BLOCK}) {prefix}{k.name}({params}) {{\n"
                 + "\n".join(body[:-1]) + "\n}\n")
+
+
+BF16_FMA = {Op.ADD: "ember_bf16_fma({0}, 1.0f, {1})", Op.SUB: "ember_bf16_fma({1}, -1.0f, {0})",
+            Op.MUL: "ember_bf16_fma({0}, {1}, -0.0f)"}
+
+
+def _call_of(expr: str, fn: str) -> bool:
+    """Whether expr is one call of fn."""
+    return expr.startswith(fn + "(") and _one_call(expr[len(fn):])
 
 
 def _one_call(args: str) -> bool:

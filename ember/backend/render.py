@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .. import data
 from .. import dtype as dt
 from ..compiler import symbolic as sym
 from ..compiler.lower import Kernel, Stage, free_ranges
@@ -136,7 +137,9 @@ class CLike:
 
     def literal(self, v: object, d: DType) -> str:
         if d.is_float:
-            f = float(v)  # type: ignore[arg-type]
+            # as the dtype holds it: a 16-bit constant the compiler made (a count, a fold) may not
+            # be one, and CUDA's bf16 arithmetic takes an operand's upper half as its value
+            f = float(data.literal_value(v, d, True)) if d in (dt.f16, dt.bf16) else float(v)  # type: ignore[arg-type]
             if math.isnan(f):
                 return "NAN"
             if math.isinf(f):

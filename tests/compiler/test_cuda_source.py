@@ -2,6 +2,7 @@
 NVRTC in CI), so a rendering error fails CI. All programs go into one translation unit."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -199,8 +200,15 @@ def test_a_row_read_by_three_loops_is_read_once(tmp_path: Path) -> None:
 
 
 def test_an_op_result_stored_as_bf16_is_converted_once() -> None:
-    """A bf16 map's last op is stored from its expression, one cvt (ember_bf16_bits_op), not
-    rounded into a temp and converted again; the C backend keeps its conversion."""
-    prog = text.parse("ember 1\nx = param bf16[64,256]\ny = exp2 x\nz = mul y y\nreturn z\n").output_nodes
-    src = cuda.source(prog, "sm_90a")
-    assert "= ember_bf16_bits_op((t" in src and "ember_f32_to_bf16_bits(t" not in src
+    """A bf16 map's last op is stored from its expression, not rounded into a temp and converted
+    again: exp2 with one cvt (ember_bf16_bits_op); a mul, which the hardware's bf16 fma rounds
+    itself, as its upper half. bf16 add, sub and mul are that fma."""
+    def source(body: str) -> str:
+        return cuda.source(text.parse(f"ember 1\nx = param bf16[64,256]\n{body}\nreturn z\n").output_nodes, "sm_90a")
+    src = source("y = mul x x\nz = exp2 y")
+    assert "= ember_bf16_bits_op(exp2f(t" in src and "ember_f32_to_bf16_bits(t" not in src
+    assert "= ember_bf16_fma(t" in src and "ember_round_bf16_op(ember_bf16_fma" not in src
+    src = source("y = exp2 x\nz = mul y y")
+    assert "= ((unsigned short)(__float_as_uint(ember_bf16_fma(t" in src and "ember_f32_to_bf16_bits(t" not in src
+    src = source("y = add x x\nz = sub y x")   # y = fma(x, 1, x), z = fma(x, -1, y)
+    assert re.search(r"float (t\d+) = ember_bf16_fma\((t\d+), 1.0f, \2\);.*ember_bf16_fma\(\2, -1.0f, \1\)", src, re.S)
