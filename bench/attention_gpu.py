@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import statistics
 import sys
 import time
@@ -66,6 +67,7 @@ def fused_ms(prog: cuda.CUDAProgram) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="S = 1024 and 4096, D = 64")
+    ap.add_argument("--only", default=None, help="the rows whose \"case pass\" this regular expression finds")
     ap.add_argument("--f32-memory", action="store_true",
                     help="only f32 attention's device memory and time at S = 1024, 2048, 4096 (issue 9: not S^2)")
     args = ap.parse_args()
@@ -79,7 +81,7 @@ def main() -> None:
             if args.quick and (d != 64 or s > 4096):
                 continue
             for causal in (False, True):
-                run_case(d, s, causal)
+                run_case(d, s, causal, args.only)
 
 
 def f32_memory() -> None:
@@ -123,9 +125,11 @@ def f32_memory() -> None:
     print(f"S 1024 -> 4096: Ember's memory x{growth:.1f} ({kind})")
 
 
-def run_case(d: int, s: int, causal: bool) -> None:
+def run_case(d: int, s: int, causal: bool, only: str | None = None) -> None:
     b, h = max(1, 16384 // s), 2048 // d
     name = f"D={d} S={s} B={b} H={h}{' causal' if causal else ''}"
+    if only and not any(re.search(only, f"{name} {label}") for label in ("fwd", "fwd+bwd")):
+        return
     q, k, v, w = (ir.param(n, dt.bf16, (b, h, s, d)) for n in "qkvw")
     o = attention(q, k, v, causal)
     loss = ir.reduce(Op.SUM, ir.binary(Op.MUL, ir.unary(Op.CAST, o, dt.f32), ir.unary(Op.CAST, w, dt.f32)),
@@ -144,6 +148,8 @@ def run_case(d: int, s: int, causal: bool) -> None:
 
     both = [o] + [ir.grad(loss, x) for x in (q, k, v)]
     for label, outputs, work, peer in (("fwd", [o], flops, torch_fwd), ("fwd+bwd", both, 3.5 * flops, torch_both)):
+        if only and not re.search(only, f"{name} {label}"):
+            continue
         t0 = time.perf_counter()
         prog = cuda.CUDAProgram(outputs)
         compile_s = time.perf_counter() - t0

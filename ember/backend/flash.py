@@ -46,6 +46,14 @@ THREADS = 128
 
 HELPERS = r"""
 /* ---- flash attention (backend/flash.py) ---- */
+/* 2^x as the hardware's approximation alone (MUFU.EX2, 2 ulp): exp2f adds a test and two
+   multiplies for subnormal results, a third of the softmax's instructions; here a weight below
+   2^-126 of the row's largest counts as 0 */
+EMBER_D float ember_ex2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
 template <bool BF16> EMBER_D unsigned ember_pack2(float lo, float hi) {
   unsigned r;
   if (BF16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
@@ -244,14 +252,14 @@ EMBER_D void ember_flash_fwd(float* out, const unsigned short* q, const unsigned
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float base = mx == -INFINITY ? 0.f : mx;   /* no key seen yet: every weight is 0 */
-        const float r = exp2f(m[w][h] - base);
+        const float r = ember_ex2(m[w][h] - base);
         m[w][h] = mx;
         float sum = 0.f;
 #pragma unroll
         for (int n = 0; n < BN / 8; n++)
 #pragma unroll
           for (int e = 2 * h; e < 2 * h + 2; e++) {
-            s[w][n][e] = exp2f(fmaf(s[w][n][e], c, -base));
+            s[w][n][e] = ember_ex2(fmaf(s[w][n][e], c, -base));
             sum += s[w][n][e];
           }
         l[w][h] = l[w][h] * r + sum;
@@ -294,7 +302,7 @@ EMBER_D void ember_flash_ds(float (*s)[4], float (*dp)[4], float c, int r_lo, in
       const int row = r_lo + (e >> 1) * 8, col = col0 + n * 8 + (lane & 3) * 2 + (e & 1);
       const int i = ROWS_ARE_KEYS ? col : row, j = ROWS_ARE_KEYS ? row : col;
       const bool ok = !edge || (i < T && j < S && (!CAUSAL || j <= i));
-      const float p = ok ? exp2f(fmaf(s[n][e], c, -lse[(size_t)(i < T ? i : 0) * lse_stride])) : 0.f;
+      const float p = ok ? ember_ex2(fmaf(s[n][e], c, -lse[(size_t)(i < T ? i : 0) * lse_stride])) : 0.f;
       s[n][e] = p;
       dp[n][e] = p * (dp[n][e] - (i < T ? di[i] : 0.f));
     }
@@ -472,12 +480,12 @@ EMBER_D void ember_flash32_fwd(float* out, const float* q, const float* k, const
           mx = fmaxf(mx, s[h][j]);
         }
         const float base = mx == -INFINITY ? 0.f : mx;   /* no key seen yet: every weight is 0 */
-        const float r = exp2f(m[h] - base);
+        const float r = ember_ex2(m[h] - base);
         m[h] = mx;
         float sum = 0.f;
 #pragma unroll
         for (int j = 0; j < KC; j++) {
-          s[h][j] = exp2f(s[h][j] - base);
+          s[h][j] = ember_ex2(s[h][j] - base);
           sum += s[h][j];
         }
         l[h] = l[h] * r + sum;
@@ -552,7 +560,7 @@ EMBER_D void ember_flash32_dq(float* out, const float* q, const float* k, const 
       for (int j = 0; j < KC; j++) {
         const float sj = ember_row_total<D>(s[j]), dpj = ember_row_total<D>(dp[j]);   /* every lane shuffles */
         const bool ok = live && col0 + j < S && (!CAUSAL || col0 + j <= row);
-        s[j] = ok ? exp2f(fmaf(sj, c, -lse)) * (dpj - dd) : 0.f;
+        s[j] = ok ? ember_ex2(fmaf(sj, c, -lse)) * (dpj - dd) : 0.f;
       }
 #pragma unroll
       for (int j = 0; j < KC; j++) {
@@ -607,7 +615,7 @@ EMBER_D void ember_flash32_dkdv(float* out, const float* q, const float* k, cons
         const int qi = qi0 + i;
         const float si = ember_row_total<D>(s[i]), dpi = ember_row_total<D>(dp[i]);   /* every lane shuffles */
         const bool ok = live && qi < T && (!CAUSAL || key <= qi);
-        s[i] = ok ? exp2f(fmaf(si, c, -packed[(size_t)qi * (D + 1) + D])) : 0.f;
+        s[i] = ok ? ember_ex2(fmaf(si, c, -packed[(size_t)qi * (D + 1) + D])) : 0.f;
         dp[i] = ok ? s[i] * (dpi - di[qi]) : 0.f;
       }
 #pragma unroll
