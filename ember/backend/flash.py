@@ -689,7 +689,7 @@ def _hopper_helpers(kernels: list[Kernel]) -> str:
     for k in hopper:
         kind, _, _, _, _, _, d = _sizes(k)
         dtype = k.fused[0].srcs[0].dtype.name
-        scores.add((dtype, HOPPER_TILE[d] if kind == "attention" else TILES[kind][d][1]))
+        scores.add((dtype, _plan(k)[1]))
         products.add((dtype, d))
     out = ("template <int N, bool BF16> EMBER_D void ember_wgmma_s(float* d, unsigned long long da, "
            "unsigned long long db);\n"
