@@ -127,22 +127,24 @@ def test_layouts_of_the_products_do_not_matter() -> None:
     assert compare(outputs, got, ref.evaluate(outputs, inputs)) is None
 
 
-def test_frontend_forms_are_fused() -> None:
-    """nn.CausalSelfAttention's causal_attention (mask value -1e9) and F.scaled_dot_product_attention."""
+@pytest.mark.parametrize("autocast", [True, False])
+def test_frontend_forms_are_fused(autocast: bool) -> None:
+    """nn.CausalSelfAttention's causal_attention (mask value -1e9) and F.scaled_dot_product_attention,
+    under autocast (bf16 operands) and in f32."""
     import ember
     from ember import functional as F
     from ember import nn
     from ember import tensor as T
     rng = np.random.default_rng(0)
     q, k, v = (T.Tensor(rng.standard_normal((2, 2, 40, 64)).astype(np.float32)) for _ in range(3))
-    with ember.autocast("bfloat16"):
+    with ember.autocast("bfloat16", enabled=autocast):
         forms = [nn.causal_attention(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True),
                  F.scaled_dot_product_attention(q, k, v, scale=0.3)]
     for o in forms:
         assert fused_kinds([o.node]) == ["attention"]
         inputs = inputs_for([o.node])
         got = ref.evaluate(attention.fuse([o.node]), inputs)
-        assert compare([o.node], got, ref.evaluate([o.node], inputs), precision=dt.bf16) is None
+        assert compare([o.node], got, ref.evaluate([o.node], inputs), precision=dt.bf16 if autocast else None) is None
 
 
 @pytest.mark.parametrize("what", ["f64", "head_dim_32", "strict_mask", "additive_mask", "small_fill",
