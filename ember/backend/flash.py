@@ -199,6 +199,67 @@ template <bool HOPPER> EMBER_D unsigned short* ember_flash_tiles() {
     return (unsigned short*)ember_flash_bytes;
 }
 
+/* One 16-row tile's step of the online softmax over BN keys from col0: the scores s (this
+   thread's 2 rows r_lo and r_lo + 8, in the accumulator layout) masked where they pass S or the
+   diagonal (edge tiles only), the running max m and sum l updated (the 4 threads of a row combine
+   with shuffles), o rescaled, and s replaced by the weights exp2(s c - m). */
+template <int BN, int NT, bool CAUSAL>
+EMBER_D void ember_flash_online(float (*s)[4], float* m, float* l, float (*o)[4], int col0, int r_lo, int S, float c,
+                                bool edge) {
+  const int lane = threadIdx.x & 31;
+  if (edge) {
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int col = col0 + n * 8 + (lane & 3) * 2 + (e & 1), row = r_lo + (e >> 1) * 8;
+        if (col >= S || (CAUSAL && col > row)) s[n][e] = -INFINITY;
+      }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    float mx = m[h];
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]) * c);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float base = mx == -INFINITY ? 0.f : mx;   /* no key seen yet: every weight is 0 */
+    const float r = ember_ex2(m[h] - base);
+    m[h] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+      for (int e = 2 * h; e < 2 * h + 2; e++) {
+        s[n][e] = ember_ex2(fmaf(s[n][e], c, -base));
+        sum += s[n][e];
+      }
+    l[h] = l[h] * r + sum;
+#pragma unroll
+    for (int x = 0; x < NT; x++) { o[x][2 * h] *= r; o[x][2 * h + 1] *= r; }
+  }
+}
+/* rows r_lo and r_lo + 8 of the forward's output (rows of D + 1: o / l, then the base-2
+   logsumexp m + log2(l)) */
+template <int D> EMBER_D void ember_flash_out(float* out, float (*o)[4], float* m, float* l, int r_lo, int T) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    const int row = r_lo + h * 8;
+    if (row >= T) continue;
+    const float inv = 1.f / l[h];
+    float* dst = out + (size_t)row * (D + 1);
+#pragma unroll
+    for (int x = 0; x < D / 8; x++) {
+      dst[x * 8 + (lane & 3) * 2] = o[x][2 * h] * inv;
+      dst[x * 8 + (lane & 3) * 2 + 1] = o[x][2 * h + 1] * inv;
+    }
+    if ((lane & 3) == 0) dst[D] = m[h] + log2f(l[h]);
+  }
+}
+
 /* ROWS query rows per block, TILE keys per tile. mma.sync: 4 warps, ROWS / 64 tiles of 16 rows
    per warp (each K fragment loaded from shared memory serves them all). HOPPER (sm_90a): two
    warpgroups of 64 rows (warp w: rows 16 w.. of the block, in the fragment layout of mma.sync's
@@ -231,62 +292,17 @@ EMBER_D void ember_flash_fwd(float* out, const unsigned short* q, const unsigned
     const unsigned short *ck = sk + (t & 1) * BN * D, *cv = sv + (t & 1) * BN * D;
     float s[WM][BN / 8][4];
     ember_scores_any<D, BN, WM, BF16, HOPPER>(s, HOPPER ? sq + (warp >> 2) * 64 * 64 : sq, BM, ck);
-    if (t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0)) {
-#pragma unroll
-      for (int w = 0; w < WM; w++)
-#pragma unroll
-        for (int n = 0; n < BN / 8; n++)
-#pragma unroll
-          for (int e = 0; e < 4; e++) {
-            int col = t * BN + n * 8 + (lane & 3) * 2 + (e & 1), row = r_lo + 16 * w + (e >> 1) * 8;
-            if (col >= S || (CAUSAL && col > row)) s[w][n][e] = -INFINITY;
-          }
-    }
+    const bool edge = t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0);
 #pragma unroll
     for (int w = 0; w < WM; w++)
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        float mx = m[w][h];
-#pragma unroll
-        for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(s[w][n][2 * h], s[w][n][2 * h + 1]) * c);
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float base = mx == -INFINITY ? 0.f : mx;   /* no key seen yet: every weight is 0 */
-        const float r = ember_ex2(m[w][h] - base);
-        m[w][h] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int n = 0; n < BN / 8; n++)
-#pragma unroll
-          for (int e = 2 * h; e < 2 * h + 2; e++) {
-            s[w][n][e] = ember_ex2(fmaf(s[w][n][e], c, -base));
-            sum += s[w][n][e];
-          }
-        l[w][h] = l[w][h] * r + sum;
-#pragma unroll
-        for (int x = 0; x < NT; x++) { o[w][x][2 * h] *= r; o[w][x][2 * h + 1] *= r; }
-      }
+      ember_flash_online<BN, NT, CAUSAL>(s[w], m[w], l[w], o[w], t * BN, r_lo + 16 * w, S, c, edge);
 #pragma unroll
     for (int w = 0; w < WM; w++) ember_acc_any<D, BN, NT, BF16, HOPPER>(o[w], s[w], cv);
     __syncthreads();   /* this slot is filled again two tiles on */
   }
 #pragma unroll
   for (int w = 0; w < WM; w++)
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      l[w][h] += __shfl_xor_sync(0xffffffffu, l[w][h], 1);
-      l[w][h] += __shfl_xor_sync(0xffffffffu, l[w][h], 2);
-      const int row = r_lo + 16 * w + h * 8;
-      if (row >= T) continue;
-      const float inv = 1.f / l[w][h];
-      float* dst = out + ((size_t)nb * T + row) * (D + 1);
-#pragma unroll
-      for (int x = 0; x < NT; x++) {
-        dst[x * 8 + (lane & 3) * 2] = o[w][x][2 * h] * inv;
-        dst[x * 8 + (lane & 3) * 2 + 1] = o[w][x][2 * h + 1] * inv;
-      }
-      if ((lane & 3) == 0) dst[D] = m[w][h] + log2f(l[w][h]);
-    }
+    ember_flash_out<D>(out + (size_t)nb * T * (D + 1), o[w], m[w], l[w], r_lo + 16 * w, T);
 }
 
 /* p = exp2(s c - lse) and ds = p (dp - di) for the 2 rows (ROWS_ARE_KEYS: 2 key rows, so the
@@ -643,8 +659,9 @@ HOPPER = r"""
    acc += P B, P in registers as wgmma's A operand (mma.sync's A fragments), B (BK rows of D,
    contiguous along D) read transposed */
 template <> struct EmberWg<true> {
+  /* issued and committed, not waited for (ember_flash_fwd_ws waits after passing its turn on) */
   template <int D, int BN, bool BF16>
-  static __device__ void scores(float* s, const unsigned short* sa, int rows_a, const unsigned short* sb) {
+  static __device__ void scores_issue(float* s, const unsigned short* sa, int rows_a, const unsigned short* sb) {
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) s[i] = 0.f;
     ember_wgmma_fence();
@@ -653,10 +670,19 @@ template <> struct EmberWg<true> {
       ember_wgmma_s<BN, BF16>(s, ember_desc(sa + (kk >> 2) * rows_a * 64 + (kk & 3) * 16, 16, 1024),
                               ember_desc(sb + (kk >> 2) * BN * 64 + (kk & 3) * 16, 16, 1024));
     ember_wgmma_commit();
+  }
+  template <int D, int BN, bool BF16>
+  static __device__ void scores(float* s, const unsigned short* sa, int rows_a, const unsigned short* sb) {
+    scores_issue<D, BN, BF16>(s, sa, rows_a, sb);
     ember_wgmma_wait<0>();
   }
   template <int D, int BK, bool BF16>
   static __device__ void acc(float* acc, float (*p)[4], const unsigned short* sb) {
+    acc_issue<D, BK, BF16>(acc, p, sb);
+    ember_wgmma_wait<0>();
+  }
+  template <int D, int BK, bool BF16>
+  static __device__ void acc_issue(float* acc, float (*p)[4], const unsigned short* sb) {
     unsigned a[BK / 16][4];   /* every A fragment packed before the fence (PTX: registers a wgmma
                                  reads are written before wgmma.fence, not between it and the wgmma) */
 #pragma unroll
@@ -671,9 +697,82 @@ template <> struct EmberWg<true> {
     for (int kk = 0; kk < BK / 16; kk++)
       ember_wgmma_pv<D, BF16>(acc, a[kk], ember_desc(sb + kk * 16 * 64, BK * 128, 1024));
     ember_wgmma_commit();
-    ember_wgmma_wait<0>();
   }
 };
+
+/* rows [r0, r0 + ROWS) of batch nb of q, k or v (a [N / heads, heads, rows, D] tensor map) by
+   TMA, as ember_hswz<ROWS> lays a tile out: one box per 64-column panel */
+template <int D, int ROWS> EMBER_D void ember_flash_tma_tile(unsigned short* dst, const EmberTmap* map, int r0, int nb,
+                                                             int heads, unsigned long long* bar) {
+#pragma unroll
+  for (int p = 0; p < D / 64; p++) ember_tma4(dst + p * ROWS * 64, map, 64 * p, r0, nb % heads, nb / heads, bar);
+}
+
+/* The forward on sm_90a, warp-specialized (FlashAttention-3's plan): 384 threads. Warpgroup 0
+   gives its registers away and one of its threads copies q once and each tile of TILE keys and
+   values by TMA into STAGES slots; each slot has a "full" mbarrier (its bytes arrived) and an
+   "empty" one (both consumers' products with it are done), so the warpgroups never wait for
+   each other at a tile's end. Warpgroups 1 and 2 own 64 rows each and take turns at issuing
+   their products (named barriers 1 and 2): while one computes its softmax, the tensor cores
+   run the other's products. The element code is ember_flash_fwd's. */
+template <int D, int TILE, int STAGES, bool CAUSAL, bool BF16>
+EMBER_D void ember_flash_fwd_ws(float* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
+                                int heads, int T, int S, float c) {
+  constexpr int BM = 128, BN = TILE, NT = D / 8;
+  unsigned short *sq = ember_flash_tiles<true>(), *sk = sq + BM * D, *sv = sk + STAGES * BN * D;
+  __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
+  unsigned long long *full = bars, *empty = bars + STAGES, *qfull = bars + 2 * STAGES;
+  const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;  /* longest rows first */
+  int tiles = (S + BN - 1) / BN;
+  if (CAUSAL) tiles = min(tiles, (row0 + BM - 1) / BN + 1);
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < STAGES; st++) { ember_mbar_init(&full[st], 1); ember_mbar_init(&empty[st], 8); }
+    ember_mbar_init(qfull, 1);
+  }
+  __syncthreads();
+  if (warp < 4) {   /* the producer */
+    ember_setmaxnreg_dec<40>();
+    if (threadIdx.x != 0) return;
+    ember_mbar_expect(qfull, BM * D * 2);
+    ember_flash_tma_tile<D, BM>(sq, tq, row0, nb, heads, qfull);
+    for (int t = 0; t < tiles; t++) {
+      const int st = t % STAGES, ph = (t / STAGES) & 1;
+      ember_mbar_wait(&empty[st], ph ^ 1);
+      ember_mbar_expect(&full[st], 2 * BN * D * 2);
+      ember_flash_tma_tile<D, BN>(sk + st * BN * D, tk, t * BN, nb, heads, &full[st]);
+      ember_flash_tma_tile<D, BN>(sv + st * BN * D, tv, t * BN, nb, heads, &full[st]);
+    }
+    return;
+  }
+  ember_setmaxnreg_inc<232>();
+  const int wg = (warp >> 2) - 1;   /* rows 64 wg.. of the block */
+  float o[NT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int x = 0; x < NT; x++) o[x][0] = o[x][1] = o[x][2] = o[x][3] = 0.f;
+  const int r_lo = row0 + (warp - 4) * 16 + (lane >> 2);
+  const unsigned short* myq = sq + wg * 64 * 64;
+  ember_mbar_wait(qfull, 0);
+  if (wg == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");   /* warpgroup 1 issues first */
+  for (int t = 0; t < tiles; t++) {
+    const int st = t % STAGES, ph = (t / STAGES) & 1;
+    const unsigned short *ck = sk + st * BN * D, *cv = sv + st * BN * D;
+    ember_mbar_wait(&full[st], ph);
+    float s[BN / 8][4];
+    ember_bar_sync(1 + wg, 256);   /* my turn */
+    EmberWg<true>::template scores_issue<D, BN, BF16>(&s[0][0], myq, BM, ck);
+    asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");   /* the other's turn */
+    ember_wgmma_wait<0>();
+    const bool edge = t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0);
+    ember_flash_online<BN, NT, CAUSAL>(s, m, l, o, t * BN, r_lo, S, c, edge);
+    ember_bar_sync(1 + wg, 256);
+    EmberWg<true>::template acc_issue<D, BN, BF16>(&o[0][0], s, cv);
+    if (wg == 0 || t + 1 < tiles) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");
+    ember_wgmma_wait<0>();
+    if (lane == 0) ember_mbar_arrive(&empty[st]);
+  }
+  ember_flash_out<D>(out + (size_t)nb * T * (D + 1), o, m, l, r_lo, T);
+}
 """
 
 
@@ -748,14 +847,75 @@ TILES32 = {"attention": {64: (64, 32), 128: (32, 16)},
            "attention_dkdv": {64: (32, 32), 128: (16, 16)}}
 
 
+WS_TILE, WS_STAGES, WS_THREADS = 128, 2, 384   # the warp-specialized forward (ember_flash_fwd_ws)
+
+
+def ws_heads(k: Kernel) -> int | None:
+    """The heads H the warp-specialized forward sees q, k and v in (each a [N / H, H, rows, D]
+    tensor for TMA), or None where it does not apply: only sm_90a's f16/bf16 forward, and only
+    when every operand's batch axis splits by one H (a View's own heads, or 1)."""
+    if not k.hopper or _f32(k) or _sizes(k)[0] != "attention":
+        return None
+    assert k.fused is not None
+    heads = {v.heads for v in k.fused[2][:3] if v is not None and v.heads > 1}
+    return heads.pop() if len(heads) <= 1 and heads else 1 if not heads else None
+
+
 def _plan(k: Kernel) -> tuple[int, int, int]:
     """(rows a block owns, rows a tile streams, threads a block)."""
     kind, _, _, _, _, _, d = _sizes(k)
     if _f32(k):
         return (*TILES32[kind][d], THREADS)
+    if ws_heads(k) is not None:
+        return HOPPER_ROWS, WS_TILE, WS_THREADS
     if k.hopper and kind == "attention":
         return HOPPER_ROWS, HOPPER_TILE[d], HOPPER_THREADS
     return (*TILES[kind][d], THREADS)
+
+
+def tma_layouts(k: Kernel) -> list[tuple[int, int, list[int], list[int]]]:
+    """How the warp-specialized forward's TMA sees q, k and v: for each, (its buffer's id, the
+    element offset of its first element, dims [D, rows, H, N / H] innermost first, and the
+    element strides of the last three). Element (n, r, d) sits at offset + (n // H) * strides[2]
+    + (n % H) * strides[1] + r * strides[0] + d."""
+    assert k.fused is not None
+    node, bufs, views = k.fused
+    heads = ws_heads(k)
+    assert heads is not None
+    out = []
+    for src, b, view in zip(node.srcs[:3], bufs[:3], views[:3]):
+        n, rows, d = src.shape
+        if view is None:
+            offset, strides = 0, [d, rows * d, heads * rows * d]
+        elif view.heads > 1:
+            offset, strides = view.offset, [view.ld, view.sh, view.sb]
+        else:   # batch n at n * sb: head n % H, batch n // H
+            offset, strides = view.offset, [view.ld, view.sb, heads * view.sb]
+        out.append((b.id, offset, [d, rows, heads, n // heads], strides))
+    return out
+
+
+def tensor_maps(k: Kernel, ptr: dict[int, int]) -> list:
+    """The warp-specialized forward's CUtensorMaps of q, k and v for buffers at ptr (tma_layouts),
+    boxes of 64 columns x the rows a block (q) or a tile (k, v) takes, in the 128-byte swizzle
+    ember_hswz lays tiles out in; zeros past the edges."""
+    from cuda.bindings import driver as cu
+    assert k.fused is not None
+    kinds = {"bf16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+             "f16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}
+    maps = []
+    for i, (buf, offset, dims, strides) in enumerate(tma_layouts(k)):
+        box = [64, HOPPER_ROWS if i == 0 else WS_TILE, 1, 1]
+        err, tmap = cu.cuTensorMapEncodeTiled(
+            kinds[k.fused[0].srcs[i].dtype.name], 4, ptr[buf] + 2 * offset, [cu.cuuint64_t(x) for x in dims],
+            [cu.cuuint64_t(x * 2) for x in strides], [cu.cuuint32_t(x) for x in box], [cu.cuuint32_t(1)] * 4,
+            cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+        if int(err) != 0:
+            raise RuntimeError(f"cuTensorMapEncodeTiled for {k.name}: {err} (dims {dims}, strides {strides})")
+        maps.append(tmap)
+    return maps
 
 
 def smem_bytes(k: Kernel) -> int:
@@ -767,6 +927,8 @@ def smem_bytes(k: Kernel) -> int:
     rows, tile, _ = _plan(k)
     if _f32(k):
         return 4 * tile * d * 4
+    if ws_heads(k) is not None:   # q, then the slots of k and v tiles
+        return (rows + 2 * WS_STAGES * tile) * d * 2 + 1024
     return ((1 if kind == "attention" else 2) * rows + 4 * tile) * d * 2 + 1024 * k.hopper
 
 
@@ -798,6 +960,12 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
     fn = {"attention": "fwd", "attention_dq": "dq", "attention_dkdv": "dkdv"}[kind]
     fn = f"ember_flash32_{fn}" if _f32(k) else f"ember_flash_{fn}"
     rows, tile, threads = _plan(k)
+    heads = ws_heads(k)
+    if heads is not None:   # q, k and v by TMA: the tensor maps follow the buffers, by value
+        return (f"extern \"C\" __global__ void __launch_bounds__({threads}, 1) {signature[:-1]}, "
+                + ", ".join(f"const __grid_constant__ EmberTmap {m}" for m in ("tq", "tk", "tv")) + ") {\n"
+                f"  ember_flash_fwd_ws<{d}, {tile}, {WS_STAGES}, {str(causal).lower()}, {str(bf16).lower()}>("
+                f"b{k.out.id}, &tq, &tk, &tv, {heads}, {t_len}, {s_len}, {c!r}f);\n}}\n")
     flags = str(causal).lower() if _f32(k) else f"{str(causal).lower()}, {str(bf16).lower()}, {str(k.hopper).lower()}"
     return (f"extern \"C\" __global__ void __launch_bounds__({threads}) {signature} {{\n"
             "  const int nb = blockIdx.y;\n"

@@ -152,8 +152,10 @@ def helpers(kernels: list[Kernel]) -> str:
                      for c, p in plans if p.instruction == "wgmma"})
     if hopper or any(k.hopper for k in kernels):   # flash.py's sm_90a forward needs the descriptors too
         out += HOPPER_HELPERS + "".join(_wgmma_helper(*h) for h in hopper)
-        out += "".join(_tma_helper(rank) for rank in sorted({len(_tma_box(c, op, p)[0]) for c, p in plans
-                                                             if p.tma for op in (c.a, c.b)}))
+        from . import flash  # its warp-specialized forward copies q, k and v as 4-d tensors
+        ranks = {len(_tma_box(c, op, p)[0]) for c, p in plans if p.tma for op in (c.a, c.b)}
+        ranks |= {4 for k in kernels if k.fused is not None and flash.ws_heads(k) is not None}
+        out += "".join(_tma_helper(rank) for rank in sorted(ranks))
         out += "".join(_tma_store_helper(rank) for rank in sorted({len(_tma_out_box(c)[0]) for c, p in plans
                                                                    if p.tma_store}))
     return out

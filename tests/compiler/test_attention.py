@@ -266,3 +266,23 @@ def test_strided_views_of_heads_match_numpy() -> None:
     realized = {y: Buffer(1, dt.bf16, y.numel, "temp", y)}
     q = ir.reshape(ir.permute(ir.reshape(ir.shrink(y, (0, 0, 0), (b, t, 12)), (b, t, 3, 4)), (0, 2, 1, 3)), (6, t, 4))
     assert strided_view(q, realized) is None
+
+
+@pytest.mark.parametrize("name", ["bf16_heads", "bf16_causal", "f16_causal_d128"])
+def test_tma_layouts_of_the_warp_specialized_forward(name: str) -> None:
+    """sm_90a's forward reads q, k and v by TMA as [N / H, H, rows, D] tensors (flash.tma_layouts):
+    every element's offset there is the one the kernels' own addressing gives (a View's formula,
+    or [N, rows, D] contiguous)."""
+    from ember.backend import cuda, flash
+    sched = cuda.prepare(case(name)[0], "sm_90a")
+    (fwd,) = [k for k in sched.kernels if k.fused is not None and k.fused[0].arg[0] == "attention"]
+    assert flash.ws_heads(fwd) is not None and flash.launch(fwd)[1] == flash.WS_THREADS
+    node, bufs, views = fwd.fused
+    for src, b, view, (buf, offset, dims, strides) in zip(node.srcs, bufs, views, flash.tma_layouts(fwd)):
+        n_, rows, d = src.shape
+        assert buf == b.id and dims == [d, rows, dims[2], n_ // dims[2]] and dims[2] * dims[3] == n_
+        n, r, e = np.meshgrid(np.arange(n_), np.arange(rows), np.arange(d), indexing="ij")
+        got = offset + (n // dims[2]) * strides[2] + (n % dims[2]) * strides[1] + r * strides[0] + e
+        want = (n * rows * d + r * d + e) if view is None else \
+            view.offset + (n // view.heads) * view.sb + (n % view.heads) * view.sh + r * view.ld + e
+        assert np.array_equal(got, want), (name, view)
