@@ -236,6 +236,19 @@ def block_size(k: Kernel) -> int:
     return BLOCK
 
 
+GRID_YZ = 65535   # the most blocks a grid has along y and along z (x: 2^31 - 1)
+
+
+def check_grids(kernels: list[Kernel], configs: list[tuple[tuple[int, int, int], int, int]]) -> None:
+    """One clear error, before any launch, where a kernel's grid passes the GPU's limits (a batch
+    of over 65535 products or attention heads), not the driver's CUDA_ERROR_INVALID_VALUE later."""
+    for k, ((gx, gy, gz), _, _) in zip(kernels, configs):
+        if gy > GRID_YZ or gz > GRID_YZ or gx >= 2 ** 31:
+            what = "attention heads x batch" if k.fused is not None else "blocks"
+            raise RuntimeError(f"kernel {k.name} ({k.kind}) needs a grid of {gx} x {gy} x {gz} blocks; the GPU "
+                               f"allows {GRID_YZ} along y and z ({what} too many: split the batch)")
+
+
 def launch_config(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
     """(grid, threads per block, dynamic shared memory bytes), from the plan optimize made."""
     if k.contraction is not None:
@@ -618,6 +631,7 @@ class CUDAProgram:
                     for m, (_, ks) in zip(self.modules, units) for k in ks}
         self.functions = [function[k.name] for k in self.sched.kernels]
         self.configs = [launch_config(k) for k in self.sched.kernels]
+        check_grids(self.sched.kernels, self.configs)
         self.start_runs()
         for fn, (_, _, smem) in zip(self.functions, self.configs):
             _allow_smem(fn, smem)

@@ -441,6 +441,19 @@ template <int D> EMBER_D float ember_row_total(float x) {   /* summed over the G
   for (int o = 1; o < D / 16; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
 }
+/* this thread's parts of the dot products of two rows it holds with KC rows of two tiles:
+   s[j] = a . ta[j], dp[j] = b . tb[j] */
+template <int D, int KC> EMBER_D void ember_dots32(float* s, float* dp, const float* a, const float* ta, const float* b,
+                                                   const float* tb) {
+#pragma unroll
+  for (int j = 0; j < KC; j++) {
+    float x[16];
+    ember_row32<D>(x, ta + j * D);
+    s[j] = ember_dot16(a, x);
+    ember_row32<D>(x, tb + j * D);
+    dp[j] = ember_dot16(b, x);
+  }
+}
 EMBER_D void ember_axpy16(float* acc, float a, const float* x) {
 #pragma unroll
   for (int e = 0; e < 16; e++) acc[e] = fmaf(a, x[e], acc[e]);
@@ -564,14 +577,7 @@ EMBER_D void ember_flash32_dq(float* out, const float* q, const float* k, const 
     for (int j0 = 0; j0 < TILE; j0 += KC) {
       const int col0 = t * TILE + j0;
       float s[KC], dp[KC];
-#pragma unroll
-      for (int j = 0; j < KC; j++) {
-        float x[16];
-        ember_row32<D>(x, ck + (j0 + j) * D);
-        s[j] = ember_dot16(qr, x);
-        ember_row32<D>(x, cv + (j0 + j) * D);
-        dp[j] = ember_dot16(dor, x);
-      }
+      ember_dots32<D, KC>(s, dp, qr, ck + j0 * D, dor, cv + j0 * D);
 #pragma unroll
       for (int j = 0; j < KC; j++) {
         const float sj = ember_row_total<D>(s[j]), dpj = ember_row_total<D>(dp[j]);   /* every lane shuffles */
@@ -618,14 +624,7 @@ EMBER_D void ember_flash32_dkdv(float* out, const float* q, const float* k, cons
     for (int i0 = 0; i0 < TILE; i0 += KC) {
       const int qi0 = t * TILE + i0;
       float s[KC], dp[KC];
-#pragma unroll
-      for (int i = 0; i < KC; i++) {
-        float x[16];
-        ember_row32<D>(x, cq + (i0 + i) * D);
-        s[i] = ember_dot16(kr, x);
-        ember_row32<D>(x, cdo + (i0 + i) * D);
-        dp[i] = ember_dot16(vr, x);
-      }
+      ember_dots32<D, KC>(s, dp, kr, cq + i0 * D, vr, cdo + i0 * D);
 #pragma unroll
       for (int i = 0; i < KC; i++) {
         const int qi = qi0 + i;

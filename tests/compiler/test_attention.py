@@ -286,3 +286,16 @@ def test_tma_layouts_of_the_warp_specialized_forward(name: str) -> None:
         want = (n * rows * d + r * d + e) if view is None else \
             view.offset + (n // view.heads) * view.sb + (n % view.heads) * view.sh + r * view.ld + e
         assert np.array_equal(got, want), (name, view)
+
+
+def test_a_grid_past_the_gpus_limit_is_one_clear_error() -> None:
+    """65536 heads x batch is one block too many along the flash kernels' y: said before any launch."""
+    from ember.backend import cuda
+    q, k, v = (ir.param(n, dt.bf16, (1024, 64, 16, 64)) for n in "qkv")
+    sched = cuda.prepare([attention_graph(q, k, v, True, dt.bf16)], "sm_90a")
+    configs = [cuda.launch_config(k) for k in sched.kernels]
+    assert max(gy for (_, gy, _), _, _ in configs) == 65536
+    with pytest.raises(RuntimeError, match="allows 65535 along y and z"):
+        cuda.check_grids(sched.kernels, configs)
+    small = cuda.prepare([attention_graph(*(ir.param(n, dt.bf16, (2, 4, 16, 64)) for n in "qkv"), True, dt.bf16)], "sm_90a")
+    cuda.check_grids(small.kernels, [cuda.launch_config(k) for k in small.kernels])
