@@ -305,6 +305,22 @@ EMBER_D void ember_flash_fwd(float* out, const unsigned short* q, const unsigned
     ember_flash_out<D>(out + (size_t)nb * T * (D + 1), o[w], m[w], l[w], r_lo + 16 * w, T);
 }
 
+/* rows r_lo and r_lo + 8 (those below nrows) of a gradient whose rows are ld apart, times
+   scale, rounded once to OUT (f32, or the operands' 16-bit dtype) */
+template <int D, bool BF16, typename OUT>
+EMBER_D void ember_flash_rows_out(OUT* out, float (*acc)[4], int r_lo, int nrows, int ld, float scale) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int row = r_lo + h * 8;
+    if (row >= nrows) continue;
+#pragma unroll
+    for (int x = 0; x < D / 8; x++)
+      ember_store2<BF16>(out + (size_t)row * ld + x * 8 + (lane & 3) * 2, acc[x][2 * h] * scale,
+                         acc[x][2 * h + 1] * scale);
+  }
+}
+
 /* p = exp2(s c - lse) and ds = p (dp - di) for the 2 rows (ROWS_ARE_KEYS: 2 key rows, so the
    columns are queries) and BN columns of this thread; masked entries are 0 */
 template <int BN, bool CAUSAL, bool ROWS_ARE_KEYS>
@@ -354,15 +370,7 @@ EMBER_D void ember_flash_dq(OUT* out, const unsigned short* q, const unsigned sh
     ember_acc_any<D, BN, NT, BF16, HOPPER>(acc, dp[0], ck);
     __syncthreads();
   }
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int row = r_lo + h * 8;
-    if (row >= T) continue;
-    OUT* dst = out + ((size_t)nb * T + row) * D;
-#pragma unroll
-    for (int x = 0; x < NT; x++)
-      ember_store2<BF16>(dst + x * 8 + (lane & 3) * 2, acc[x][2 * h] * cs, acc[x][2 * h + 1] * cs);
-  }
+  ember_flash_rows_out<D, BF16>(out + (size_t)nb * T * D, acc, r_lo, T, D, cs);
 }
 
 template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, bool HOPPER, typename OUT>
@@ -399,18 +407,8 @@ EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned 
     ember_acc_any<D, BM, NT, BF16, HOPPER>(dk, dp[0], cq);
     __syncthreads();
   }
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int row = r_lo + h * 8;
-    if (row >= S) continue;
-    OUT* dst = out + ((size_t)nb * S + row) * 2 * D;
-#pragma unroll
-    for (int x = 0; x < NT; x++) {
-      const int col = x * 8 + (lane & 3) * 2;
-      ember_store2<BF16>(dst + col, dk[x][2 * h] * cs, dk[x][2 * h + 1] * cs);
-      ember_store2<BF16>(dst + D + col, dv[x][2 * h], dv[x][2 * h + 1]);
-    }
-  }
+  ember_flash_rows_out<D, BF16>(out + (size_t)nb * S * 2 * D, dk, r_lo, S, 2 * D, cs);
+  ember_flash_rows_out<D, BF16>(out + (size_t)nb * S * 2 * D + D, dv, r_lo, S, 2 * D, 1.f);
 }
 """
 
@@ -772,6 +770,136 @@ EMBER_D void ember_flash_fwd_ws(float* out, const EmberTmap* tq, const EmberTmap
   }
   ember_flash_out<D>(out + (size_t)nb * T * (D + 1), o, m, l, r_lo, T);
 }
+
+/* The backward's two kernels warp-specialized as ember_flash_fwd_ws: warpgroups 1 and 2 own 64
+   of the block's 128 rows each (queries for dq, keys for dk|dv), copied once by TMA with do (dq)
+   or v (dk|dv); the other side's two matrices stream through STAGES slots in tiles of TILE
+   rows, and the consumers take turns at issuing each tile's first products (the scores and dp,
+   together) and its last ones. */
+template <int D, int TILE, int STAGES, bool CAUSAL, bool BF16, typename OUT>
+EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
+                               const EmberTmap* tdo, const float* packed, const float* di, int heads, int T, int S,
+                               float c, float cs) {
+  constexpr int BM = 128, BN = TILE, NT = D / 8;
+  unsigned short *sq = ember_flash_tiles<true>(), *sdo = sq + BM * D, *sk = sdo + BM * D, *sv = sk + STAGES * BN * D;
+  __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
+  unsigned long long *full = bars, *empty = bars + STAGES, *own = bars + 2 * STAGES;
+  const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
+  int tiles = (S + BN - 1) / BN;
+  if (CAUSAL) tiles = min(tiles, (row0 + BM - 1) / BN + 1);
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < STAGES; st++) { ember_mbar_init(&full[st], 1); ember_mbar_init(&empty[st], 8); }
+    ember_mbar_init(own, 1);
+  }
+  __syncthreads();
+  if (warp < 4) {   /* the producer */
+    ember_setmaxnreg_dec<40>();
+    if (threadIdx.x != 0) return;
+    ember_mbar_expect(own, 2 * BM * D * 2);
+    ember_flash_tma_tile<D, BM>(sq, tq, row0, nb, heads, own);
+    ember_flash_tma_tile<D, BM>(sdo, tdo, row0, nb, heads, own);
+    for (int t = 0; t < tiles; t++) {
+      const int st = t % STAGES, ph = (t / STAGES) & 1;
+      ember_mbar_wait(&empty[st], ph ^ 1);
+      ember_mbar_expect(&full[st], 2 * BN * D * 2);
+      ember_flash_tma_tile<D, BN>(sk + st * BN * D, tk, t * BN, nb, heads, &full[st]);
+      ember_flash_tma_tile<D, BN>(sv + st * BN * D, tv, t * BN, nb, heads, &full[st]);
+    }
+    return;
+  }
+  ember_setmaxnreg_inc<232>();
+  const int wg = (warp >> 2) - 1;
+  const int r_lo = row0 + (warp - 4) * 16 + (lane >> 2);
+  float acc[NT][4];
+#pragma unroll
+  for (int x = 0; x < NT; x++) acc[x][0] = acc[x][1] = acc[x][2] = acc[x][3] = 0.f;
+  ember_mbar_wait(own, 0);
+  if (wg == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+  for (int t = 0; t < tiles; t++) {
+    const int st = t % STAGES, ph = (t / STAGES) & 1;
+    const unsigned short *ck = sk + st * BN * D, *cv = sv + st * BN * D;
+    ember_mbar_wait(&full[st], ph);
+    float s[BN / 8][4], dp[BN / 8][4];
+    ember_bar_sync(1 + wg, 256);
+    EmberWg<true>::template scores_issue<D, BN, BF16>(&s[0][0], sq + wg * 64 * 64, BM, ck);
+    EmberWg<true>::template scores_issue<D, BN, BF16>(&dp[0][0], sdo + wg * 64 * 64, BM, cv);
+    asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");
+    ember_wgmma_wait<0>();
+    const bool edge = row0 + BM > T || t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0);
+    ember_flash_ds<BN, CAUSAL, false>(s, dp, c, r_lo, t * BN, T, S, packed + D, D + 1, di, edge);
+    ember_bar_sync(1 + wg, 256);
+    EmberWg<true>::template acc_issue<D, BN, BF16>(&acc[0][0], dp, ck);
+    if (wg == 0 || t + 1 < tiles) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");
+    ember_wgmma_wait<0>();
+    if (lane == 0) ember_mbar_arrive(&empty[st]);
+  }
+  ember_flash_rows_out<D, BF16>(out + (size_t)nb * T * D, acc, r_lo, T, D, cs);
+}
+
+template <int D, int TILE, int STAGES, bool CAUSAL, bool BF16, typename OUT>
+EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
+                                 const EmberTmap* tdo, const float* packed, const float* di, int heads, int T, int S,
+                                 float c, float cs) {
+  constexpr int BN = 128, BM = TILE, NT = D / 8;   /* BN keys per block, BM queries per tile */
+  unsigned short *sk = ember_flash_tiles<true>(), *sv = sk + BN * D, *sq = sv + BN * D, *sdo = sq + STAGES * BM * D;
+  __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
+  unsigned long long *full = bars, *empty = bars + STAGES, *own = bars + 2 * STAGES;
+  const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int key0 = blockIdx.x * BN;
+  const int first = CAUSAL ? key0 / BM : 0, tiles = (T + BM - 1) / BM;
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < STAGES; st++) { ember_mbar_init(&full[st], 1); ember_mbar_init(&empty[st], 8); }
+    ember_mbar_init(own, 1);
+  }
+  __syncthreads();
+  if (warp < 4) {   /* the producer */
+    ember_setmaxnreg_dec<40>();
+    if (threadIdx.x != 0) return;
+    ember_mbar_expect(own, 2 * BN * D * 2);
+    ember_flash_tma_tile<D, BN>(sk, tk, key0, nb, heads, own);
+    ember_flash_tma_tile<D, BN>(sv, tv, key0, nb, heads, own);
+    for (int t = first; t < tiles; t++) {
+      const int st = (t - first) % STAGES, ph = ((t - first) / STAGES) & 1;
+      ember_mbar_wait(&empty[st], ph ^ 1);
+      ember_mbar_expect(&full[st], 2 * BM * D * 2);
+      ember_flash_tma_tile<D, BM>(sq + st * BM * D, tq, t * BM, nb, heads, &full[st]);
+      ember_flash_tma_tile<D, BM>(sdo + st * BM * D, tdo, t * BM, nb, heads, &full[st]);
+    }
+    return;
+  }
+  ember_setmaxnreg_inc<232>();
+  const int wg = (warp >> 2) - 1;
+  const int r_lo = key0 + (warp - 4) * 16 + (lane >> 2);   /* this thread's key rows */
+  float dk[NT][4], dv[NT][4];
+#pragma unroll
+  for (int x = 0; x < NT; x++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dk[x][e] = dv[x][e] = 0.f;
+  ember_mbar_wait(own, 0);
+  if (wg == 1 && first < tiles) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+  for (int t = first; t < tiles; t++) {
+    const int st = (t - first) % STAGES, ph = ((t - first) / STAGES) & 1;
+    const unsigned short *cq = sq + st * BM * D, *cdo = sdo + st * BM * D;
+    ember_mbar_wait(&full[st], ph);
+    float s[BM / 8][4], dp[BM / 8][4];
+    ember_bar_sync(1 + wg, 256);
+    EmberWg<true>::template scores_issue<D, BM, BF16>(&s[0][0], sk + wg * 64 * 64, BN, cq);    /* s^T */
+    EmberWg<true>::template scores_issue<D, BM, BF16>(&dp[0][0], sv + wg * 64 * 64, BN, cdo);  /* dp^T */
+    asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");
+    ember_wgmma_wait<0>();
+    const bool edge = t * BM + BM > T || key0 + BN > S || (CAUSAL && key0 + BN - 1 > t * BM);
+    ember_flash_ds<BM, CAUSAL, true>(s, dp, c, r_lo, t * BM, T, S, packed + D, D + 1, di, edge);
+    ember_bar_sync(1 + wg, 256);
+    EmberWg<true>::template acc_issue<D, BM, BF16>(&dv[0][0], s, cdo);
+    EmberWg<true>::template acc_issue<D, BM, BF16>(&dk[0][0], dp, cq);
+    if (wg == 0 || t + 1 < tiles) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");
+    ember_wgmma_wait<0>();
+    if (lane == 0) ember_mbar_arrive(&empty[st]);
+  }
+  ember_flash_rows_out<D, BF16>(out + (size_t)nb * S * 2 * D, dk, r_lo, S, 2 * D, cs);
+  ember_flash_rows_out<D, BF16>(out + (size_t)nb * S * 2 * D + D, dv, r_lo, S, 2 * D, 1.f);
+}
 """
 
 
@@ -846,14 +974,20 @@ TILES32 = {"attention": {64: (64, 32), 128: (32, 16)},
            "attention_dkdv": {64: (32, 32), 128: (16, 16)}}
 
 
-WS_TILE, WS_STAGES, WS_THREADS = 128, 2, 384   # the warp-specialized forward (ember_flash_fwd_ws)
+# the warp-specialized kernels (ember_flash_*_ws, sm_90a): 128 rows a block, tiles of this many
+# rows streamed past them (the forward's keys; the backward's keys for dq, queries for dk|dv)
+WS_TILE = {"attention": 128, "attention_dq": 64, "attention_dkdv": 64}
+WS_STAGES, WS_THREADS = 2, 384
+# which of a kernel's sources it copies once (its block's rows) and which it streams by tiles
+WS_OWN = {"attention": (0,), "attention_dq": (0, 4), "attention_dkdv": (1, 2)}
+WS_TILED = {"attention": (1, 2), "attention_dq": (1, 2), "attention_dkdv": (0, 4)}
 
 
 def ws_heads(k: Kernel) -> int | None:
-    """The heads H the warp-specialized forward sees q, k and v in (each a [N / H, H, rows, D]
-    tensor for TMA), or None where it does not apply: only sm_90a's f16/bf16 forward, and only
+    """The heads H the warp-specialized kernels see q, k, v (and do) in (each a [N / H, H, rows,
+    D] tensor for TMA), or None where they do not apply: only sm_90a's f16/bf16 kernels, and only
     when every operand's batch axis splits by one H (a View's own heads, or 1)."""
-    if not k.hopper or _f32(k) or _sizes(k)[0] != "attention":
+    if not k.hopper or _f32(k):
         return None
     assert k.fused is not None
     heads = {v.heads for v in k.fused[2][:3] if v is not None and v.heads > 1}
@@ -866,15 +1000,21 @@ def _plan(k: Kernel) -> tuple[int, int, int]:
     if _f32(k):
         return (*TILES32[kind][d], THREADS)
     if ws_heads(k) is not None:
-        return HOPPER_ROWS, WS_TILE, WS_THREADS
+        return HOPPER_ROWS, WS_TILE[kind], WS_THREADS
     if k.hopper and kind == "attention":
         return HOPPER_ROWS, HOPPER_TILE[d], HOPPER_THREADS
     return (*TILES[kind][d], THREADS)
 
 
+def _ws_sources(k: Kernel) -> list[int]:
+    """The sources the warp-specialized kernel reads by TMA, in its tensor maps' order: q, k, v,
+    and do for the backward."""
+    return [0, 1, 2] if _sizes(k)[0] == "attention" else [0, 1, 2, 4]
+
+
 def tma_layouts(k: Kernel) -> list[tuple[int, int, list[int], list[int]]]:
-    """How the warp-specialized forward's TMA sees q, k and v: for each, (its buffer's id, the
-    element offset of its first element, dims [D, rows, H, N / H] innermost first, and the
+    """How the warp-specialized kernels' TMA sees q, k, v (and do): for each, (its buffer's id,
+    the element offset of its first element, dims [D, rows, H, N / H] innermost first, and the
     element strides of the last three). Element (n, r, d) sits at offset + (n // H) * strides[2]
     + (n % H) * strides[1] + r * strides[0] + d."""
     assert k.fused is not None
@@ -882,8 +1022,8 @@ def tma_layouts(k: Kernel) -> list[tuple[int, int, list[int], list[int]]]:
     heads = ws_heads(k)
     assert heads is not None
     out = []
-    for src, b, view in zip(node.srcs[:3], bufs[:3], views[:3]):
-        n, rows, d = src.shape
+    for i in _ws_sources(k):
+        (n, rows, d), b, view = node.srcs[i].shape, bufs[i], views[i]
         if view is None:
             offset, strides = 0, [d, rows * d, heads * rows * d]
         elif view.heads > 1:
@@ -895,16 +1035,18 @@ def tma_layouts(k: Kernel) -> list[tuple[int, int, list[int], list[int]]]:
 
 
 def tensor_maps(k: Kernel, ptr: dict[int, int]) -> list:
-    """The warp-specialized forward's CUtensorMaps of q, k and v for buffers at ptr (tma_layouts),
-    boxes of 64 columns x the rows a block (q) or a tile (k, v) takes, in the 128-byte swizzle
-    ember_hswz lays tiles out in; zeros past the edges."""
+    """The warp-specialized kernels' CUtensorMaps for buffers at ptr (tma_layouts): boxes of 64
+    columns x the rows a block owns or a tile streams, in the 128-byte swizzle ember_hswz lays
+    tiles out in; zeros past the edges."""
     from cuda.bindings import driver as cu
     assert k.fused is not None
     kinds = {"bf16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
              "f16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}
+    kind = _sizes(k)[0]
+    rows, tile, _ = _plan(k)
     maps = []
-    for i, (buf, offset, dims, strides) in enumerate(tma_layouts(k)):
-        box = [64, HOPPER_ROWS if i == 0 else WS_TILE, 1, 1]
+    for i, (buf, offset, dims, strides) in zip(_ws_sources(k), tma_layouts(k)):
+        box = [64, rows if i in WS_OWN[kind] else tile, 1, 1]
         err, tmap = cu.cuTensorMapEncodeTiled(
             kinds[k.fused[0].srcs[i].dtype.name], 4, ptr[buf] + 2 * offset, [cu.cuuint64_t(x) for x in dims],
             [cu.cuuint64_t(x * 2) for x in strides], [cu.cuuint32_t(x) for x in box], [cu.cuuint32_t(1)] * 4,
@@ -919,16 +1061,17 @@ def tensor_maps(k: Kernel, ptr: dict[int, int]) -> list:
 
 def smem_bytes(k: Kernel) -> int:
     """f16/bf16: the forward keeps its block's q, the backward kernels two matrices (q and do; k
-    and v); each streams two matrices through double buffers. The sm_90a tiles start on 1024
-    bytes (the swizzle's period). f32: only the two streamed matrices (a thread's own rows are
-    in its registers)."""
+    and v); each streams two matrices through double buffers (the warp-specialized kernels
+    through WS_STAGES slots). The sm_90a tiles start on 1024 bytes (the swizzle's period). f32:
+    only the two streamed matrices (a thread's own rows are in its registers)."""
     kind, _, _, _, _, _, d = _sizes(k)
     rows, tile, _ = _plan(k)
     if _f32(k):
         return 4 * tile * d * 4
-    if ws_heads(k) is not None:   # q, then the slots of k and v tiles
-        return (rows + 2 * WS_STAGES * tile) * d * 2 + 1024
-    return ((1 if kind == "attention" else 2) * rows + 4 * tile) * d * 2 + 1024 * k.hopper
+    own = (1 if kind == "attention" else 2) * rows
+    if ws_heads(k) is not None:
+        return (own + 2 * WS_STAGES * tile) * d * 2 + 1024
+    return (own + 4 * tile) * d * 2 + 1024 * k.hopper
 
 
 def launch(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
@@ -960,11 +1103,14 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
     fn = f"ember_flash32_{fn}" if _f32(k) else f"ember_flash_{fn}"
     rows, tile, threads = _plan(k)
     heads = ws_heads(k)
-    if heads is not None:   # q, k and v by TMA: the tensor maps follow the buffers, by value
+    if heads is not None:   # q, k, v (and do) by TMA: the tensor maps follow the buffers, by value
+        maps = ["tq", "tk", "tv", "tdo"][:len(_ws_sources(k))]
+        rest = "" if kind == "attention" else f"{args[3]}, {args[5]}, "   # the packed output, rowsum(do o)
         return (f"extern \"C\" __global__ void __launch_bounds__({threads}, 1) {signature[:-1]}, "
-                + ", ".join(f"const __grid_constant__ EmberTmap {m}" for m in ("tq", "tk", "tv")) + ") {\n"
-                f"  ember_flash_fwd_ws<{d}, {tile}, {WS_STAGES}, {str(causal).lower()}, {str(bf16).lower()}>("
-                f"b{k.out.id}, &tq, &tk, &tv, {heads}, {t_len}, {s_len}, {c!r}f);\n}}\n")
+                + ", ".join(f"const __grid_constant__ EmberTmap {m}" for m in maps) + ") {\n"
+                "  const int nb = blockIdx.y;\n"
+                f"  {fn}_ws<{d}, {tile}, {WS_STAGES}, {str(causal).lower()}, {str(bf16).lower()}>(b{k.out.id}, "
+                f"{', '.join('&' + m for m in maps)}, {rest}{heads}, {t_len}, {s_len}, {c!r}f{extra});\n}}\n")
     flags = str(causal).lower() if _f32(k) else f"{str(causal).lower()}, {str(bf16).lower()}, {str(k.hopper).lower()}"
     return (f"extern \"C\" __global__ void __launch_bounds__({threads}) {signature} {{\n"
             "  const int nb = blockIdx.y;\n"

@@ -269,23 +269,25 @@ def test_strided_views_of_heads_match_numpy() -> None:
 
 
 @pytest.mark.parametrize("name", ["bf16_heads", "bf16_causal", "f16_causal_d128"])
-def test_tma_layouts_of_the_warp_specialized_forward(name: str) -> None:
-    """sm_90a's forward reads q, k and v by TMA as [N / H, H, rows, D] tensors (flash.tma_layouts):
-    every element's offset there is the one the kernels' own addressing gives (a View's formula,
-    or [N, rows, D] contiguous)."""
+def test_tma_layouts_of_the_warp_specialized_kernels(name: str) -> None:
+    """sm_90a's flash kernels read q, k, v (and do) by TMA as [N / H, H, rows, D] tensors
+    (flash.tma_layouts): every element's offset there is the one the kernels' own addressing
+    gives (a View's formula, or [N, rows, D] contiguous)."""
     from ember.backend import cuda, flash
     sched = cuda.prepare(case(name)[0], "sm_90a")
-    (fwd,) = [k for k in sched.kernels if k.fused is not None and k.fused[0].arg[0] == "attention"]
-    assert flash.ws_heads(fwd) is not None and flash.launch(fwd)[1] == flash.WS_THREADS
-    node, bufs, views = fwd.fused
-    for src, b, view, (buf, offset, dims, strides) in zip(node.srcs, bufs, views, flash.tma_layouts(fwd)):
-        n_, rows, d = src.shape
-        assert buf == b.id and dims == [d, rows, dims[2], n_ // dims[2]] and dims[2] * dims[3] == n_
-        n, r, e = np.meshgrid(np.arange(n_), np.arange(rows), np.arange(d), indexing="ij")
-        got = offset + (n // dims[2]) * strides[2] + (n % dims[2]) * strides[1] + r * strides[0] + e
-        want = (n * rows * d + r * d + e) if view is None else \
-            view.offset + (n // view.heads) * view.sb + (n % view.heads) * view.sh + r * view.ld + e
-        assert np.array_equal(got, want), (name, view)
+    fused = [k for k in sched.kernels if k.fused is not None]
+    assert sorted(k.fused[0].arg[0] for k in fused) == ["attention", "attention_dkdv", "attention_dq"]
+    for kernel in fused:
+        assert flash.ws_heads(kernel) is not None and flash.launch(kernel)[1] == flash.WS_THREADS
+        node, bufs, views = kernel.fused
+        for i, (buf, offset, dims, strides) in zip(flash._ws_sources(kernel), flash.tma_layouts(kernel)):
+            (n_, rows, d), b, view = node.srcs[i].shape, bufs[i], views[i]
+            assert buf == b.id and dims == [d, rows, dims[2], n_ // dims[2]] and dims[2] * dims[3] == n_
+            n, r, e = np.meshgrid(np.arange(n_), np.arange(rows), np.arange(d), indexing="ij")
+            got = offset + (n // dims[2]) * strides[2] + (n % dims[2]) * strides[1] + r * strides[0] + e
+            want = (n * rows * d + r * d + e) if view is None else \
+                view.offset + (n // view.heads) * view.sb + (n % view.heads) * view.sh + r * view.ld + e
+            assert np.array_equal(got, want), (name, kernel.fused[0].arg[0], i, view)
 
 
 def test_a_grid_past_the_gpus_limit_is_one_clear_error() -> None:
