@@ -25,6 +25,13 @@ keys at D = 64, HOPPER_TILE), dq and dk|dv with one. SASS: HGMMA only, 8, 12 and
 the forward (tiles of 64 keys), dq and dk|dv; 90-126 (forward, 128-key tiles), 126 and 174
 registers at D = 64; no local memory. Measured on the H200 (docs/performance.md).
 
+On sm_90a the three kernels are warp-specialized (`ember_flash_*_ws`, FlashAttention-3's plan;
+`EMBER_FLASH_WS=0` renders the ones above instead): a producer warpgroup copies the block's own
+rows once and streams the other side's tiles by TMA (tensor maps of q, k, v and do as [N / H,
+H, rows, D], `tma_layouts`) through mbarrier-guarded slots, and two consumer warpgroups of 64
+rows take turns at issuing their products (named barriers), so one's softmax overlaps the
+other's products.
+
 f32 operands (tensor cores would round them) take three kernels of their own on CUDA cores
 (`ember_flash32_*`, sizes in TILES32): G = D / 16 neighbouring threads hold a row, 16 of its
 values each in registers; every thread of a block reads the same key (or query) row of a
@@ -38,6 +45,7 @@ masked: skipping per warp inside a tile made ptxas keep a divergent copy of the 
 from __future__ import annotations
 
 import math
+import os
 
 from ..compiler.lower import Kernel
 from .render import CLike, KernelWriter
@@ -987,7 +995,7 @@ def ws_heads(k: Kernel) -> int | None:
     """The heads H the warp-specialized kernels see q, k, v (and do) in (each a [N / H, H, rows,
     D] tensor for TMA), or None where they do not apply: only sm_90a's f16/bf16 kernels, and only
     when every operand's batch axis splits by one H (a View's own heads, or 1)."""
-    if not k.hopper or _f32(k):
+    if not k.hopper or _f32(k) or os.environ.get("EMBER_FLASH_WS") == "0":   # 0: the cp.async kernels
         return None
     assert k.fused is not None
     heads = {v.heads for v in k.fused[2][:3] if v is not None and v.heads > 1}
