@@ -40,7 +40,8 @@ def batches(c: GPTConfig, global_batch: int, rank: int, world: int) -> np.ndarra
 
 def ember_rank(config: dict, steps: int, per_gpu: int) -> dict:
     """One rank of Ember's run (distributed.spawn has joined the group)."""
-    from train_gpu import JIT_WARMUP, device_memory_used, timed_steps
+    from gpu import device_memory_used
+    from train_gpu import JIT_WARMUP, timed_steps
     world = distributed.world_size()
     c = GPTConfig(**config)
     T.set_default_device("cuda")

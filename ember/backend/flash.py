@@ -921,7 +921,7 @@ def _hopper_helpers(kernels: list[Kernel]) -> str:
     from .mma import _wgmma_helper  # mma.helpers brings the descriptors and fences
     scores, products = set(), set()
     for k in hopper:
-        kind, _, _, _, _, _, d = _sizes(k)
+        d = _sizes(k)[6]
         dtype = k.fused[0].srcs[0].dtype.name
         scores.add((dtype, _plan(k)[1]))
         products.add((dtype, d))

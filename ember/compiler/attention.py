@@ -236,8 +236,8 @@ def _match_sides(o_sum: Node, lab: Labels, p_op: Node, v_op: Node) -> Node | Non
 
 def fuse(outputs: list[Node]) -> list[Node]:
     """The graph with every attention of f16, bf16 or f32 operands and head size 64 or 128
-    replaced by the flash kernels. Left alone when a gradient is taken of a gradient (the backward kernels
-    have no gradient of their own)."""
+    replaced by the flash kernels. Left alone when a gradient is taken of a gradient (the
+    backward kernels have no gradient of their own)."""
     nodes = toposort(outputs)
     grads = [n for n in nodes if n.op is Op.GRAD]
     if grads and any(n.op is Op.GRAD for n in toposort([g.srcs[0] for g in grads])):

@@ -80,6 +80,7 @@ CASES = {
     "f32_causal": ((2, 3, 80, 64), (2, 3, 80, 64), True, dt.f32, dt.f32),         # CUDA cores, no rounding
     "f32_full_d128": ((1, 2, 48, 128), (1, 2, 100, 128), False, dt.f32, dt.f32),
     "f32_heads": ((2, 2, 37, 64), (2, 2, 37, 64), True, dt.f32, dt.f32),
+    "f32_causal_t_lt_s": ((1, 2, 40, 64), (1, 2, 72, 64), True, dt.f32, dt.f32),  # keys past every query
 }
 
 
