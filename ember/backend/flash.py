@@ -330,22 +330,35 @@ EMBER_D void ember_flash_rows_out(OUT* out, float (*acc)[4], int r_lo, int nrows
 }
 
 /* p = exp2(s c - lse) and ds = p (dp - di) for the 2 rows (ROWS_ARE_KEYS: 2 key rows, so the
-   columns are queries) and BN columns of this thread; masked entries are 0 */
-template <int BN, bool CAUSAL, bool ROWS_ARE_KEYS>
-EMBER_D void ember_flash_ds(float (*s)[4], float (*dp)[4], float c, int r_lo, int col0, int T, int S,
-                            const float* lse, int lse_stride, const float* di, bool edge) {
+   columns are queries) and BN columns of this thread; masked entries (EDGE tiles: past T, S or
+   the diagonal) are 0, as scores of -inf (c > 0). Only edge tiles pay for the masks and for
+   clamping the rows of lse and di they read: the others' loads are at fixed offsets. */
+template <int BN, bool CAUSAL, bool ROWS_ARE_KEYS, bool EDGE>
+EMBER_D void ember_flash_ds_tile(float (*s)[4], float (*dp)[4], float c, int r_lo, int col0, int T, int S,
+                                 const float* lse, int lse_stride, const float* di) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int n = 0; n < BN / 8; n++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int row = r_lo + (e >> 1) * 8, col = col0 + n * 8 + (lane & 3) * 2 + (e & 1);
-      const int i = ROWS_ARE_KEYS ? col : row, j = ROWS_ARE_KEYS ? row : col;
-      const bool ok = !edge || (i < T && j < S && (!CAUSAL || j <= i));
-      const float p = ok ? ember_ex2(fmaf(s[n][e], c, -lse[(size_t)(i < T ? i : 0) * lse_stride])) : 0.f;
+      int i = ROWS_ARE_KEYS ? col : row;
+      const int j = ROWS_ARE_KEYS ? row : col;
+      if (EDGE && (i >= T || j >= S || (CAUSAL && j > i))) s[n][e] = -INFINITY;
+      if (EDGE) i = min(i, T - 1);
+      const float p = ember_ex2(fmaf(s[n][e], c, -lse[(size_t)i * lse_stride]));
       s[n][e] = p;
-      dp[n][e] = p * (dp[n][e] - (i < T ? di[i] : 0.f));
+      dp[n][e] = p * (dp[n][e] - di[i]);
     }
+}
+/* a branch, not a select per element: ptxas keeps both versions of the tile */
+template <int BN, bool CAUSAL, bool ROWS_ARE_KEYS>
+EMBER_D void ember_flash_ds(float (*s)[4], float (*dp)[4], float c, int r_lo, int col0, int T, int S,
+                            const float* lse, int lse_stride, const float* di, bool edge) {
+  if (edge)
+    ember_flash_ds_tile<BN, CAUSAL, ROWS_ARE_KEYS, true>(s, dp, c, r_lo, col0, T, S, lse, lse_stride, di);
+  else
+    ember_flash_ds_tile<BN, CAUSAL, ROWS_ARE_KEYS, false>(s, dp, c, r_lo, col0, T, S, lse, lse_stride, di);
 }
 
 template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, bool HOPPER, typename OUT>
@@ -667,13 +680,11 @@ template <> struct EmberWg<true> {
   /* issued and committed, not waited for (ember_flash_fwd_ws waits after passing its turn on) */
   template <int D, int BN, bool BF16>
   static __device__ void scores_issue(float* s, const unsigned short* sa, int rows_a, const unsigned short* sb) {
-#pragma unroll
-    for (int i = 0; i < BN / 2; i++) s[i] = 0.f;
     ember_wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
+    for (int kk = 0; kk < D / 16; kk++)   /* the first step overwrites s: no zeroing */
       ember_wgmma_s<BN, BF16>(s, ember_desc(sa + (kk >> 2) * rows_a * 64 + (kk & 3) * 16, 16, 1024),
-                              ember_desc(sb + (kk >> 2) * BN * 64 + (kk & 3) * 16, 16, 1024));
+                              ember_desc(sb + (kk >> 2) * BN * 64 + (kk & 3) * 16, 16, 1024), kk > 0);
     ember_wgmma_commit();
   }
   template <int D, int BN, bool BF16>
@@ -737,7 +748,7 @@ EMBER_D void ember_flash_fwd_ws(float* out, const EmberTmap* tq, const EmberTmap
   }
   __syncthreads();
   if (warp < 4) {   /* the producer */
-    ember_setmaxnreg_dec<40>();
+    ember_setmaxnreg_dec<24>();
     if (threadIdx.x != 0) return;
     ember_mbar_expect(qfull, BM * D * 2);
     ember_flash_tma_tile<D, BM>(sq, tq, row0, nb, heads, qfull);
@@ -750,7 +761,7 @@ EMBER_D void ember_flash_fwd_ws(float* out, const EmberTmap* tq, const EmberTmap
     }
     return;
   }
-  ember_setmaxnreg_inc<232>();
+  ember_setmaxnreg_inc<240>();
   const int wg = (warp >> 2) - 1;   /* rows 64 wg.. of the block */
   float o[NT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
@@ -802,7 +813,7 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
   }
   __syncthreads();
   if (warp < 4) {   /* the producer */
-    ember_setmaxnreg_dec<40>();
+    ember_setmaxnreg_dec<24>();
     if (threadIdx.x != 0) return;
     ember_mbar_expect(own, 2 * BM * D * 2);
     ember_flash_tma_tile<D, BM>(sq, tq, row0, nb, heads, own);
@@ -816,7 +827,7 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
     }
     return;
   }
-  ember_setmaxnreg_inc<232>();
+  ember_setmaxnreg_inc<240>();
   const int wg = (warp >> 2) - 1;
   const int r_lo = row0 + (warp - 4) * 16 + (lane >> 2);
   float acc[NT][4];
@@ -862,7 +873,7 @@ EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap*
   }
   __syncthreads();
   if (warp < 4) {   /* the producer */
-    ember_setmaxnreg_dec<40>();
+    ember_setmaxnreg_dec<24>();
     if (threadIdx.x != 0) return;
     ember_mbar_expect(own, 2 * BN * D * 2);
     ember_flash_tma_tile<D, BN>(sk, tk, key0, nb, heads, own);
@@ -876,7 +887,7 @@ EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap*
     }
     return;
   }
-  ember_setmaxnreg_inc<232>();
+  ember_setmaxnreg_inc<240>();
   const int wg = (warp >> 2) - 1;
   const int r_lo = key0 + (warp - 4) * 16 + (lane >> 2);   /* this thread's key rows */
   float dk[NT][4], dv[NT][4];
@@ -926,13 +937,13 @@ def _hopper_helpers(kernels: list[Kernel]) -> str:
         scores.add((dtype, _plan(k)[1]))
         products.add((dtype, d))
     out = ("template <int N, bool BF16> EMBER_D void ember_wgmma_s(float* d, unsigned long long da, "
-           "unsigned long long db);\n"
+           "unsigned long long db, int acc);\n"
            "template <int N, bool BF16> EMBER_D void ember_wgmma_pv(float* d, const unsigned* a, "
            "unsigned long long db);\n")
     for dtype, n in sorted(scores):
         out += _wgmma_helper(dtype, n, 0, 0, f"ember_wgmma_s_{dtype}_n{n}")
         out += (f"template <> __device__ inline void ember_wgmma_s<{n}, {str(dtype == 'bf16').lower()}>(float* d, "
-                f"unsigned long long da, unsigned long long db) {{ ember_wgmma_s_{dtype}_n{n}(d, da, db); }}\n")
+                f"unsigned long long da, unsigned long long db, int acc) {{ ember_wgmma_s_{dtype}_n{n}(d, da, db, acc); }}\n")
     for dtype, d in sorted(products):
         # p (registers) times v (shared memory, contiguous along d: read transposed)
         out += _wgmma_helper(dtype, d, 0, 1, f"ember_wgmma_rs_{dtype}_n{d}", a_in_registers=True)
