@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 import os
 
+from ..compiler.contraction import SMS
 from ..compiler.lower import Kernel
 from .render import CLike, KernelWriter
 
@@ -724,70 +725,93 @@ template <int D, int ROWS> EMBER_D void ember_flash_tma_tile(unsigned short* dst
   for (int p = 0; p < D / 64; p++) ember_tma4(dst + p * ROWS * 64, map, 64 * p, r0, nb % heads, nb / heads, bar);
 }
 
-/* The forward on sm_90a, warp-specialized (FlashAttention-3's plan): 384 threads. Warpgroup 0
-   gives its registers away and one of its threads copies q once and each tile of TILE keys and
-   values by TMA into STAGES slots; each slot has a "full" mbarrier (its bytes arrived) and an
-   "empty" one (both consumers' products with it are done), so the warpgroups never wait for
-   each other at a tile's end. Warpgroups 1 and 2 own 64 rows each and take turns at issuing
-   their products (named barriers 1 and 2): while one computes its softmax, the tensor cores
-   run the other's products. The element code is ember_flash_fwd's. */
+/* The forward on sm_90a, warp-specialized (FlashAttention-3's plan) and persistent: 384
+   threads, a block per SM taking (128-row block, head) items in turn, blockIdx.x first, then
+   the next of a counter in global memory (`next`: [0] items handed out past the grid, [1] blocks
+   done; the last block done puts both back to 0 for the next launch). Items go row blocks
+   first, causal ones longest first, so a block that finishes early takes the next.
+   Warpgroup 0 gives its registers away and one of its threads takes the items and copies each
+   one's q and its tiles of TILE keys and values by TMA into STAGES slots; each slot has a
+   "full" mbarrier (its bytes arrived) and an "empty" one (both consumers' products with it are
+   done), and q has a pair too, so the next item's q and first tiles arrive while the consumers
+   write this item's rows. Warpgroups 1 and 2 own 64 rows each and take turns at issuing their
+   products (named barriers 1 and 2): while one computes its softmax, the tensor cores run the
+   other's products. The element code is ember_flash_fwd's. */
 template <int D, int TILE, int STAGES, bool CAUSAL, bool BF16>
 EMBER_D void ember_flash_fwd_ws(float* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
-                                int heads, int T, int S, float c) {
+                                int n, int heads, int T, int S, float c, unsigned* next) {
   constexpr int BM = 128, BN = TILE, NT = D / 8;
   unsigned short *sq = ember_flash_tiles<true>(), *sk = sq + BM * D, *sv = sk + STAGES * BN * D;
-  __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
-  unsigned long long *full = bars, *empty = bars + STAGES, *qfull = bars + 2 * STAGES;
-  const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;  /* longest rows first */
-  int tiles = (S + BN - 1) / BN;
-  if (CAUSAL) tiles = min(tiles, (row0 + BM - 1) / BN + 1);
+  __shared__ __align__(8) unsigned long long bars[2 * STAGES + 2];
+  __shared__ int item;   /* the item whose q qfull announces; items or more: none is left */
+  unsigned long long *full = bars, *empty = bars + STAGES, *qfull = bars + 2 * STAGES, *qempty = qfull + 1;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int blocks = (T + BM - 1) / BM, items = blocks * n;
   if (threadIdx.x == 0) {
     for (int st = 0; st < STAGES; st++) { ember_mbar_init(&full[st], 1); ember_mbar_init(&empty[st], 8); }
     ember_mbar_init(qfull, 1);
+    ember_mbar_init(qempty, 8);
   }
   __syncthreads();
   if (warp < 4) {   /* the producer */
     ember_setmaxnreg_dec<24>();
     if (threadIdx.x != 0) return;
-    ember_mbar_expect(qfull, BM * D * 2);
-    ember_flash_tma_tile<D, BM>(sq, tq, row0, nb, heads, qfull);
-    for (int t = 0; t < tiles; t++) {
-      const int st = t % STAGES, ph = (t / STAGES) & 1;
-      ember_mbar_wait(&empty[st], ph ^ 1);
-      ember_mbar_expect(&full[st], 2 * BN * D * 2);
-      ember_flash_tma_tile<D, BN>(sk + st * BN * D, tk, t * BN, nb, heads, &full[st]);
-      ember_flash_tma_tile<D, BN>(sv + st * BN * D, tv, t * BN, nb, heads, &full[st]);
+    for (int w = blockIdx.x, i = 0, g = 0;; i++) {   /* g: tiles so far */
+      ember_mbar_wait(qempty, (i & 1) ^ 1);   /* the consumers are done with the last item's q */
+      item = w;
+      if (w >= items) { ember_mbar_arrive(qfull); break; }
+      const int nb = w / blocks, row0 = (CAUSAL ? blocks - 1 - w % blocks : w % blocks) * BM;
+      const int tiles = CAUSAL ? min((S + BN - 1) / BN, (row0 + BM - 1) / BN + 1) : (S + BN - 1) / BN;
+      ember_mbar_expect(qfull, BM * D * 2);
+      ember_flash_tma_tile<D, BM>(sq, tq, row0, nb, heads, qfull);
+      for (int t = 0; t < tiles; t++, g++) {
+        const int st = g % STAGES, ph = (g / STAGES) & 1;
+        ember_mbar_wait(&empty[st], ph ^ 1);
+        ember_mbar_expect(&full[st], 2 * BN * D * 2);
+        ember_flash_tma_tile<D, BN>(sk + st * BN * D, tk, t * BN, nb, heads, &full[st]);
+        ember_flash_tma_tile<D, BN>(sv + st * BN * D, tv, t * BN, nb, heads, &full[st]);
+      }
+      w = gridDim.x + atomicAdd(&next[0], 1);
     }
+    __threadfence();
+    if (atomicAdd(&next[1], 1) == gridDim.x - 1) next[0] = next[1] = 0;
     return;
   }
   ember_setmaxnreg_inc<240>();
   const int wg = (warp >> 2) - 1;   /* rows 64 wg.. of the block */
-  float o[NT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-#pragma unroll
-  for (int x = 0; x < NT; x++) o[x][0] = o[x][1] = o[x][2] = o[x][3] = 0.f;
-  const int r_lo = row0 + (warp - 4) * 16 + (lane >> 2);
   const unsigned short* myq = sq + wg * 64 * 64;
-  ember_mbar_wait(qfull, 0);
   if (wg == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");   /* warpgroup 1 issues first */
-  for (int t = 0; t < tiles; t++) {
-    const int st = t % STAGES, ph = (t / STAGES) & 1;
-    const unsigned short *ck = sk + st * BN * D, *cv = sv + st * BN * D;
-    ember_mbar_wait(&full[st], ph);
-    float s[BN / 8][4];
-    ember_bar_sync(1 + wg, 256);   /* my turn */
-    EmberWg<true>::template scores_issue<D, BN, BF16>(&s[0][0], myq, BM, ck);
-    asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");   /* the other's turn */
-    ember_wgmma_wait<0>();
-    const bool edge = t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0);
-    ember_flash_online<BN, NT, CAUSAL>(s, m, l, o, t * BN, r_lo, S, c, edge);
-    ember_bar_sync(1 + wg, 256);
-    EmberWg<true>::template acc_issue<D, BN, BF16>(&o[0][0], s, cv);
-    if (wg == 0 || t + 1 < tiles) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");
-    ember_wgmma_wait<0>();
-    if (lane == 0) ember_mbar_arrive(&empty[st]);
+  for (int i = 0, g = 0;; i++) {
+    ember_mbar_wait(qfull, i & 1);
+    const int w = item;
+    if (w >= items) break;
+    const int nb = w / blocks, row0 = (CAUSAL ? blocks - 1 - w % blocks : w % blocks) * BM;
+    const int tiles = CAUSAL ? min((S + BN - 1) / BN, (row0 + BM - 1) / BN + 1) : (S + BN - 1) / BN;
+    float o[NT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int x = 0; x < NT; x++) o[x][0] = o[x][1] = o[x][2] = o[x][3] = 0.f;
+    const int r_lo = row0 + (warp - 4) * 16 + (lane >> 2);
+    for (int t = 0; t < tiles; t++, g++) {
+      const int st = g % STAGES, ph = (g / STAGES) & 1;
+      const unsigned short *ck = sk + st * BN * D, *cv = sv + st * BN * D;
+      ember_mbar_wait(&full[st], ph);
+      float s[BN / 8][4];
+      ember_bar_sync(1 + wg, 256);   /* my turn */
+      EmberWg<true>::template scores_issue<D, BN, BF16>(&s[0][0], myq, BM, ck);
+      asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");   /* the other's turn */
+      ember_wgmma_wait<0>();
+      if (t + 1 == tiles && lane == 0) ember_mbar_arrive(qempty);   /* q (and item) read for the last time */
+      const bool edge = t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0);
+      ember_flash_online<BN, NT, CAUSAL>(s, m, l, o, t * BN, r_lo, S, c, edge);
+      ember_bar_sync(1 + wg, 256);
+      EmberWg<true>::template acc_issue<D, BN, BF16>(&o[0][0], s, cv);
+      asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");
+      ember_wgmma_wait<0>();
+      if (lane == 0) ember_mbar_arrive(&empty[st]);
+    }
+    ember_flash_out<D>(out + (size_t)nb * T * (D + 1), o, m, l, r_lo, T);
   }
-  ember_flash_out<D>(out + (size_t)nb * T * (D + 1), o, m, l, r_lo, T);
+  if (wg == 0) ember_bar_sync(1, 256);   /* warpgroup 1's last turn-passing, never taken */
 }
 
 /* The backward's two kernels warp-specialized as ember_flash_fwd_ws: warpgroups 1 and 2 own 64
@@ -943,7 +967,8 @@ def _hopper_helpers(kernels: list[Kernel]) -> str:
     for dtype, n in sorted(scores):
         out += _wgmma_helper(dtype, n, 0, 0, f"ember_wgmma_s_{dtype}_n{n}")
         out += (f"template <> __device__ inline void ember_wgmma_s<{n}, {str(dtype == 'bf16').lower()}>(float* d, "
-                f"unsigned long long da, unsigned long long db, int acc) {{ ember_wgmma_s_{dtype}_n{n}(d, da, db, acc); }}\n")
+                f"unsigned long long da, unsigned long long db, int acc) {{\n"
+                f"  ember_wgmma_s_{dtype}_n{n}(d, da, db, acc);\n}}\n")
     for dtype, d in sorted(products):
         # p (registers) times v (shared memory, contiguous along d: read transposed)
         out += _wgmma_helper(dtype, d, 0, 1, f"ember_wgmma_rs_{dtype}_n{d}", a_in_registers=True)
@@ -1096,7 +1121,10 @@ def smem_bytes(k: Kernel) -> int:
 def launch(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
     kind, _, _, n, t_len, s_len, d = _sizes(k)
     rows, _, threads = _plan(k)
-    return (-(-(s_len if kind == "attention_dkdv" else t_len) // rows), n, 1), threads, smem_bytes(k)
+    blocks = -(-(s_len if kind == "attention_dkdv" else t_len) // rows)
+    if kind == "attention" and ws_heads(k) is not None:   # persistent: a block per SM at most
+        return (min(blocks * n, SMS), 1, 1), threads, smem_bytes(k)
+    return (blocks, n, 1), threads, smem_bytes(k)
 
 
 def render(r: CLike, k: Kernel, prefix: str = "") -> str:
@@ -1124,8 +1152,13 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
     heads = ws_heads(k)
     if heads is not None:   # q, k, v (and do) by TMA: the tensor maps follow the buffers, by value
         maps = ["tq", "tk", "tv", "tdo"][:len(_ws_sources(k))]
-        rest = "" if kind == "attention" else f"{args[3]}, {args[5]}, "   # the packed output, rowsum(do o)
-        return (f"extern \"C\" __global__ void __launch_bounds__({threads}, 1) {signature[:-1]}, "
+        # the forward's items (row blocks x heads) count n; the backward's: the packed output, rowsum(do o)
+        rest = f"{_sizes(k)[3]}, " if kind == "attention" else f"{args[3]}, {args[5]}, "
+        name = signature.split("(")[0].strip()
+        # the forward's item counter, zero when the module loads and put back by each launch
+        counter = f"__device__ unsigned {name}_next[2];\n" if kind == "attention" else ""
+        extra += f", {name}_next" if kind == "attention" else ""
+        return (counter + f"extern \"C\" __global__ void __launch_bounds__({threads}, 1) {signature[:-1]}, "
                 + ", ".join(f"const __grid_constant__ EmberTmap {m}" for m in maps) + ") {\n"
                 "  const int nb = blockIdx.y;\n"
                 f"  {fn}_ws<{d}, {tile}, {WS_STAGES}, {str(causal).lower()}, {str(bf16).lower()}>(b{k.out.id}, "
