@@ -528,10 +528,10 @@ def _launch_args(k: Kernel, ptr: dict[int, int]) -> tuple[list, np.ndarray]:
     tensor maps (all kept alive by the caller), and the array of their addresses."""
     args: list = [np.array([ptr[b.id]], dtype=np.uint64) for b in k.args]
     addrs = [a.ctypes.data for a in args]
-    if k.contraction is not None and k.contraction[1].tma:
-        maps = mma.tensor_maps(k, ptr)
-        args += maps
-        addrs += [m.getPtr() for m in maps]
+    maps = mma.tensor_maps(k, ptr) if k.contraction is not None and k.contraction[1].tma else \
+        flash.tensor_maps(k, ptr) if k.fused is not None and flash.ws_heads(k) is not None else []
+    args += maps
+    addrs += [m.getPtr() for m in maps]
     return args, np.array(addrs, dtype=np.uint64)
 
 

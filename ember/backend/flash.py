@@ -25,6 +25,13 @@ keys at D = 64, HOPPER_TILE), dq and dk|dv with one. SASS: HGMMA only, 8, 12 and
 the forward (tiles of 64 keys), dq and dk|dv; 90-126 (forward, 128-key tiles), 126 and 174
 registers at D = 64; no local memory. Measured on the H200 (docs/performance.md).
 
+On sm_90a the three kernels are warp-specialized (`ember_flash_*_ws`, FlashAttention-3's plan;
+`EMBER_FLASH_WS=0` renders the ones above instead): a producer warpgroup copies the block's own
+rows once and streams the other side's tiles by TMA (tensor maps of q, k, v and do as [N / H,
+H, rows, D], `tma_layouts`) through mbarrier-guarded slots, and two consumer warpgroups of 64
+rows take turns at issuing their products (named barriers), so one's softmax overlaps the
+other's products.
+
 f32 operands (tensor cores would round them) take three kernels of their own on CUDA cores
 (`ember_flash32_*`, sizes in TILES32): G = D / 16 neighbouring threads hold a row, 16 of its
 values each in registers; every thread of a block reads the same key (or query) row of a
@@ -38,7 +45,9 @@ masked: skipping per warp inside a tile made ptxas keep a divergent copy of the 
 from __future__ import annotations
 
 import math
+import os
 
+from ..compiler.contraction import SMS
 from ..compiler.lower import Kernel
 from .render import CLike, KernelWriter
 
@@ -199,6 +208,67 @@ template <bool HOPPER> EMBER_D unsigned short* ember_flash_tiles() {
     return (unsigned short*)ember_flash_bytes;
 }
 
+/* One 16-row tile's step of the online softmax over BN keys from col0: the scores s (this
+   thread's 2 rows r_lo and r_lo + 8, in the accumulator layout) masked where they pass S or the
+   diagonal (edge tiles only), the running max m and sum l updated (the 4 threads of a row combine
+   with shuffles), o rescaled, and s replaced by the weights exp2(s c - m). */
+template <int BN, int NT, bool CAUSAL>
+EMBER_D void ember_flash_online(float (*s)[4], float* m, float* l, float (*o)[4], int col0, int r_lo, int S, float c,
+                                bool edge) {
+  const int lane = threadIdx.x & 31;
+  if (edge) {
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int col = col0 + n * 8 + (lane & 3) * 2 + (e & 1), row = r_lo + (e >> 1) * 8;
+        if (col >= S || (CAUSAL && col > row)) s[n][e] = -INFINITY;
+      }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    float mx = m[h];
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]) * c);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float base = mx == -INFINITY ? 0.f : mx;   /* no key seen yet: every weight is 0 */
+    const float r = ember_ex2(m[h] - base);
+    m[h] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+      for (int e = 2 * h; e < 2 * h + 2; e++) {
+        s[n][e] = ember_ex2(fmaf(s[n][e], c, -base));
+        sum += s[n][e];
+      }
+    l[h] = l[h] * r + sum;
+#pragma unroll
+    for (int x = 0; x < NT; x++) { o[x][2 * h] *= r; o[x][2 * h + 1] *= r; }
+  }
+}
+/* rows r_lo and r_lo + 8 of the forward's output (rows of D + 1: o / l, then the base-2
+   logsumexp m + log2(l)) */
+template <int D> EMBER_D void ember_flash_out(float* out, float (*o)[4], float* m, float* l, int r_lo, int T) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    const int row = r_lo + h * 8;
+    if (row >= T) continue;
+    const float inv = 1.f / l[h];
+    float* dst = out + (size_t)row * (D + 1);
+#pragma unroll
+    for (int x = 0; x < D / 8; x++) {
+      dst[x * 8 + (lane & 3) * 2] = o[x][2 * h] * inv;
+      dst[x * 8 + (lane & 3) * 2 + 1] = o[x][2 * h + 1] * inv;
+    }
+    if ((lane & 3) == 0) dst[D] = m[h] + log2f(l[h]);
+  }
+}
+
 /* ROWS query rows per block, TILE keys per tile. mma.sync: 4 warps, ROWS / 64 tiles of 16 rows
    per warp (each K fragment loaded from shared memory serves them all). HOPPER (sm_90a): two
    warpgroups of 64 rows (warp w: rows 16 w.. of the block, in the fragment layout of mma.sync's
@@ -231,81 +301,65 @@ EMBER_D void ember_flash_fwd(float* out, const unsigned short* q, const unsigned
     const unsigned short *ck = sk + (t & 1) * BN * D, *cv = sv + (t & 1) * BN * D;
     float s[WM][BN / 8][4];
     ember_scores_any<D, BN, WM, BF16, HOPPER>(s, HOPPER ? sq + (warp >> 2) * 64 * 64 : sq, BM, ck);
-    if (t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0)) {
-#pragma unroll
-      for (int w = 0; w < WM; w++)
-#pragma unroll
-        for (int n = 0; n < BN / 8; n++)
-#pragma unroll
-          for (int e = 0; e < 4; e++) {
-            int col = t * BN + n * 8 + (lane & 3) * 2 + (e & 1), row = r_lo + 16 * w + (e >> 1) * 8;
-            if (col >= S || (CAUSAL && col > row)) s[w][n][e] = -INFINITY;
-          }
-    }
+    const bool edge = t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0);
 #pragma unroll
     for (int w = 0; w < WM; w++)
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        float mx = m[w][h];
-#pragma unroll
-        for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(s[w][n][2 * h], s[w][n][2 * h + 1]) * c);
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float base = mx == -INFINITY ? 0.f : mx;   /* no key seen yet: every weight is 0 */
-        const float r = ember_ex2(m[w][h] - base);
-        m[w][h] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int n = 0; n < BN / 8; n++)
-#pragma unroll
-          for (int e = 2 * h; e < 2 * h + 2; e++) {
-            s[w][n][e] = ember_ex2(fmaf(s[w][n][e], c, -base));
-            sum += s[w][n][e];
-          }
-        l[w][h] = l[w][h] * r + sum;
-#pragma unroll
-        for (int x = 0; x < NT; x++) { o[w][x][2 * h] *= r; o[w][x][2 * h + 1] *= r; }
-      }
+      ember_flash_online<BN, NT, CAUSAL>(s[w], m[w], l[w], o[w], t * BN, r_lo + 16 * w, S, c, edge);
 #pragma unroll
     for (int w = 0; w < WM; w++) ember_acc_any<D, BN, NT, BF16, HOPPER>(o[w], s[w], cv);
     __syncthreads();   /* this slot is filled again two tiles on */
   }
 #pragma unroll
   for (int w = 0; w < WM; w++)
+    ember_flash_out<D>(out + (size_t)nb * T * (D + 1), o[w], m[w], l[w], r_lo + 16 * w, T);
+}
+
+/* rows r_lo and r_lo + 8 (those below nrows) of a gradient whose rows are ld apart, times
+   scale, rounded once to OUT (f32, or the operands' 16-bit dtype) */
+template <int D, bool BF16, typename OUT>
+EMBER_D void ember_flash_rows_out(OUT* out, float (*acc)[4], int r_lo, int nrows, int ld, float scale) {
+  const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-      l[w][h] += __shfl_xor_sync(0xffffffffu, l[w][h], 1);
-      l[w][h] += __shfl_xor_sync(0xffffffffu, l[w][h], 2);
-      const int row = r_lo + 16 * w + h * 8;
-      if (row >= T) continue;
-      const float inv = 1.f / l[w][h];
-      float* dst = out + ((size_t)nb * T + row) * (D + 1);
+  for (int h = 0; h < 2; h++) {
+    const int row = r_lo + h * 8;
+    if (row >= nrows) continue;
 #pragma unroll
-      for (int x = 0; x < NT; x++) {
-        dst[x * 8 + (lane & 3) * 2] = o[w][x][2 * h] * inv;
-        dst[x * 8 + (lane & 3) * 2 + 1] = o[w][x][2 * h + 1] * inv;
-      }
-      if ((lane & 3) == 0) dst[D] = m[w][h] + log2f(l[w][h]);
-    }
+    for (int x = 0; x < D / 8; x++)
+      ember_store2<BF16>(out + (size_t)row * ld + x * 8 + (lane & 3) * 2, acc[x][2 * h] * scale,
+                         acc[x][2 * h + 1] * scale);
+  }
 }
 
 /* p = exp2(s c - lse) and ds = p (dp - di) for the 2 rows (ROWS_ARE_KEYS: 2 key rows, so the
-   columns are queries) and BN columns of this thread; masked entries are 0 */
-template <int BN, bool CAUSAL, bool ROWS_ARE_KEYS>
-EMBER_D void ember_flash_ds(float (*s)[4], float (*dp)[4], float c, int r_lo, int col0, int T, int S,
-                            const float* lse, int lse_stride, const float* di, bool edge) {
+   columns are queries) and BN columns of this thread; masked entries (EDGE tiles: past T, S or
+   the diagonal) are 0, as scores of -inf (c > 0). Only edge tiles pay for the masks and for
+   clamping the rows of lse and di they read: the others' loads are at fixed offsets. */
+template <int BN, bool CAUSAL, bool ROWS_ARE_KEYS, bool EDGE>
+EMBER_D void ember_flash_ds_tile(float (*s)[4], float (*dp)[4], float c, int r_lo, int col0, int T, int S,
+                                 const float* lse, int lse_stride, const float* di) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int n = 0; n < BN / 8; n++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int row = r_lo + (e >> 1) * 8, col = col0 + n * 8 + (lane & 3) * 2 + (e & 1);
-      const int i = ROWS_ARE_KEYS ? col : row, j = ROWS_ARE_KEYS ? row : col;
-      const bool ok = !edge || (i < T && j < S && (!CAUSAL || j <= i));
-      const float p = ok ? ember_ex2(fmaf(s[n][e], c, -lse[(size_t)(i < T ? i : 0) * lse_stride])) : 0.f;
+      int i = ROWS_ARE_KEYS ? col : row;
+      const int j = ROWS_ARE_KEYS ? row : col;
+      if (EDGE && (i >= T || j >= S || (CAUSAL && j > i))) s[n][e] = -INFINITY;
+      if (EDGE) i = min(i, T - 1);
+      const float p = ember_ex2(fmaf(s[n][e], c, -lse[(size_t)i * lse_stride]));
       s[n][e] = p;
-      dp[n][e] = p * (dp[n][e] - (i < T ? di[i] : 0.f));
+      dp[n][e] = p * (dp[n][e] - di[i]);
     }
+}
+/* a branch, not a select per element: ptxas keeps both versions of the tile */
+template <int BN, bool CAUSAL, bool ROWS_ARE_KEYS>
+EMBER_D void ember_flash_ds(float (*s)[4], float (*dp)[4], float c, int r_lo, int col0, int T, int S,
+                            const float* lse, int lse_stride, const float* di, bool edge) {
+  if (edge)
+    ember_flash_ds_tile<BN, CAUSAL, ROWS_ARE_KEYS, true>(s, dp, c, r_lo, col0, T, S, lse, lse_stride, di);
+  else
+    ember_flash_ds_tile<BN, CAUSAL, ROWS_ARE_KEYS, false>(s, dp, c, r_lo, col0, T, S, lse, lse_stride, di);
 }
 
 template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, bool HOPPER, typename OUT>
@@ -338,15 +392,7 @@ EMBER_D void ember_flash_dq(OUT* out, const unsigned short* q, const unsigned sh
     ember_acc_any<D, BN, NT, BF16, HOPPER>(acc, dp[0], ck);
     __syncthreads();
   }
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int row = r_lo + h * 8;
-    if (row >= T) continue;
-    OUT* dst = out + ((size_t)nb * T + row) * D;
-#pragma unroll
-    for (int x = 0; x < NT; x++)
-      ember_store2<BF16>(dst + x * 8 + (lane & 3) * 2, acc[x][2 * h] * cs, acc[x][2 * h + 1] * cs);
-  }
+  ember_flash_rows_out<D, BF16>(out + (size_t)nb * T * D, acc, r_lo, T, D, cs);
 }
 
 template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, bool HOPPER, typename OUT>
@@ -383,18 +429,8 @@ EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned 
     ember_acc_any<D, BM, NT, BF16, HOPPER>(dk, dp[0], cq);
     __syncthreads();
   }
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int row = r_lo + h * 8;
-    if (row >= S) continue;
-    OUT* dst = out + ((size_t)nb * S + row) * 2 * D;
-#pragma unroll
-    for (int x = 0; x < NT; x++) {
-      const int col = x * 8 + (lane & 3) * 2;
-      ember_store2<BF16>(dst + col, dk[x][2 * h] * cs, dk[x][2 * h + 1] * cs);
-      ember_store2<BF16>(dst + D + col, dv[x][2 * h], dv[x][2 * h + 1]);
-    }
-  }
+  ember_flash_rows_out<D, BF16>(out + (size_t)nb * S * 2 * D, dk, r_lo, S, 2 * D, cs);
+  ember_flash_rows_out<D, BF16>(out + (size_t)nb * S * 2 * D + D, dv, r_lo, S, 2 * D, 1.f);
 }
 """
 
@@ -642,20 +678,28 @@ HOPPER = r"""
    acc += P B, P in registers as wgmma's A operand (mma.sync's A fragments), B (BK rows of D,
    contiguous along D) read transposed */
 template <> struct EmberWg<true> {
+  /* issued and committed, not waited for (ember_flash_fwd_ws waits after passing its turn on) */
   template <int D, int BN, bool BF16>
-  static __device__ void scores(float* s, const unsigned short* sa, int rows_a, const unsigned short* sb) {
-#pragma unroll
-    for (int i = 0; i < BN / 2; i++) s[i] = 0.f;
+  static __device__ void scores_issue(float* s, const unsigned short* sa, int rows_a, const unsigned short* sb) {
     ember_wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
+    for (int kk = 0; kk < D / 16; kk++)   /* the first step overwrites s: no zeroing */
       ember_wgmma_s<BN, BF16>(s, ember_desc(sa + (kk >> 2) * rows_a * 64 + (kk & 3) * 16, 16, 1024),
-                              ember_desc(sb + (kk >> 2) * BN * 64 + (kk & 3) * 16, 16, 1024));
+                              ember_desc(sb + (kk >> 2) * BN * 64 + (kk & 3) * 16, 16, 1024), kk > 0);
     ember_wgmma_commit();
+  }
+  template <int D, int BN, bool BF16>
+  static __device__ void scores(float* s, const unsigned short* sa, int rows_a, const unsigned short* sb) {
+    scores_issue<D, BN, BF16>(s, sa, rows_a, sb);
     ember_wgmma_wait<0>();
   }
   template <int D, int BK, bool BF16>
   static __device__ void acc(float* acc, float (*p)[4], const unsigned short* sb) {
+    acc_issue<D, BK, BF16>(acc, p, sb);
+    ember_wgmma_wait<0>();
+  }
+  template <int D, int BK, bool BF16>
+  static __device__ void acc_issue(float* acc, float (*p)[4], const unsigned short* sb) {
     unsigned a[BK / 16][4];   /* every A fragment packed before the fence (PTX: registers a wgmma
                                  reads are written before wgmma.fence, not between it and the wgmma) */
 #pragma unroll
@@ -670,9 +714,235 @@ template <> struct EmberWg<true> {
     for (int kk = 0; kk < BK / 16; kk++)
       ember_wgmma_pv<D, BF16>(acc, a[kk], ember_desc(sb + kk * 16 * 64, BK * 128, 1024));
     ember_wgmma_commit();
-    ember_wgmma_wait<0>();
   }
 };
+
+/* rows [r0, r0 + ROWS) of batch nb of q, k or v (a [N / heads, heads, rows, D] tensor map) by
+   TMA, as ember_hswz<ROWS> lays a tile out: one box per 64-column panel */
+template <int D, int ROWS> EMBER_D void ember_flash_tma_tile(unsigned short* dst, const EmberTmap* map, int r0, int nb,
+                                                             int heads, unsigned long long* bar) {
+#pragma unroll
+  for (int p = 0; p < D / 64; p++) ember_tma4(dst + p * ROWS * 64, map, 64 * p, r0, nb % heads, nb / heads, bar);
+}
+
+/* The forward on sm_90a, warp-specialized (FlashAttention-3's plan) and persistent: 384
+   threads, a block per SM taking (128-row block, head) items in turn, blockIdx.x first, then
+   the next of a counter in global memory (`next`: [0] items handed out past the grid, [1] blocks
+   done; the last block done puts both back to 0 for the next launch). Items go row blocks
+   first, causal ones longest first, so a block that finishes early takes the next.
+   Warpgroup 0 gives its registers away and one of its threads takes the items and copies each
+   one's q and its tiles of TILE keys and values by TMA into STAGES slots; each slot has a
+   "full" mbarrier (its bytes arrived) and an "empty" one (both consumers' products with it are
+   done), and q has a pair too, so the next item's q and first tiles arrive while the consumers
+   write this item's rows. Warpgroups 1 and 2 own 64 rows each and take turns at issuing their
+   products (named barriers 1 and 2): while one computes its softmax, the tensor cores run the
+   other's products. The element code is ember_flash_fwd's. */
+template <int D, int TILE, int STAGES, bool CAUSAL, bool BF16>
+EMBER_D void ember_flash_fwd_ws(float* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
+                                int n, int heads, int T, int S, float c, unsigned* next) {
+  constexpr int BM = 128, BN = TILE, NT = D / 8;
+  unsigned short *sq = ember_flash_tiles<true>(), *sk = sq + BM * D, *sv = sk + STAGES * BN * D;
+  __shared__ __align__(8) unsigned long long bars[2 * STAGES + 2];
+  __shared__ int item;   /* the item whose q qfull announces; items or more: none is left */
+  unsigned long long *full = bars, *empty = bars + STAGES, *qfull = bars + 2 * STAGES, *qempty = qfull + 1;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int blocks = (T + BM - 1) / BM, items = blocks * n;
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < STAGES; st++) { ember_mbar_init(&full[st], 1); ember_mbar_init(&empty[st], 8); }
+    ember_mbar_init(qfull, 1);
+    ember_mbar_init(qempty, 8);
+  }
+  __syncthreads();
+  if (warp < 4) {   /* the producer */
+    ember_setmaxnreg_dec<24>();
+    if (threadIdx.x != 0) return;
+    for (int w = blockIdx.x, i = 0, g = 0;; i++) {   /* g: tiles so far */
+      ember_mbar_wait(qempty, (i & 1) ^ 1);   /* the consumers are done with the last item's q */
+      item = w;
+      if (w >= items) { ember_mbar_arrive(qfull); break; }
+      const int nb = w / blocks, row0 = (CAUSAL ? blocks - 1 - w % blocks : w % blocks) * BM;
+      const int tiles = CAUSAL ? min((S + BN - 1) / BN, (row0 + BM - 1) / BN + 1) : (S + BN - 1) / BN;
+      ember_mbar_expect(qfull, BM * D * 2);
+      ember_flash_tma_tile<D, BM>(sq, tq, row0, nb, heads, qfull);
+      for (int t = 0; t < tiles; t++, g++) {
+        const int st = g % STAGES, ph = (g / STAGES) & 1;
+        ember_mbar_wait(&empty[st], ph ^ 1);
+        ember_mbar_expect(&full[st], 2 * BN * D * 2);
+        ember_flash_tma_tile<D, BN>(sk + st * BN * D, tk, t * BN, nb, heads, &full[st]);
+        ember_flash_tma_tile<D, BN>(sv + st * BN * D, tv, t * BN, nb, heads, &full[st]);
+      }
+      w = gridDim.x + atomicAdd(&next[0], 1);
+    }
+    __threadfence();
+    if (atomicAdd(&next[1], 1) == gridDim.x - 1) next[0] = next[1] = 0;
+    return;
+  }
+  ember_setmaxnreg_inc<240>();
+  const int wg = (warp >> 2) - 1;   /* rows 64 wg.. of the block */
+  const unsigned short* myq = sq + wg * 64 * 64;
+  if (wg == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");   /* warpgroup 1 issues first */
+  for (int i = 0, g = 0;; i++) {
+    ember_mbar_wait(qfull, i & 1);
+    const int w = item;
+    if (w >= items) break;
+    const int nb = w / blocks, row0 = (CAUSAL ? blocks - 1 - w % blocks : w % blocks) * BM;
+    const int tiles = CAUSAL ? min((S + BN - 1) / BN, (row0 + BM - 1) / BN + 1) : (S + BN - 1) / BN;
+    float o[NT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int x = 0; x < NT; x++) o[x][0] = o[x][1] = o[x][2] = o[x][3] = 0.f;
+    const int r_lo = row0 + (warp - 4) * 16 + (lane >> 2);
+    for (int t = 0; t < tiles; t++, g++) {
+      const int st = g % STAGES, ph = (g / STAGES) & 1;
+      const unsigned short *ck = sk + st * BN * D, *cv = sv + st * BN * D;
+      ember_mbar_wait(&full[st], ph);
+      float s[BN / 8][4];
+      ember_bar_sync(1 + wg, 256);   /* my turn */
+      EmberWg<true>::template scores_issue<D, BN, BF16>(&s[0][0], myq, BM, ck);
+      asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");   /* the other's turn */
+      ember_wgmma_wait<0>();
+      if (t + 1 == tiles && lane == 0) ember_mbar_arrive(qempty);   /* q (and item) read for the last time */
+      const bool edge = t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0);
+      ember_flash_online<BN, NT, CAUSAL>(s, m, l, o, t * BN, r_lo, S, c, edge);
+      ember_bar_sync(1 + wg, 256);
+      EmberWg<true>::template acc_issue<D, BN, BF16>(&o[0][0], s, cv);
+      asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");
+      ember_wgmma_wait<0>();
+      if (lane == 0) ember_mbar_arrive(&empty[st]);
+    }
+    ember_flash_out<D>(out + (size_t)nb * T * (D + 1), o, m, l, r_lo, T);
+  }
+  if (wg == 0) ember_bar_sync(1, 256);   /* warpgroup 1's last turn-passing, never taken */
+}
+
+/* The backward's two kernels warp-specialized as ember_flash_fwd_ws: warpgroups 1 and 2 own 64
+   of the block's 128 rows each (queries for dq, keys for dk|dv), copied once by TMA with do (dq)
+   or v (dk|dv); the other side's two matrices stream through STAGES slots in tiles of TILE
+   rows, and the consumers take turns at issuing each tile's first products (the scores and dp,
+   together) and its last ones. */
+template <int D, int TILE, int STAGES, bool CAUSAL, bool BF16, typename OUT>
+EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
+                               const EmberTmap* tdo, const float* packed, const float* di, int heads, int T, int S,
+                               float c, float cs) {
+  constexpr int BM = 128, BN = TILE, NT = D / 8;
+  unsigned short *sq = ember_flash_tiles<true>(), *sdo = sq + BM * D, *sk = sdo + BM * D, *sv = sk + STAGES * BN * D;
+  __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
+  unsigned long long *full = bars, *empty = bars + STAGES, *own = bars + 2 * STAGES;
+  const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
+  int tiles = (S + BN - 1) / BN;
+  if (CAUSAL) tiles = min(tiles, (row0 + BM - 1) / BN + 1);
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < STAGES; st++) { ember_mbar_init(&full[st], 1); ember_mbar_init(&empty[st], 8); }
+    ember_mbar_init(own, 1);
+  }
+  __syncthreads();
+  if (warp < 4) {   /* the producer */
+    ember_setmaxnreg_dec<24>();
+    if (threadIdx.x != 0) return;
+    ember_mbar_expect(own, 2 * BM * D * 2);
+    ember_flash_tma_tile<D, BM>(sq, tq, row0, nb, heads, own);
+    ember_flash_tma_tile<D, BM>(sdo, tdo, row0, nb, heads, own);
+    for (int t = 0; t < tiles; t++) {
+      const int st = t % STAGES, ph = (t / STAGES) & 1;
+      ember_mbar_wait(&empty[st], ph ^ 1);
+      ember_mbar_expect(&full[st], 2 * BN * D * 2);
+      ember_flash_tma_tile<D, BN>(sk + st * BN * D, tk, t * BN, nb, heads, &full[st]);
+      ember_flash_tma_tile<D, BN>(sv + st * BN * D, tv, t * BN, nb, heads, &full[st]);
+    }
+    return;
+  }
+  ember_setmaxnreg_inc<240>();
+  const int wg = (warp >> 2) - 1;
+  const int r_lo = row0 + (warp - 4) * 16 + (lane >> 2);
+  float acc[NT][4];
+#pragma unroll
+  for (int x = 0; x < NT; x++) acc[x][0] = acc[x][1] = acc[x][2] = acc[x][3] = 0.f;
+  ember_mbar_wait(own, 0);
+  if (wg == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+  for (int t = 0; t < tiles; t++) {
+    const int st = t % STAGES, ph = (t / STAGES) & 1;
+    const unsigned short *ck = sk + st * BN * D, *cv = sv + st * BN * D;
+    ember_mbar_wait(&full[st], ph);
+    float s[BN / 8][4], dp[BN / 8][4];
+    ember_bar_sync(1 + wg, 256);
+    EmberWg<true>::template scores_issue<D, BN, BF16>(&s[0][0], sq + wg * 64 * 64, BM, ck);
+    EmberWg<true>::template scores_issue<D, BN, BF16>(&dp[0][0], sdo + wg * 64 * 64, BM, cv);
+    asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");
+    ember_wgmma_wait<0>();
+    const bool edge = row0 + BM > T || t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0);
+    ember_flash_ds<BN, CAUSAL, false>(s, dp, c, r_lo, t * BN, T, S, packed + D, D + 1, di, edge);
+    ember_bar_sync(1 + wg, 256);
+    EmberWg<true>::template acc_issue<D, BN, BF16>(&acc[0][0], dp, ck);
+    if (wg == 0 || t + 1 < tiles) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");
+    ember_wgmma_wait<0>();
+    if (lane == 0) ember_mbar_arrive(&empty[st]);
+  }
+  ember_flash_rows_out<D, BF16>(out + (size_t)nb * T * D, acc, r_lo, T, D, cs);
+}
+
+template <int D, int TILE, int STAGES, bool CAUSAL, bool BF16, typename OUT>
+EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
+                                 const EmberTmap* tdo, const float* packed, const float* di, int heads, int T, int S,
+                                 float c, float cs) {
+  constexpr int BN = 128, BM = TILE, NT = D / 8;   /* BN keys per block, BM queries per tile */
+  unsigned short *sk = ember_flash_tiles<true>(), *sv = sk + BN * D, *sq = sv + BN * D, *sdo = sq + STAGES * BM * D;
+  __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
+  unsigned long long *full = bars, *empty = bars + STAGES, *own = bars + 2 * STAGES;
+  const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int key0 = blockIdx.x * BN;
+  const int first = CAUSAL ? key0 / BM : 0, tiles = (T + BM - 1) / BM;
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < STAGES; st++) { ember_mbar_init(&full[st], 1); ember_mbar_init(&empty[st], 8); }
+    ember_mbar_init(own, 1);
+  }
+  __syncthreads();
+  if (warp < 4) {   /* the producer */
+    ember_setmaxnreg_dec<24>();
+    if (threadIdx.x != 0) return;
+    ember_mbar_expect(own, 2 * BN * D * 2);
+    ember_flash_tma_tile<D, BN>(sk, tk, key0, nb, heads, own);
+    ember_flash_tma_tile<D, BN>(sv, tv, key0, nb, heads, own);
+    for (int t = first; t < tiles; t++) {
+      const int st = (t - first) % STAGES, ph = ((t - first) / STAGES) & 1;
+      ember_mbar_wait(&empty[st], ph ^ 1);
+      ember_mbar_expect(&full[st], 2 * BM * D * 2);
+      ember_flash_tma_tile<D, BM>(sq + st * BM * D, tq, t * BM, nb, heads, &full[st]);
+      ember_flash_tma_tile<D, BM>(sdo + st * BM * D, tdo, t * BM, nb, heads, &full[st]);
+    }
+    return;
+  }
+  ember_setmaxnreg_inc<240>();
+  const int wg = (warp >> 2) - 1;
+  const int r_lo = key0 + (warp - 4) * 16 + (lane >> 2);   /* this thread's key rows */
+  float dk[NT][4], dv[NT][4];
+#pragma unroll
+  for (int x = 0; x < NT; x++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dk[x][e] = dv[x][e] = 0.f;
+  ember_mbar_wait(own, 0);
+  if (wg == 1 && first < tiles) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+  for (int t = first; t < tiles; t++) {
+    const int st = (t - first) % STAGES, ph = ((t - first) / STAGES) & 1;
+    const unsigned short *cq = sq + st * BM * D, *cdo = sdo + st * BM * D;
+    ember_mbar_wait(&full[st], ph);
+    float s[BM / 8][4], dp[BM / 8][4];
+    ember_bar_sync(1 + wg, 256);
+    EmberWg<true>::template scores_issue<D, BM, BF16>(&s[0][0], sk + wg * 64 * 64, BN, cq);    /* s^T */
+    EmberWg<true>::template scores_issue<D, BM, BF16>(&dp[0][0], sv + wg * 64 * 64, BN, cdo);  /* dp^T */
+    asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");
+    ember_wgmma_wait<0>();
+    const bool edge = t * BM + BM > T || key0 + BN > S || (CAUSAL && key0 + BN - 1 > t * BM);
+    ember_flash_ds<BM, CAUSAL, true>(s, dp, c, r_lo, t * BM, T, S, packed + D, D + 1, di, edge);
+    ember_bar_sync(1 + wg, 256);
+    EmberWg<true>::template acc_issue<D, BM, BF16>(&dv[0][0], s, cdo);
+    EmberWg<true>::template acc_issue<D, BM, BF16>(&dk[0][0], dp, cq);
+    if (wg == 0 || t + 1 < tiles) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");
+    ember_wgmma_wait<0>();
+    if (lane == 0) ember_mbar_arrive(&empty[st]);
+  }
+  ember_flash_rows_out<D, BF16>(out + (size_t)nb * S * 2 * D, dk, r_lo, S, 2 * D, cs);
+  ember_flash_rows_out<D, BF16>(out + (size_t)nb * S * 2 * D + D, dv, r_lo, S, 2 * D, 1.f);
+}
 """
 
 
@@ -691,13 +961,14 @@ def _hopper_helpers(kernels: list[Kernel]) -> str:
         scores.add((dtype, _plan(k)[1]))
         products.add((dtype, d))
     out = ("template <int N, bool BF16> EMBER_D void ember_wgmma_s(float* d, unsigned long long da, "
-           "unsigned long long db);\n"
+           "unsigned long long db, int acc);\n"
            "template <int N, bool BF16> EMBER_D void ember_wgmma_pv(float* d, const unsigned* a, "
            "unsigned long long db);\n")
     for dtype, n in sorted(scores):
         out += _wgmma_helper(dtype, n, 0, 0, f"ember_wgmma_s_{dtype}_n{n}")
         out += (f"template <> __device__ inline void ember_wgmma_s<{n}, {str(dtype == 'bf16').lower()}>(float* d, "
-                f"unsigned long long da, unsigned long long db) {{ ember_wgmma_s_{dtype}_n{n}(d, da, db); }}\n")
+                f"unsigned long long da, unsigned long long db, int acc) {{\n"
+                f"  ember_wgmma_s_{dtype}_n{n}(d, da, db, acc);\n}}\n")
     for dtype, d in sorted(products):
         # p (registers) times v (shared memory, contiguous along d: read transposed)
         out += _wgmma_helper(dtype, d, 0, 1, f"ember_wgmma_rs_{dtype}_n{d}", a_in_registers=True)
@@ -747,32 +1018,113 @@ TILES32 = {"attention": {64: (64, 32), 128: (32, 16)},
            "attention_dkdv": {64: (32, 32), 128: (16, 16)}}
 
 
+# the warp-specialized kernels (ember_flash_*_ws, sm_90a): 128 rows a block, tiles of this many
+# rows streamed past them (the forward's keys; the backward's keys for dq, queries for dk|dv)
+WS_TILE = {"attention": 128, "attention_dq": 64, "attention_dkdv": 64}
+WS_STAGES, WS_THREADS = 2, 384
+# which of a kernel's sources it copies once (its block's rows) and which it streams by tiles
+WS_OWN = {"attention": (0,), "attention_dq": (0, 4), "attention_dkdv": (1, 2)}
+WS_TILED = {"attention": (1, 2), "attention_dq": (1, 2), "attention_dkdv": (0, 4)}
+
+
+def ws_heads(k: Kernel) -> int | None:
+    """The heads H the warp-specialized kernels see q, k, v (and do) in (each a [N / H, H, rows,
+    D] tensor for TMA), or None where they do not apply: only sm_90a's f16/bf16 kernels, and only
+    when every operand's batch axis splits by one H (a View's own heads, or 1)."""
+    if not k.hopper or _f32(k) or os.environ.get("EMBER_FLASH_WS") == "0":   # 0: the cp.async kernels
+        return None
+    assert k.fused is not None
+    heads = {v.heads for v in k.fused[2][:3] if v is not None and v.heads > 1}
+    return heads.pop() if len(heads) <= 1 and heads else 1 if not heads else None
+
+
 def _plan(k: Kernel) -> tuple[int, int, int]:
     """(rows a block owns, rows a tile streams, threads a block)."""
     kind, _, _, _, _, _, d = _sizes(k)
     if _f32(k):
         return (*TILES32[kind][d], THREADS)
+    if ws_heads(k) is not None:
+        return HOPPER_ROWS, WS_TILE[kind], WS_THREADS
     if k.hopper and kind == "attention":
         return HOPPER_ROWS, HOPPER_TILE[d], HOPPER_THREADS
     return (*TILES[kind][d], THREADS)
 
 
+def _ws_sources(k: Kernel) -> list[int]:
+    """The sources the warp-specialized kernel reads by TMA, in its tensor maps' order: q, k, v,
+    and do for the backward."""
+    return [0, 1, 2] if _sizes(k)[0] == "attention" else [0, 1, 2, 4]
+
+
+def tma_layouts(k: Kernel) -> list[tuple[int, int, list[int], list[int]]]:
+    """How the warp-specialized kernels' TMA sees q, k, v (and do): for each, (its buffer's id,
+    the element offset of its first element, dims [D, rows, H, N / H] innermost first, and the
+    element strides of the last three). Element (n, r, d) sits at offset + (n // H) * strides[2]
+    + (n % H) * strides[1] + r * strides[0] + d."""
+    assert k.fused is not None
+    node, bufs, views = k.fused
+    heads = ws_heads(k)
+    assert heads is not None
+    out = []
+    for i in _ws_sources(k):
+        (n, rows, d), b, view = node.srcs[i].shape, bufs[i], views[i]
+        if view is None:
+            offset, strides = 0, [d, rows * d, heads * rows * d]
+        elif view.heads > 1:
+            offset, strides = view.offset, [view.ld, view.sh, view.sb]
+        else:   # batch n at n * sb: head n % H, batch n // H
+            offset, strides = view.offset, [view.ld, view.sb, heads * view.sb]
+        out.append((b.id, offset, [d, rows, heads, n // heads], strides))
+    return out
+
+
+def tensor_maps(k: Kernel, ptr: dict[int, int]) -> list:
+    """The warp-specialized kernels' CUtensorMaps for buffers at ptr (tma_layouts): boxes of 64
+    columns x the rows a block owns or a tile streams, in the 128-byte swizzle ember_hswz lays
+    tiles out in; zeros past the edges."""
+    from cuda.bindings import driver as cu
+    assert k.fused is not None
+    kinds = {"bf16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+             "f16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}
+    kind = _sizes(k)[0]
+    rows, tile, _ = _plan(k)
+    maps = []
+    for i, (buf, offset, dims, strides) in zip(_ws_sources(k), tma_layouts(k)):
+        box = [64, rows if i in WS_OWN[kind] else tile, 1, 1]
+        err, tmap = cu.cuTensorMapEncodeTiled(
+            kinds[k.fused[0].srcs[i].dtype.name], 4, ptr[buf] + 2 * offset, [cu.cuuint64_t(x) for x in dims],
+            [cu.cuuint64_t(x * 2) for x in strides], [cu.cuuint32_t(x) for x in box], [cu.cuuint32_t(1)] * 4,
+            cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+        if int(err) != 0:
+            raise RuntimeError(f"cuTensorMapEncodeTiled for {k.name}: {err} (dims {dims}, strides {strides})")
+        maps.append(tmap)
+    return maps
+
+
 def smem_bytes(k: Kernel) -> int:
     """f16/bf16: the forward keeps its block's q, the backward kernels two matrices (q and do; k
-    and v); each streams two matrices through double buffers. The sm_90a tiles start on 1024
-    bytes (the swizzle's period). f32: only the two streamed matrices (a thread's own rows are
-    in its registers)."""
+    and v); each streams two matrices through double buffers (the warp-specialized kernels
+    through WS_STAGES slots). The sm_90a tiles start on 1024 bytes (the swizzle's period). f32:
+    only the two streamed matrices (a thread's own rows are in its registers)."""
     kind, _, _, _, _, _, d = _sizes(k)
     rows, tile, _ = _plan(k)
     if _f32(k):
         return 4 * tile * d * 4
-    return ((1 if kind == "attention" else 2) * rows + 4 * tile) * d * 2 + 1024 * k.hopper
+    own = (1 if kind == "attention" else 2) * rows
+    if ws_heads(k) is not None:
+        return (own + 2 * WS_STAGES * tile) * d * 2 + 1024
+    return (own + 4 * tile) * d * 2 + 1024 * k.hopper
 
 
 def launch(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
     kind, _, _, n, t_len, s_len, d = _sizes(k)
     rows, _, threads = _plan(k)
-    return (-(-(s_len if kind == "attention_dkdv" else t_len) // rows), n, 1), threads, smem_bytes(k)
+    blocks = -(-(s_len if kind == "attention_dkdv" else t_len) // rows)
+    if kind == "attention" and ws_heads(k) is not None:   # persistent: a block per SM at most
+        return (min(blocks * n, SMS), 1, 1), threads, smem_bytes(k)
+    return (blocks, n, 1), threads, smem_bytes(k)
 
 
 def render(r: CLike, k: Kernel, prefix: str = "") -> str:
@@ -797,6 +1149,20 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
     fn = {"attention": "fwd", "attention_dq": "dq", "attention_dkdv": "dkdv"}[kind]
     fn = f"ember_flash32_{fn}" if _f32(k) else f"ember_flash_{fn}"
     rows, tile, threads = _plan(k)
+    heads = ws_heads(k)
+    if heads is not None:   # q, k, v (and do) by TMA: the tensor maps follow the buffers, by value
+        maps = ["tq", "tk", "tv", "tdo"][:len(_ws_sources(k))]
+        # the forward's items (row blocks x heads) count n; the backward's: the packed output, rowsum(do o)
+        rest = f"{_sizes(k)[3]}, " if kind == "attention" else f"{args[3]}, {args[5]}, "
+        name = signature.split("(")[0].strip()
+        # the forward's item counter, zero when the module loads and put back by each launch
+        counter = f"__device__ unsigned {name}_next[2];\n" if kind == "attention" else ""
+        extra += f", {name}_next" if kind == "attention" else ""
+        return (counter + f"extern \"C\" __global__ void __launch_bounds__({threads}, 1) {signature[:-1]}, "
+                + ", ".join(f"const __grid_constant__ EmberTmap {m}" for m in maps) + ") {\n"
+                "  const int nb = blockIdx.y;\n"
+                f"  {fn}_ws<{d}, {tile}, {WS_STAGES}, {str(causal).lower()}, {str(bf16).lower()}>(b{k.out.id}, "
+                f"{', '.join('&' + m for m in maps)}, {rest}{heads}, {t_len}, {s_len}, {c!r}f{extra});\n}}\n")
     flags = str(causal).lower() if _f32(k) else f"{str(causal).lower()}, {str(bf16).lower()}, {str(k.hopper).lower()}"
     return (f"extern \"C\" __global__ void __launch_bounds__({threads}) {signature} {{\n"
             "  const int nb = blockIdx.y;\n"

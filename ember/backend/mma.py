@@ -135,11 +135,12 @@ def _wgmma_helper(kind: str, n: int, trans_a: int, trans_b: int, name: str = "",
     else:
         a, operand, reads, flags = "unsigned long long da", f"%{regs}", '"l"(da)', f"1, 1, {trans_a}, {trans_b}"
     b = regs + (4 if a_in_registers else 1)   # the operand number of B's descriptor; the predicate's is next
-    return (f"EMBER_D void {name}(float* d, {a}, unsigned long long db) {{\n"
+    # acc = 0: d = A B, the accumulators not read (no zeroing instructions between wgmma)
+    return (f"EMBER_D void {name}(float* d, {a}, unsigned long long db, int acc = 1) {{\n"
             f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{b + 1}, 0;\\n"\n'
             f'    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} {{{outs}}}, {operand}, %{b}, p, '
             f'{flags};\\n}}\\n"\n'
-            f'    : {cons}\n    : {reads}, "l"(db), "r"(1));\n}}\n')
+            f'    : {cons}\n    : {reads}, "l"(db), "r"(acc));\n}}\n')
 
 
 def helpers(kernels: list[Kernel]) -> str:
@@ -152,8 +153,10 @@ def helpers(kernels: list[Kernel]) -> str:
                      for c, p in plans if p.instruction == "wgmma"})
     if hopper or any(k.hopper for k in kernels):   # flash.py's sm_90a forward needs the descriptors too
         out += HOPPER_HELPERS + "".join(_wgmma_helper(*h) for h in hopper)
-        out += "".join(_tma_helper(rank) for rank in sorted({len(_tma_box(c, op, p)[0]) for c, p in plans
-                                                             if p.tma for op in (c.a, c.b)}))
+        from . import flash  # its warp-specialized forward copies q, k and v as 4-d tensors
+        ranks = {len(_tma_box(c, op, p)[0]) for c, p in plans if p.tma for op in (c.a, c.b)}
+        ranks |= {4 for k in kernels if k.fused is not None and flash.ws_heads(k) is not None}
+        out += "".join(_tma_helper(rank) for rank in sorted(ranks))
         out += "".join(_tma_store_helper(rank) for rank in sorted({len(_tma_out_box(c)[0]) for c, p in plans
                                                                    if p.tma_store}))
     return out

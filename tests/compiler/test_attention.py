@@ -216,6 +216,22 @@ def test_flash_kernels_on_the_gpu_match_the_reference(name: str) -> None:
 
 
 @needs_gpu
+def test_runs_of_the_persistent_forward_agree() -> None:
+    """sm_90a's forward takes its items from a counter in global memory that each launch puts
+    back: three runs of one program (300 items, more than the SMs) agree bit for bit, and with
+    the reference of the fused graph."""
+    from ember.backend import cuda, run_values
+    q, k, v = (ir.param(n, dt.bf16, (1, 150, 160, 64)) for n in "qkv")
+    outputs = [attention_graph(q, k, v, True, dt.bf16)]
+    inputs = inputs_for(outputs, 5)
+    prog = cuda.CUDAProgram(outputs)
+    runs = [run_values(prog, inputs) for _ in range(3)]
+    prog.free()
+    assert all(np.array_equal(runs[0][0], again[0]) for again in runs[1:])
+    assert compare(outputs, runs[0], ref.evaluate(attention.fuse(outputs), inputs)) is None
+
+
+@needs_gpu
 @pytest.mark.parametrize("causal", [True, False])
 def test_flash_attention_on_the_gpu_matches_pytorch(causal: bool) -> None:
     """bf16 at GPT-2's head shape, forward and backward, against torch's SDPA in f32."""
@@ -269,14 +285,41 @@ def test_strided_views_of_heads_match_numpy() -> None:
     assert strided_view(q, realized) is None
 
 
+@pytest.mark.parametrize("name", ["bf16_heads", "bf16_causal", "f16_causal_d128"])
+def test_tma_layouts_of_the_warp_specialized_kernels(name: str) -> None:
+    """sm_90a's flash kernels read q, k, v (and do) by TMA as [N / H, H, rows, D] tensors
+    (flash.tma_layouts): every element's offset there is the one the kernels' own addressing
+    gives (a View's formula, or [N, rows, D] contiguous)."""
+    from ember.backend import cuda, flash
+    sched = cuda.prepare(case(name)[0], "sm_90a")
+    fused = [k for k in sched.kernels if k.fused is not None]
+    assert sorted(k.fused[0].arg[0] for k in fused) == ["attention", "attention_dkdv", "attention_dq"]
+    for kernel in fused:
+        assert flash.ws_heads(kernel) is not None and flash.launch(kernel)[1] == flash.WS_THREADS
+        node, bufs, views = kernel.fused
+        for i, (buf, offset, dims, strides) in zip(flash._ws_sources(kernel), flash.tma_layouts(kernel)):
+            (n_, rows, d), b, view = node.srcs[i].shape, bufs[i], views[i]
+            assert buf == b.id and dims == [d, rows, dims[2], n_ // dims[2]] and dims[2] * dims[3] == n_
+            n, r, e = np.meshgrid(np.arange(n_), np.arange(rows), np.arange(d), indexing="ij")
+            got = offset + (n // dims[2]) * strides[2] + (n % dims[2]) * strides[1] + r * strides[0] + e
+            want = (n * rows * d + r * d + e) if view is None else \
+                view.offset + (n // view.heads) * view.sb + (n % view.heads) * view.sh + r * view.ld + e
+            assert np.array_equal(got, want), (name, kernel.fused[0].arg[0], i, view)
+
+
 def test_a_grid_past_the_gpus_limit_is_one_clear_error() -> None:
-    """65536 heads x batch is one block too many along the flash kernels' y: said before any launch."""
+    """65536 heads x batch is one block too many along the flash kernels' y: said before any launch.
+    sm_90a's persistent forward loops over them instead, from one block per SM."""
     from ember.backend import cuda
     q, k, v = (ir.param(n, dt.bf16, (1024, 64, 16, 64)) for n in "qkv")
-    sched = cuda.prepare([attention_graph(q, k, v, True, dt.bf16)], "sm_90a")
+    sched = cuda.prepare([attention_graph(q, k, v, True, dt.bf16)], "sm_86")
     configs = [cuda.launch_config(k) for k in sched.kernels]
     assert max(gy for (_, gy, _), _, _ in configs) == 65536
     with pytest.raises(RuntimeError, match="allows 65535 along y and z"):
         cuda.check_grids(sched.kernels, configs)
-    small = cuda.prepare([attention_graph(*(ir.param(n, dt.bf16, (2, 4, 16, 64)) for n in "qkv"), True, dt.bf16)], "sm_90a")
+    small = cuda.prepare([attention_graph(*(ir.param(n, dt.bf16, (2, 4, 16, 64)) for n in "qkv"), True, dt.bf16)], "sm_86")
     cuda.check_grids(small.kernels, [cuda.launch_config(k) for k in small.kernels])
+    hopper = cuda.prepare([attention_graph(q, k, v, True, dt.bf16)], "sm_90a")
+    configs = [cuda.launch_config(k) for k in hopper.kernels if k.fused is not None]
+    assert configs and all(grid == (132, 1, 1) for grid, _, _ in configs)
+    cuda.check_grids(hopper.kernels, [cuda.launch_config(k) for k in hopper.kernels])
