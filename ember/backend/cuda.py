@@ -62,6 +62,28 @@ EMBER_D unsigned short ember_f32_to_f16_bits(float f) {
   asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(0.f), "f"(f));
   return (unsigned short)r;
 }
+/* 2^x as the hardware's approximation alone (MUFU.EX2, 2 ulp): exp2f adds a test and two
+   multiplies for subnormal results, a third of a softmax's instructions. For results rounded to
+   f16 or bf16 (and flash attention's weights): a result below 2^-126 becomes 0. */
+EMBER_D float ember_ex2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+/* a / b for a result rounded to f16 or bf16: (a s) times the hardware's 1 / (b s) (MUFU.RCP,
+   1 ulp; the quotient within 2 ulp of f32, far below half a 16-bit ulp), where the IEEE
+   division took 9 instructions an element. Branch-free, so the reciprocal of a row's sum is
+   computed once. s = 1 unless 1 / b would leave the normal range: 2^-4 for |b| >= 2^126,
+   2^24 for a subnormal b. 0, inf and NaN come out as the division's. */
+EMBER_D float ember_rcp(float b) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+  return r;
+}
+EMBER_D float ember_div16(float a, float b) {
+  const float s = fabsf(b) >= 0x1p126f ? 0x1p-4f : fabsf(b) < 0x1p-126f ? 0x1p24f : 1.f;
+  return (a * s) * ember_rcp(b * s);
+}
 """ + HALF_HELPERS + r"""
 /* An op's result to bf16 and back, without the NaN test a cast needs: the GPU's arithmetic makes
    only the canonical NaN, which cvt keeps (0x7fff). The paired conversion puts f, rounded, in
@@ -127,6 +149,8 @@ class CUDARenderer(CLike):
             return f"ember_imax<{n.dtype.c_name}>({a[0]}, {a[1]})"
         if n.dtype is dt.bf16 and n.op in BF16_FMA:   # rounded by the instruction itself
             return BF16_FMA[n.op].format(*a)
+        if n.dtype in (dt.bf16, dt.f16) and n.op in (Op.EXP2, Op.DIV):   # 16-bit results: see the prelude
+            return f"ember_ex2({a[0]})" if n.op is Op.EXP2 else f"ember_div16({a[0]}, {a[1]})"
         return super().alu(n, a, no_overflow)
 
     def round_result(self, d: DType, expr: str) -> str:

@@ -55,14 +55,6 @@ THREADS = 128
 
 HELPERS = r"""
 /* ---- flash attention (backend/flash.py) ---- */
-/* 2^x as the hardware's approximation alone (MUFU.EX2, 2 ulp): exp2f adds a test and two
-   multiplies for subnormal results, a third of the softmax's instructions; here a weight below
-   2^-126 of the row's largest counts as 0 */
-EMBER_D float ember_ex2(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
 template <bool BF16> EMBER_D unsigned ember_pack2(float lo, float hi) {
   unsigned r;
   if (BF16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));

@@ -2,17 +2,20 @@
 NVRTC in CI), so a rendering error fails CI. All programs go into one translation unit."""
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from ember import text
+from ember import backends, ref, text
+from ember import dtype as dt
 from ember.backend import cuda
 from ember.compiler.split import split_large_reductions
 
 from .cuda_compile import COMPILER, compile_cuda
-from .randprog import random_program
+from .randprog import compare, random_program
 
 CORPUS = sorted((Path(__file__).parents[1] / "eir").rglob("*.eir"))
 
@@ -199,14 +202,38 @@ def test_a_row_read_by_three_loops_is_read_once(tmp_path: Path) -> None:
             assert compile_cuda(src, "sm_90a", tmp_path) is None
 
 
+EDGES = {   # x and y where a quotient from the reciprocal, or 2^x from MUFU.EX2, could differ
+    "bf16": ([1, 6, 2.0**127, 2.0**-130, 1, 0, math.inf, 1, math.nan, -3, 2.0**-126, 100, -130],
+             [3, 3, 2.0**127, 2.0**-130, 0, 0, math.inf, math.inf, 1, 7, 2.0**-130, 2.0**-127, 1]),
+    "f16": ([1, 6, 60000, 2.0**-20, 1, 0, math.inf, 1, math.nan, -3, 2.0**-14, 100, -30],
+            [3, 3, 60000, 2.0**-20, 0, 0, math.inf, math.inf, 1, 7, 2.0**-24, 2.0**-10, 1]),
+}
+
+
+@pytest.mark.skipif("cuda" not in backends.available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("dtype", list(EDGES))
+def test_16_bit_division_and_exp2_at_the_edges_match_the_reference(dtype: str) -> None:
+    """f16 and bf16 results take a / b as a times the hardware's reciprocal (ember_div16) and 2^x
+    from MUFU.EX2 alone (ember_ex2): the same values as the reference at subnormal, huge, zero,
+    infinite and NaN operands."""
+    n = len(EDGES[dtype][0])
+    prog = text.parse(f"ember 1\nx = param {dtype}[{n}]\ny = param {dtype}[{n}]\nq = div x y\ne = exp2 x\n"
+                      "return q e\n")
+    inputs = {prog.nodes[name]: ref.cast(np.array(v, np.float64), dt.f64, prog.nodes[name].dtype)
+              for name, v in zip("xy", EDGES[dtype])}
+    want = ref.evaluate(prog.output_nodes, inputs)
+    got = backends.BACKENDS["cuda"].run(prog.output_nodes, inputs)
+    assert compare(prog.output_nodes, got, want) is None
+
+
 def test_an_op_result_stored_as_bf16_is_converted_once() -> None:
     """A bf16 map's last op is stored from its expression, not rounded into a temp and converted
-    again: exp2 with one cvt (ember_bf16_bits_op); a mul, which the hardware's bf16 fma rounds
+    again: exp2 (MUFU.EX2 alone, ember_ex2) with one cvt (ember_bf16_bits_op); a mul, which the hardware's bf16 fma rounds
     itself, as its upper half. bf16 add, sub and mul are that fma."""
     def source(body: str) -> str:
         return cuda.source(text.parse(f"ember 1\nx = param bf16[64,256]\n{body}\nreturn z\n").output_nodes, "sm_90a")
     src = source("y = mul x x\nz = exp2 y")
-    assert "= ember_bf16_bits_op(exp2f(t" in src and "ember_f32_to_bf16_bits(t" not in src
+    assert "= ember_bf16_bits_op(ember_ex2(t" in src and "ember_f32_to_bf16_bits(t" not in src
     assert "= ember_bf16_fma(t" in src and "ember_round_bf16_op(ember_bf16_fma" not in src
     src = source("y = exp2 x\nz = mul y y")
     assert "= ((unsigned short)(__float_as_uint(ember_bf16_fma(t" in src and "ember_f32_to_bf16_bits(t" not in src
