@@ -139,7 +139,7 @@ def _attention(node: Node, srcs: list[np.ndarray]) -> np.ndarray:
     """The flash-attention kernels the CUDA pipeline puts in a graph (compiler/attention.py), in
     f64: tests evaluate a rewritten graph here against the graph it came from. Scores are in
     base 2 (c folds the softmax's own scale); "attention" returns o beside the logsumexp of each
-    row, [N, T, D + 1]; "attention_dq" dq; "attention_dkdv" dk beside dv, [N, S, 2 D]."""
+    row, [N, T, D + 1] (or o alone, [N, T, D]); "attention_dq" dq; "attention_dkdv" dk beside dv, [N, S, 2 D]."""
     kind, causal, c = node.arg
     q, k, v = (a.astype(np.float64) for a in srcs[:3])
     s = q @ k.transpose(0, 2, 1) * c
@@ -148,8 +148,9 @@ def _attention(node: Node, srcs: list[np.ndarray]) -> np.ndarray:
     m = s.max(-1, keepdims=True)
     lse = m + np.log2(np.exp2(s - m).sum(-1, keepdims=True))
     p = np.exp2(s - lse)
-    if kind == "attention":
-        return _float(np.concatenate([p @ v, lse], -1), node.dtype)
+    if kind == "attention":   # o beside the logsumexp, or o alone (a forward with no gradient)
+        o = np.concatenate([p @ v, lse], -1) if node.shape[-1] > q.shape[-1] else p @ v
+        return _float(o.reshape(node.shape), node.dtype)
     do, di = srcs[4].astype(np.float64), srcs[5].astype(np.float64)[..., None]
     ds = p * (do @ v.transpose(0, 2, 1) - di) * (c * np.log(2.0))
     if kind == "attention_dq":

@@ -242,7 +242,8 @@ EMBER_D void ember_flash_online(float (*s)[4], float* m, float* l, float (*o)[4]
 }
 /* rows r_lo and r_lo + 8 of the forward's output (rows of D + 1: o / l, then the base-2
    logsumexp m + log2(l)) */
-template <int D> EMBER_D void ember_flash_out(float* out, float (*o)[4], float* m, float* l, int r_lo, int T) {
+template <int D, bool BF16>
+EMBER_D void ember_flash_out(float* out, float (*o)[4], float* m, float* l, int r_lo, int T) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int h = 0; h < 2; h++) {
@@ -260,14 +261,34 @@ template <int D> EMBER_D void ember_flash_out(float* out, float (*o)[4], float* 
     if ((lane & 3) == 0) dst[D] = m[h] + log2f(l[h]);
   }
 }
+/* the same rows of o / l alone, rounded once to the operand dtype: a forward with no gradient
+   taken (nothing reads the logsumexp, and no kernel converts o after) */
+template <int D, bool BF16>
+EMBER_D void ember_flash_out(unsigned short* out, float (*o)[4], float* m, float* l, int r_lo, int T) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    const int row = r_lo + h * 8;
+    if (row >= T) continue;
+    const float inv = 1.f / l[h];
+#pragma unroll
+    for (int x = 0; x < D / 8; x++)
+      ember_store2<BF16>(out + (size_t)row * D + x * 8 + (lane & 3) * 2, o[x][2 * h] * inv, o[x][2 * h + 1] * inv);
+  }
+}
+/* a forward output's row: o and the logsumexp (f32), or o alone (f16, bf16) */
+template <int D> EMBER_D constexpr int ember_flash_width(const float*) { return D + 1; }
+template <int D> EMBER_D constexpr int ember_flash_width(const unsigned short*) { return D; }
 
 /* ROWS query rows per block, TILE keys per tile. mma.sync: 4 warps, ROWS / 64 tiles of 16 rows
    per warp (each K fragment loaded from shared memory serves them all). HOPPER (sm_90a): two
    warpgroups of 64 rows (warp w: rows 16 w.. of the block, in the fragment layout of mma.sync's
    accumulators); s = q k^T is wgmma from shared memory, and p stays in registers as the A
    operand of o += p v, whose B (v, contiguous along D) is read transposed. */
-template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, bool HOPPER = false>
-EMBER_D void ember_flash_fwd(float* out, const unsigned short* q, const unsigned short* k,
+template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, bool HOPPER = false, typename OUT>
+EMBER_D void ember_flash_fwd(OUT* out, const unsigned short* q, const unsigned short* k,
                              const unsigned short* v, int ldq, int ldk, int ldv, int T, int S, float c) {
   constexpr int BM = ROWS, BN = TILE, WM = HOPPER ? 1 : ROWS / 64, NT = D / 8;
   unsigned short *sq = ember_flash_tiles<HOPPER>(), *sk = sq + BM * D, *sv = sk + 2 * BN * D;
@@ -303,7 +324,7 @@ EMBER_D void ember_flash_fwd(float* out, const unsigned short* q, const unsigned
   }
 #pragma unroll
   for (int w = 0; w < WM; w++)
-    ember_flash_out<D>(out + (size_t)nb * T * (D + 1), o[w], m[w], l[w], r_lo + 16 * w, T);
+    ember_flash_out<D, BF16>(out + (size_t)nb * T * ember_flash_width<D>(out), o[w], m[w], l[w], r_lo + 16 * w, T);
 }
 
 /* rows r_lo and r_lo + 8 (those below nrows) of a gradient whose rows are ld apart, times
@@ -729,8 +750,8 @@ template <int D, int ROWS> EMBER_D void ember_flash_tma_tile(unsigned short* dst
    write this item's rows. Warpgroups 1 and 2 own 64 rows each and take turns at issuing their
    products (named barriers 1 and 2): while one computes its softmax, the tensor cores run the
    other's products. The element code is ember_flash_fwd's. */
-template <int D, int TILE, int STAGES, bool CAUSAL, bool BF16>
-EMBER_D void ember_flash_fwd_ws(float* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
+template <int D, int TILE, int STAGES, bool CAUSAL, bool BF16, typename OUT>
+EMBER_D void ember_flash_fwd_ws(OUT* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
                                 int n, int heads, int T, int S, float c, unsigned* next) {
   constexpr int BM = 128, BN = TILE, NT = D / 8;
   unsigned short *sq = ember_flash_tiles<true>(), *sk = sq + BM * D, *sv = sk + STAGES * BN * D;
@@ -801,7 +822,7 @@ EMBER_D void ember_flash_fwd_ws(float* out, const EmberTmap* tq, const EmberTmap
       ember_wgmma_wait<0>();
       if (lane == 0) ember_mbar_arrive(&empty[st]);
     }
-    ember_flash_out<D>(out + (size_t)nb * T * (D + 1), o, m, l, r_lo, T);
+    ember_flash_out<D, BF16>(out + (size_t)nb * T * ember_flash_width<D>(out), o, m, l, r_lo, T);
   }
   if (wg == 0) ember_bar_sync(1, 256);   /* warpgroup 1's last turn-passing, never taken */
 }

@@ -14,7 +14,9 @@ f32) and reshapes or permutes that only move axes. `fuse` matches that graph fro
 contraction down, labelling the axes it meets (batch, i, j, d), and replaces the contraction by
 a FUSED node: one kernel that runs the online softmax over tiles of keys on tensor cores and
 returns o beside the base-2 logsumexp of each row, [N, T, D + 1] in f32 (N: the batch axes).
-Its gradient (`vjp`, called by autodiff) is two more FUSED kernels, FlashAttention-2 style: the
+Where no gradient is taken in the graph, an f16 or bf16 forward returns o alone, [N, T, D] in
+the operand dtype: nothing would read the logsumexp, and no kernel has to convert o. Its
+gradient (`vjp`, called by autodiff) is two more FUSED kernels, FlashAttention-2 style: the
 scores and probabilities are recomputed per tile from the saved logsumexp.
 
 Rounding: the kernels keep the scores, the running max and the sums in f32 and round p to the
@@ -156,8 +158,9 @@ def _scores(s: Node, labels: Labels) -> _Scores | None:
     return _Scores(s, labels, scale, causal)
 
 
-def _match(o_sum: Node) -> Node | None:
-    """The replacement of attention's second contraction o_sum, or None if it is not one."""
+def _match(o_sum: Node, o_only: bool = False) -> Node | None:
+    """The replacement of attention's second contraction o_sum, or None if it is not one;
+    o_only: the graph takes no gradient (16-bit operands then give o alone)."""
     if len(o_sum.arg) != 1 or o_sum.dtype not in OPERANDS:
         return None
     (jax,) = o_sum.arg
@@ -169,13 +172,13 @@ def _match(o_sum: Node) -> Node | None:
         batch = iter(range(len(prod.shape)))
         lab: Labels = [None if d == 1 else "j" if a == jax else "d" if a == p_wide else "i" if a == v_wide
                        else f"b{next(batch)}" for a, d in enumerate(prod.shape)]
-        out = _match_sides(o_sum, lab, p_op, v_op)
+        out = _match_sides(o_sum, lab, p_op, v_op, o_only)
         if out is not None:
             return out
     return None
 
 
-def _match_sides(o_sum: Node, lab: Labels, p_op: Node, v_op: Node) -> Node | None:
+def _match_sides(o_sum: Node, lab: Labels, p_op: Node, v_op: Node, o_only: bool) -> Node | None:
     prod = o_sum.srcs[0]
     if p_op.dtype is not v_op.dtype or v_op.dtype is not o_sum.dtype:
         return None
@@ -227,11 +230,18 @@ def _match_sides(o_sum: Node, lab: Labels, p_op: Node, v_op: Node) -> Node | Non
     v = _gather(v_op.srcs[0], [x if x != "i" else None for x in lab], batch + ["j", "d"], (n, s_len, d))
     if q is None or k is None or v is None:
         return None
-    packed = Node(Op.FUSED, dt.f32, (q, k, v), ("attention", sc.causal, sc.scale * c2), (n, t_len, d + 1))
-    o = ir.reshape(ir.shrink(packed, (0, 0, 0), (n, t_len, d)), tuple(size[b] for b in batch) + (t_len, d))
+    arg = ("attention", sc.causal, sc.scale * c2)
     order = [x for a, x in enumerate(lab) if x is not None and a not in o_sum.arg]
-    o = ir.permute(o, tuple((batch + ["i", "d"]).index(x) for x in order))
-    return ir.unary(Op.CAST, ir.reshape(o, o_sum.shape), o_sum.dtype)
+    axes = tuple((batch + ["i", "d"]).index(x) for x in order)
+    o_only = o_only and q.dtype is not dt.f32
+    if o_only and axes == tuple(range(len(axes))):   # o in the layout asked for: the kernel's output as is
+        o = Node(Op.FUSED, q.dtype, (q, k, v), arg, o_sum.shape)
+    else:
+        o = Node(Op.FUSED, q.dtype, (q, k, v), arg, (n, t_len, d)) if o_only else \
+            ir.shrink(Node(Op.FUSED, dt.f32, (q, k, v), arg, (n, t_len, d + 1)), (0, 0, 0), (n, t_len, d))
+        o = ir.permute(ir.reshape(o, tuple(size[b] for b in batch) + (t_len, d)), axes)
+        o = ir.reshape(o, o_sum.shape)
+    return o if o.dtype is o_sum.dtype else ir.unary(Op.CAST, o, o_sum.dtype)
 
 
 def fuse(outputs: list[Node]) -> list[Node]:
@@ -244,7 +254,7 @@ def fuse(outputs: list[Node]) -> list[Node]:
         return outputs
     if not any(n.op is Op.SUM and n.dtype in OPERANDS for n in nodes):
         return outputs
-    return rewrite(outputs, RuleSet([(P(Op.SUM, name="o_sum"), _match)]))
+    return rewrite(outputs, RuleSet([(P(Op.SUM, name="o_sum"), lambda o_sum: _match(o_sum, not grads))]))
 
 
 def vjp(n: Node, g: Node) -> list[tuple[Node, Node]]:

@@ -49,6 +49,16 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
     for o in graph:
         if o not in out_bufs:
             out_bufs[o] = Buffer(next(ids), o.dtype, o.numel, "output", o)
+    # an output that only reshapes what a FUSED kernel computes is what it computes: the kernel
+    # writes the output's buffer, and no kernel copies it (a forward's attention output)
+    views: set[Node] = set()
+    for o in graph:
+        src = o
+        while src.op is Op.RESHAPE:
+            src = src.srcs[0]
+        if src is not o and src.op is Op.FUSED and src not in out_bufs:
+            out_bufs[src] = out_bufs[o]
+            views.add(o)
     # kernels the backend renders whole (attention.py) always have buffers of their own
     temps: dict[Node, Buffer] = {n: Buffer(next(ids), n.dtype, n.numel, "temp", n)
                                  for n in order if n.op is Op.FUSED and n not in out_bufs}
@@ -57,7 +67,7 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
     while True:
         realized = {**out_bufs, **temps, **inputs}
         # a param returned as is still gets a kernel: it copies the input to the output buffer
-        targets = [n for n in order if n in temps or n in out_bufs]
+        targets = [n for n in order if (n in temps or n in out_bufs) and n not in views]
         kernels = []
         for t in targets:
             if t not in lowered:  # named by graph position: a name that no later realization changes

@@ -102,6 +102,25 @@ def test_attention_and_its_gradient_are_fused(name: str) -> None:
     assert fused_kinds(outputs) == ["attention", "attention_dkdv", "attention_dq"]
 
 
+@pytest.mark.parametrize("low", [dt.bf16, dt.f16, dt.f32])
+def test_a_forward_with_no_gradient_returns_o_alone(low: dt.DType, tmp_path: Path) -> None:
+    """No gradient in the graph: 16-bit operands give o alone, in their dtype, from one kernel
+    (no conversion after it); f32 keeps o beside the logsumexp. Both match the graph, and the
+    kernels build for sm_86 and sm_90a."""
+    from ember.backend import cuda
+    q, k, v = (ir.param(n, low, (2, 3, 80, 64)) for n in "qkv")
+    outputs = [attention_graph(q, k, v, True, low)]
+    fused = attention.fuse(outputs)
+    (node,) = [n for n in toposort(fused) if n.op is Op.FUSED]
+    assert node.dtype is low and node.numel == 6 * 80 * (65 if low is dt.f32 else 64)
+    inputs = inputs_for(outputs)
+    assert compare(outputs, ref.evaluate(fused, inputs), ref.evaluate(outputs, inputs), precision=low) is None
+    if low is not dt.f32:
+        assert [k.kind for k in cuda.prepare(outputs, "sm_90a").kernels] == ["attention"]
+    for arch in ["sm_86", "sm_90a"] if COMPILER is not None else []:
+        assert compile_cuda(cuda.render(cuda.prepare(outputs, arch)), arch, tmp_path) is None
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_fused_graph_matches_the_graph_it_came_from(name: str) -> None:
     """The rewrite's plumbing (axes, permutes, scale, mask, vjp) on the reference evaluator: the
