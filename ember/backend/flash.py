@@ -827,6 +827,26 @@ EMBER_D void ember_flash_fwd_ws(OUT* out, const EmberTmap* tq, const EmberTmap* 
   if (wg == 0) ember_bar_sync(1, 256);   /* warpgroup 1's last turn-passing, never taken */
 }
 
+/* The backward's producer (one thread): the block's own two matrices a and b (rows r0.. of
+   OWN) once, on mbarrier own, then c and d in tiles of TILE rows, first to tiles, through
+   STAGES slots of full and empty mbarriers. */
+template <int D, int OWN, int TILE, int STAGES>
+EMBER_D void ember_flash_produce(unsigned short* sa, const EmberTmap* ta, unsigned short* sb, const EmberTmap* tb,
+                                 int r0, unsigned long long* own, unsigned short* sc, const EmberTmap* tc,
+                                 unsigned short* sd, const EmberTmap* td, int first, int tiles,
+                                 unsigned long long* full, unsigned long long* empty, int nb, int heads) {
+  ember_mbar_expect(own, 2 * OWN * D * 2);
+  ember_flash_tma_tile<D, OWN>(sa, ta, r0, nb, heads, own);
+  ember_flash_tma_tile<D, OWN>(sb, tb, r0, nb, heads, own);
+  for (int t = first; t < tiles; t++) {
+    const int st = (t - first) % STAGES, ph = ((t - first) / STAGES) & 1;
+    ember_mbar_wait(&empty[st], ph ^ 1);
+    ember_mbar_expect(&full[st], 2 * TILE * D * 2);
+    ember_flash_tma_tile<D, TILE>(sc + st * TILE * D, tc, t * TILE, nb, heads, &full[st]);
+    ember_flash_tma_tile<D, TILE>(sd + st * TILE * D, td, t * TILE, nb, heads, &full[st]);
+  }
+}
+
 /* The backward's two kernels warp-specialized as ember_flash_fwd_ws: warpgroups 1 and 2 own 64
    of the block's 128 rows each (queries for dq, keys for dk|dv), copied once by TMA with do (dq)
    or v (dk|dv); the other side's two matrices stream through STAGES slots in tiles of TILE
@@ -852,16 +872,8 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
   if (warp < 4) {   /* the producer */
     ember_setmaxnreg_dec<24>();
     if (threadIdx.x != 0) return;
-    ember_mbar_expect(own, 2 * BM * D * 2);
-    ember_flash_tma_tile<D, BM>(sq, tq, row0, nb, heads, own);
-    ember_flash_tma_tile<D, BM>(sdo, tdo, row0, nb, heads, own);
-    for (int t = 0; t < tiles; t++) {
-      const int st = t % STAGES, ph = (t / STAGES) & 1;
-      ember_mbar_wait(&empty[st], ph ^ 1);
-      ember_mbar_expect(&full[st], 2 * BN * D * 2);
-      ember_flash_tma_tile<D, BN>(sk + st * BN * D, tk, t * BN, nb, heads, &full[st]);
-      ember_flash_tma_tile<D, BN>(sv + st * BN * D, tv, t * BN, nb, heads, &full[st]);
-    }
+    ember_flash_produce<D, BM, BN, STAGES>(sq, tq, sdo, tdo, row0, own, sk, tk, sv, tv, 0, tiles, full, empty, nb,
+                                           heads);
     return;
   }
   ember_setmaxnreg_inc<240>();
@@ -912,16 +924,8 @@ EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap*
   if (warp < 4) {   /* the producer */
     ember_setmaxnreg_dec<24>();
     if (threadIdx.x != 0) return;
-    ember_mbar_expect(own, 2 * BN * D * 2);
-    ember_flash_tma_tile<D, BN>(sk, tk, key0, nb, heads, own);
-    ember_flash_tma_tile<D, BN>(sv, tv, key0, nb, heads, own);
-    for (int t = first; t < tiles; t++) {
-      const int st = (t - first) % STAGES, ph = ((t - first) / STAGES) & 1;
-      ember_mbar_wait(&empty[st], ph ^ 1);
-      ember_mbar_expect(&full[st], 2 * BM * D * 2);
-      ember_flash_tma_tile<D, BM>(sq + st * BM * D, tq, t * BM, nb, heads, &full[st]);
-      ember_flash_tma_tile<D, BM>(sdo + st * BM * D, tdo, t * BM, nb, heads, &full[st]);
-    }
+    ember_flash_produce<D, BN, BM, STAGES>(sk, tk, sv, tv, key0, own, sq, tq, sdo, tdo, first, tiles, full, empty, nb,
+                                           heads);
     return;
   }
   ember_setmaxnreg_inc<240>();
