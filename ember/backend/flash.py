@@ -240,10 +240,12 @@ EMBER_D void ember_flash_online(float (*s)[4], float* m, float* l, float (*o)[4]
     for (int x = 0; x < NT; x++) { o[x][2 * h] *= r; o[x][2 * h + 1] *= r; }
   }
 }
-/* rows r_lo and r_lo + 8 of the forward's output (rows of D + 1: o / l, then the base-2
-   logsumexp m + log2(l)) */
-template <int D, bool BF16>
-EMBER_D void ember_flash_out(float* out, float (*o)[4], float* m, float* l, int r_lo, int T) {
+/* rows r_lo and r_lo + 8 of the forward's output: f32 rows of D + 1 (o / l, then the base-2
+   logsumexp m + log2(l)), or o / l alone rounded once to the operand dtype (OUT 16-bit: a
+   forward with no gradient taken; nothing reads the logsumexp, no kernel converts o after) */
+template <int D, typename OUT> EMBER_D constexpr int ember_flash_width() { return sizeof(OUT) == 4 ? D + 1 : D; }
+template <int D, bool BF16, typename OUT>
+EMBER_D void ember_flash_out(OUT* out, float (*o)[4], float* m, float* l, int r_lo, int T) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int h = 0; h < 2; h++) {
@@ -252,35 +254,20 @@ EMBER_D void ember_flash_out(float* out, float (*o)[4], float* m, float* l, int 
     const int row = r_lo + h * 8;
     if (row >= T) continue;
     const float inv = 1.f / l[h];
-    float* dst = out + (size_t)row * (D + 1);
+    OUT* dst = out + (size_t)row * ember_flash_width<D, OUT>();
 #pragma unroll
     for (int x = 0; x < D / 8; x++) {
-      dst[x * 8 + (lane & 3) * 2] = o[x][2 * h] * inv;
-      dst[x * 8 + (lane & 3) * 2 + 1] = o[x][2 * h + 1] * inv;
+      if constexpr (sizeof(OUT) == 4) {   /* odd rows: no pairs */
+        dst[x * 8 + (lane & 3) * 2] = o[x][2 * h] * inv;
+        dst[x * 8 + (lane & 3) * 2 + 1] = o[x][2 * h + 1] * inv;
+      } else {
+        ember_store2<BF16>(dst + x * 8 + (lane & 3) * 2, o[x][2 * h] * inv, o[x][2 * h + 1] * inv);
+      }
     }
-    if ((lane & 3) == 0) dst[D] = m[h] + log2f(l[h]);
+    if constexpr (sizeof(OUT) == 4)
+      if ((lane & 3) == 0) dst[D] = m[h] + log2f(l[h]);
   }
 }
-/* the same rows of o / l alone, rounded once to the operand dtype: a forward with no gradient
-   taken (nothing reads the logsumexp, and no kernel converts o after) */
-template <int D, bool BF16>
-EMBER_D void ember_flash_out(unsigned short* out, float (*o)[4], float* m, float* l, int r_lo, int T) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    const int row = r_lo + h * 8;
-    if (row >= T) continue;
-    const float inv = 1.f / l[h];
-#pragma unroll
-    for (int x = 0; x < D / 8; x++)
-      ember_store2<BF16>(out + (size_t)row * D + x * 8 + (lane & 3) * 2, o[x][2 * h] * inv, o[x][2 * h + 1] * inv);
-  }
-}
-/* a forward output's row: o and the logsumexp (f32), or o alone (f16, bf16) */
-template <int D> EMBER_D constexpr int ember_flash_width(const float*) { return D + 1; }
-template <int D> EMBER_D constexpr int ember_flash_width(const unsigned short*) { return D; }
 
 /* ROWS query rows per block, TILE keys per tile. mma.sync: 4 warps, ROWS / 64 tiles of 16 rows
    per warp (each K fragment loaded from shared memory serves them all). HOPPER (sm_90a): two
@@ -324,7 +311,7 @@ EMBER_D void ember_flash_fwd(OUT* out, const unsigned short* q, const unsigned s
   }
 #pragma unroll
   for (int w = 0; w < WM; w++)
-    ember_flash_out<D, BF16>(out + (size_t)nb * T * ember_flash_width<D>(out), o[w], m[w], l[w], r_lo + 16 * w, T);
+    ember_flash_out<D, BF16>(out + (size_t)nb * T * ember_flash_width<D, OUT>(), o[w], m[w], l[w], r_lo + 16 * w, T);
 }
 
 /* rows r_lo and r_lo + 8 (those below nrows) of a gradient whose rows are ld apart, times
@@ -822,7 +809,7 @@ EMBER_D void ember_flash_fwd_ws(OUT* out, const EmberTmap* tq, const EmberTmap* 
       ember_wgmma_wait<0>();
       if (lane == 0) ember_mbar_arrive(&empty[st]);
     }
-    ember_flash_out<D, BF16>(out + (size_t)nb * T * ember_flash_width<D>(out), o, m, l, r_lo, T);
+    ember_flash_out<D, BF16>(out + (size_t)nb * T * ember_flash_width<D, OUT>(), o, m, l, r_lo, T);
   }
   if (wg == 0) ember_bar_sync(1, 256);   /* warpgroup 1's last turn-passing, never taken */
 }
