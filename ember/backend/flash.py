@@ -8,7 +8,7 @@ Three kernels on `mma.sync.m16n8k16` (sm_80 and later; f16 or bf16 operands, f32
   rescale o and add p v, with p converted to the operand dtype in registers (the accumulator
   layout of s is the A layout of p). Key tiles past the diagonal are never loaded; the diagonal
   tile and the edges are masked. It writes o / l and the base-2 logsumexp m + log2(l) of every
-  row, [N, T, D + 1] in f32.
+  row, [N, T, D + 1] in f32, or (no gradient in the graph) o / l alone in the operand dtype.
 - dq: a block per 64 query rows; per key tile it recomputes p = exp2(s c - lse), dp = do v^T and
   ds = p (dp - rowsum(do o)), and adds ds k. Both backward kernels write their gradients in
   the operand dtype.
@@ -26,11 +26,12 @@ the forward (tiles of 64 keys), dq and dk|dv; 90-126 (forward, 128-key tiles), 1
 registers at D = 64; no local memory. Measured on the H200 (docs/performance.md).
 
 On sm_90a the three kernels are warp-specialized (`ember_flash_*_ws`, FlashAttention-3's plan;
-`EMBER_FLASH_WS=0` renders the ones above instead): a producer warpgroup copies the block's own
-rows once and streams the other side's tiles by TMA (tensor maps of q, k, v and do as [N / H,
-H, rows, D], `tma_layouts`) through mbarrier-guarded slots, and two consumer warpgroups of 64
-rows take turns at issuing their products (named barriers), so one's softmax overlaps the
-other's products.
+`EMBER_FLASH_WS=0` renders the ones above instead, as does a q, k or v that does not split by
+one head count): a producer warpgroup (24 registers) copies the block's own rows once and
+streams the other side's tiles by TMA (tensor maps of q, k, v and do as [N / H, H, rows, D],
+`tma_layouts`) through mbarrier-guarded slots, and two consumer warpgroups of 64 rows (240
+registers) take turns at issuing their products (named barriers), so one's softmax overlaps
+the other's products. The forward is persistent (a block an SM, items from a counter).
 
 f32 operands (tensor cores would round them) take three kernels of their own on CUDA cores
 (`ember_flash32_*`, sizes in TILES32): G = D / 16 neighbouring threads hold a row, 16 of its
