@@ -781,7 +781,7 @@ EMBER_D void ember_flash_fwd_ws(OUT* out, const EmberTmap* tq, const EmberTmap* 
   ember_setmaxnreg_inc<240>();
   const int wg = (warp >> 2) - 1;   /* rows 64 wg.. of the block */
   const unsigned short* myq = sq + wg * 64 * 64;
-  if (wg == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");   /* warpgroup 1 issues first */
+  if (wg == 1) ember_bar_arrive(1, 256);   /* warpgroup 1 issues first */
   for (int i = 0, g = 0;; i++) {
     ember_mbar_wait(qfull, i & 1);
     const int w = item;
@@ -799,14 +799,14 @@ EMBER_D void ember_flash_fwd_ws(OUT* out, const EmberTmap* tq, const EmberTmap* 
       float s[BN / 8][4];
       ember_bar_sync(1 + wg, 256);   /* my turn */
       EmberWg<true>::template scores_issue<D, BN, BF16>(&s[0][0], myq, BM, ck);
-      asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");   /* the other's turn */
+      ember_bar_arrive(2 - wg, 256);   /* the other's turn */
       ember_wgmma_wait<0>();
       if (t + 1 == tiles && lane == 0) ember_mbar_arrive(qempty);   /* q (and item) read for the last time */
       const bool edge = t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0);
       ember_flash_online<BN, NT, CAUSAL>(s, m, l, o, t * BN, r_lo, S, c, edge);
       ember_bar_sync(1 + wg, 256);
       EmberWg<true>::template acc_issue<D, BN, BF16>(&o[0][0], s, cv);
-      asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");
+      ember_bar_arrive(2 - wg, 256);
       ember_wgmma_wait<0>();
       if (lane == 0) ember_mbar_arrive(&empty[st]);
     }
@@ -871,7 +871,7 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
 #pragma unroll
   for (int x = 0; x < NT; x++) acc[x][0] = acc[x][1] = acc[x][2] = acc[x][3] = 0.f;
   ember_mbar_wait(own, 0);
-  if (wg == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+  if (wg == 1) ember_bar_arrive(1, 256);
   for (int t = 0; t < tiles; t++) {
     const int st = t % STAGES, ph = (t / STAGES) & 1;
     const unsigned short *ck = sk + st * BN * D, *cv = sv + st * BN * D;
@@ -880,13 +880,13 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
     ember_bar_sync(1 + wg, 256);
     EmberWg<true>::template scores_issue<D, BN, BF16>(&s[0][0], sq + wg * 64 * 64, BM, ck);
     EmberWg<true>::template scores_issue<D, BN, BF16>(&dp[0][0], sdo + wg * 64 * 64, BM, cv);
-    asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");
+    ember_bar_arrive(2 - wg, 256);
     ember_wgmma_wait<0>();
     const bool edge = row0 + BM > T || t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0);
     ember_flash_ds<BN, CAUSAL, false>(s, dp, c, r_lo, t * BN, T, S, packed + D, D + 1, di, edge);
     ember_bar_sync(1 + wg, 256);
     EmberWg<true>::template acc_issue<D, BN, BF16>(&acc[0][0], dp, ck);
-    if (wg == 0 || t + 1 < tiles) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");
+    if (wg == 0 || t + 1 < tiles) ember_bar_arrive(2 - wg, 256);
     ember_wgmma_wait<0>();
     if (lane == 0) ember_mbar_arrive(&empty[st]);
   }
@@ -925,7 +925,7 @@ EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap*
 #pragma unroll
     for (int e = 0; e < 4; e++) dk[x][e] = dv[x][e] = 0.f;
   ember_mbar_wait(own, 0);
-  if (wg == 1 && first < tiles) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+  if (wg == 1 && first < tiles) ember_bar_arrive(1, 256);
   for (int t = first; t < tiles; t++) {
     const int st = (t - first) % STAGES, ph = ((t - first) / STAGES) & 1;
     const unsigned short *cq = sq + st * BM * D, *cdo = sdo + st * BM * D;
@@ -934,14 +934,14 @@ EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap*
     ember_bar_sync(1 + wg, 256);
     EmberWg<true>::template scores_issue<D, BM, BF16>(&s[0][0], sk + wg * 64 * 64, BN, cq);    /* s^T */
     EmberWg<true>::template scores_issue<D, BM, BF16>(&dp[0][0], sv + wg * 64 * 64, BN, cdo);  /* dp^T */
-    asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");
+    ember_bar_arrive(2 - wg, 256);
     ember_wgmma_wait<0>();
     const bool edge = t * BM + BM > T || key0 + BN > S || (CAUSAL && key0 + BN - 1 > t * BM);
     ember_flash_ds<BM, CAUSAL, true>(s, dp, c, r_lo, t * BM, T, S, packed + D, D + 1, di, edge);
     ember_bar_sync(1 + wg, 256);
     EmberWg<true>::template acc_issue<D, BM, BF16>(&dv[0][0], s, cdo);
     EmberWg<true>::template acc_issue<D, BM, BF16>(&dk[0][0], dp, cq);
-    if (wg == 0 || t + 1 < tiles) asm volatile("bar.arrive %0, 256;\n" :: "r"(2 - wg) : "memory");
+    if (wg == 0 || t + 1 < tiles) ember_bar_arrive(2 - wg, 256);
     ember_wgmma_wait<0>();
     if (lane == 0) ember_mbar_arrive(&empty[st]);
   }

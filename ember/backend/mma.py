@@ -84,6 +84,10 @@ EMBER_D void ember_bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::
 EMBER_D void ember_bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
 }
+/* arrive at named barrier id without waiting (a producer's, or the other warpgroup's turn) */
+EMBER_D void ember_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
 /* warpgroups trade registers: the producer needs few, the accumulators many */
 template <int N> EMBER_D void ember_setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(N));
