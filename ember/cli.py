@@ -6,9 +6,7 @@ stderr); 3 a program that cannot be run here for another reason.
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -17,11 +15,10 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
-
-from . import backends, data
+from . import backends
 from .backends import BackendError
-from .text import EirError, Program, format_text, parse_file
+from .protocol import bench_median, check_inputs, compare, expected_error, parse_output, reported_error
+from .text import EirError, format_text, parse_file
 
 
 def _fail(msg: str, status: int) -> int:
@@ -35,18 +32,11 @@ def _internal(path: str, e: BaseException) -> str:
     return f"{path}: internal error: {type(e).__name__}: {e} (EMBER_DEBUG=1 shows the traceback)"
 
 
-def _check_inputs(prog: Program) -> None:
-    for name in prog.params:
-        if name not in prog.inputs:
-            msg = f"param '{name}' has no 'input' line, so the program cannot run"
-            raise EirError(prog.path, prog.lines[name], msg)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     median = None
     try:
         prog = parse_file(args.file)
-        _check_inputs(prog)
+        check_inputs(prog)
         backend = args.backend or backends.default()
         if args.bench is None:
             values = backends.run_program(prog, backend)
@@ -113,78 +103,11 @@ def _files(paths: list[str]) -> list[str]:
     return found
 
 
-def _parse_output(stdout: str, prog: Program) -> dict[str, np.ndarray]:
-    """Read the protocol's `NAME = [...]` lines back into each name's dtype (spec 9)."""
-    got: dict[str, np.ndarray] = {}
-    for line in stdout.splitlines():
-        name, eq, rest = line.partition(" = ")
-        if not eq or name not in prog.nodes:
-            continue
-        inner = rest.strip()
-        if not (inner.startswith("[") and inner.endswith("]")):
-            raise ValueError(f"bad output line for {name}: {line[:80]}")
-        items = [s.strip() for s in inner[1:-1].split(",")] if inner[1:-1].strip() else []
-        dtype = prog.nodes[name].dtype
-        nums = [data.read_back(s, dtype) for s in items]
-        bad = next((s for s, v in zip(items, nums) if v is None), None)
-        if bad is not None:
-            raise ValueError(f"'{bad[:40]}' in the output line for {name} is not a value of {dtype}")
-        got[name] = np.array(nums, dtype=np.float64 if dtype.is_float else object)
-    return got
-
-
-def _compare(prog: Program, got: dict[str, np.ndarray], answers: dict[str, np.ndarray] | None = None,
-             tolerance: tuple[float | None, float | None] = (None, None)) -> str | None:
-    """None if every expect matches, else a line naming the first mismatching element. With
-    answers (name -> values, e.g. the reference's output), those are expected instead, at the
-    given tolerance (None: spec 8's defaults)."""
-    for name in answers if answers is not None else prog.expects:
-        node = prog.nodes[name]
-        if name not in got:
-            return f"no output for '{name}'"
-        actual = np.asarray(got[name]).reshape(-1)
-        if actual.size != node.numel:
-            return f"'{name}' has {actual.size} values, expected {node.numel} ({node.dtype}{list(node.shape)})"
-        if answers is not None:
-            expected, (atol, rtol) = answers[name].reshape(-1), tolerance
-        else:
-            spec = prog.expects[name]
-            expected, atol, rtol = prog.expected_values(name).reshape(-1), spec.atol, spec.rtol
-        i = data.first_mismatch(actual, expected, node.dtype, atol, rtol)
-        if i is not None:
-            idx = ",".join(map(str, np.unravel_index(i, node.shape))) if node.shape else ""
-            show = lambda v: data.format_values(np.array([v]), node.dtype)[1:-1]  # noqa: E731
-            return f"{name}[{idx}] = {show(actual[i])}, expected {show(expected[i])}"
-    return None
-
-
-ERROR_TEST = re.compile(r"# error: (\d+): (.*)")
-
-
-def _expected_error(path: str) -> tuple[int, str] | None:
-    """(line, words) for a test of an error message: a file whose first line is
-    `# error: LINE: words of the message` passes when the program is rejected there."""
-    try:
-        with open(path, "rb") as f:
-            first = f.readline().decode("ascii", errors="replace")
-    except OSError:
-        return None
-    m = ERROR_TEST.match(first)
-    return (int(m.group(1)), m.group(2).strip()) if m else None
-
-
-def reported_error(status: int | None, stderr: str, line: int, path: str | None = None) -> bool:
-    """Spec 9's answer to an invalid program: status 2 and `FILE:LINE: message` first on stderr
-    (FILE is any path when path is None: a grader runs a copy of the file)."""
-    first = (stderr.strip().splitlines() or [""])[0]
-    return status == 2 and re.match(rf"{re.escape(path) if path else '.*'}:{line}:", first) is not None
-
-
 def _check_error_test(path: str, want: tuple[int, str], compiler: list[str] | None, timeout: float) -> str | None:
     line, words = want
     if compiler is None:
         try:
-            _check_inputs(parse_file(path))
+            check_inputs(parse_file(path))
         except EirError as e:
             if e.line == line and words in e.msg:
                 return None
@@ -204,12 +127,12 @@ def _check_error_test(path: str, want: tuple[int, str], compiler: list[str] | No
 def _test_one(path: str, backend: str | None, compiler: list[str] | None, timeout: float,
               bench: int | None = None) -> tuple[str | None, float | None]:
     """(None if the test file passes, else the failure line; the median ms with bench)."""
-    want = _expected_error(path)
+    want = expected_error(path)
     if want is not None:
         return _check_error_test(path, want, compiler, timeout), None
     try:
         prog = parse_file(path)
-        _check_inputs(prog)
+        check_inputs(prog)
     except EirError as e:
         return str(e), None
     median = None
@@ -231,12 +154,12 @@ def _test_one(path: str, backend: str | None, compiler: list[str] | None, timeou
             if proc.returncode != 0:
                 first = (proc.stderr.strip().splitlines() or ["(no message)"])[0]
                 return f"{path}: the compiler exited with status {proc.returncode}: {first}", None
-            got = _parse_output(proc.stdout, prog)
+            got = parse_output(proc.stdout, prog)
             if bench is not None:
                 median = bench_median(proc.stdout)
                 if median is None:
                     return f"{path}: no '# bench runs=N median_ms=X' line (spec 10)", None
-        problem = _compare(prog, got)
+        problem = compare(prog, got)
     except BackendError as e:
         return f"{path}: {e}", None
     except ValueError as e:
@@ -244,19 +167,6 @@ def _test_one(path: str, backend: str | None, compiler: list[str] | None, timeou
     except Exception as e:
         return _internal(path, e), None
     return (None if problem is None else f"{path}: {problem}"), median
-
-
-BENCH_LINE = re.compile(r"# bench runs=(\d+) median_ms=([0-9.eE+-]+)\s*$")
-
-
-def bench_median(stdout: str) -> float | None:
-    """The median_ms of the spec's timing line, or None when there is none."""
-    for line in reversed(stdout.splitlines()):
-        m = BENCH_LINE.match(line.strip())
-        if m:
-            v = data.parse_number(m.group(2))
-            return float(v) if v is not None and math.isfinite(v) and v >= 0 else None
-    return None
 
 
 def _usage_problem(args: argparse.Namespace) -> str | None:
@@ -368,8 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the GPU the CUDA source is for (default: this machine's GPU, else sm_86)")
     p.set_defaults(fn=cmd_source)
 
-    from . import grade
-    grade.add_commands(sub, fmt)
+    from .grading import add_commands
+    add_commands(sub, fmt)
 
     p = sub.add_parser("train", help="train a small GPT on real text (ember train --help)", add_help=False)
     p.set_defaults(fn=None)

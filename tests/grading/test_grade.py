@@ -14,10 +14,10 @@ import pytest
 from ember import data
 from ember import dtype as dt
 from ember.cli import main
-from ember.grade import linear_scores
-from ember.sandbox import slot_uids
+from ember.grading.bench import linear_scores
+from ember.grading.sandbox import slot_uids
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]
 
 
 @pytest.mark.parametrize("tok,dtype,want", [

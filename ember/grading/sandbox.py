@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .backend import cache_root
+from ..backend import cache_root
 
 UID_BASE, GID_BASE = 100000, 200000  # sandbox users and groups; never real accounts
 
