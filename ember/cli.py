@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import backends
+from .backend import CacheError
 from .backends import BackendError
 from .protocol import bench_median, check_inputs, compare, expected_error, parse_output, reported_error
 from .text import EirError, format_text, parse_file
@@ -44,7 +45,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             values, median = backends.bench_program(prog, backend, args.bench)
     except EirError as e:
         return _fail(str(e), 2)
-    except BackendError as e:
+    except (BackendError, CacheError) as e:
         return _fail(f"{args.file}: {e}", 3)
     except Exception as e:  # a bug in Ember: one line, never a partial result
         return _fail(_internal(args.file, e), 3)
@@ -84,7 +85,7 @@ def cmd_source(args: argparse.Namespace) -> int:
         print(backends.BACKENDS[backend].source(prog.output_nodes, args.arch))
     except EirError as e:
         return _fail(str(e), 2)
-    except BackendError as e:
+    except (BackendError, CacheError) as e:
         return _fail(f"{args.file}: {e}", 3)
     except Exception as e:
         return _fail(_internal(args.file, e), 3)
@@ -160,7 +161,7 @@ def _test_one(path: str, backend: str | None, compiler: list[str] | None, timeou
                 if median is None:
                     return f"{path}: no '# bench runs=N median_ms=X' line (spec 10)", None
         problem = compare(prog, got)
-    except BackendError as e:
+    except (BackendError, CacheError) as e:
         return f"{path}: {e}", None
     except ValueError as e:
         return f"{path}: {e}", None
@@ -184,7 +185,7 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
         return None
     try:
         backends.resolve(args.backend or backends.default())
-    except BackendError as e:
+    except (BackendError, CacheError) as e:
         return f"ember test: {e}"
     return None
 

@@ -32,7 +32,7 @@ from ..compiler.lower import Kernel
 from ..compiler.schedule import Schedule
 from ..dtype import DType
 from ..ir import Node, Op, toposort
-from . import cache_dir, cached, packed
+from . import cache_dir, cache_read, cache_write, cached, packed
 from . import run_values as shared_run_values
 from .render import HALF_HELPERS, CLike
 
@@ -187,7 +187,7 @@ def build(source: "CSource | str", opt: str = "-O3") -> Path:
     src = source if isinstance(source, CSource) else CSource(source, [], "")
     key = hashlib.sha256("\0".join([cc, *_flags(opt), src.text]).encode()).hexdigest()[:32]
     lib = cache_dir("c") / f"{key}.so"
-    if lib.exists():
+    if cache_read(lib) is not None:
         return lib
     with tempfile.TemporaryDirectory(dir=lib.parent) as work:
         units = src.units(os.cpu_count() or 1)
@@ -208,7 +208,7 @@ def build(source: "CSource | str", opt: str = "-O3") -> Path:
             failed = failed if failed.returncode != 0 else None
         if failed is not None:
             raise CompileError(f"the C compiler failed on generated code:\n{failed.stderr[:4000]}")
-        os.replace(f"{work}/lib.so", lib)  # atomic: a concurrent reader sees the old state or the whole file
+        cache_write(lib, Path(f"{work}/lib.so").read_bytes())
     return lib
 
 

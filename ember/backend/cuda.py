@@ -34,7 +34,7 @@ from ..compiler.rewrite import substitute
 from ..compiler.schedule import Schedule
 from ..dtype import DType
 from ..ir import Node, Op, toposort
-from . import cache_dir, cached, flash, mma, search
+from . import cache_dir, cache_read, cache_write, cached, flash, mma, search
 from . import run_values as shared_run_values
 from .render import HALF_HELPERS, CLike, KernelWriter, Scope
 
@@ -610,8 +610,9 @@ def compile_cubin(src: str, arch: str, ptxas_o0: bool = False) -> bytes:
     version = _check(nvrtc.nvrtcVersion())
     key = hashlib.sha256(f"{arch}\0{version}\0{ptxas_o0}\0{src}".encode()).hexdigest()[:32]
     path = cache_dir("cuda") / f"{key}.cubin"
-    if path.exists():
-        return path.read_bytes()
+    cached_cubin = cache_read(path)
+    if cached_cubin is not None:
+        return cached_cubin
     prog = _check(nvrtc.nvrtcCreateProgram(src.encode(), b"ember.cu", 0, [], []))
     opts = [f"--gpu-architecture={arch}".encode(), b"-default-device", b"--std=c++17"]
     if ptxas_o0:  # -G: NVVM unoptimized too (a miscompile may be in either), and ptxas at -O0
@@ -625,9 +626,7 @@ def compile_cubin(src: str, arch: str, ptxas_o0: bool = False) -> bytes:
     size = _check(nvrtc.nvrtcGetCUBINSize(prog))
     cubin = b" " * size
     _check((nvrtc.nvrtcGetCUBIN(prog, cubin)[0], None))
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_bytes(cubin)
-    os.replace(tmp, path)  # atomic publish
+    cache_write(path, cubin)
     return cubin
 
 

@@ -70,3 +70,60 @@ def test_unreadable_entry_is_compiled_again(cache: Path) -> None:
     entry.write_bytes(entry.read_bytes()[:100])   # cut short, as by a full disk
     assert cuda.source(outputs, "sm_86") == source
     assert len(entry.read_bytes()) > 100   # written whole again
+
+
+def test_a_planted_entry_builds_nothing_but_embers_own_types(cache: Path, tmp_path: Path) -> None:
+    """A cache entry is data: one naming another module's class (here os.system's neighbour
+    subprocess.Popen) is refused, even with a matching hash, and the program is compiled again."""
+    import hashlib
+    import json
+    outputs = _outputs("compositions/softmax.eir")
+    source = c.render(c.prepare(outputs)).text
+    (entry,) = cache.iterdir()
+    marker = tmp_path / "ran"
+    body = json.dumps({"format": store.FORMAT, "nodes": [],
+                       "value": ["o", "subprocess:Popen", {"args": ["touch", str(marker)]}]}).encode()
+    entry.write_bytes(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+    assert c.render(c.prepare(outputs)).text == source and not marker.exists()
+    assert store.load(entry.stem) is not None   # written whole again
+
+
+def test_an_edited_entry_fails_its_hash(cache: Path) -> None:
+    outputs = _outputs("compositions/softmax.eir")
+    pipeline.compile_schedule(outputs, "c")
+    (entry,) = cache.iterdir()
+    entry.write_bytes(entry.read_bytes().replace(b'"f32"', b'"f64"', 1))
+    assert store.load(entry.stem) is None
+
+
+def test_a_replaced_shared_library_is_built_again(tmp_path: Path) -> None:
+    """A cached .so is loaded only when it matches the hash written with it: a planted library
+    (whose constructor would run at load) or a truncated one is compiled again."""
+    import numpy as np
+
+    from ember.backend import cache_dir
+    marker = tmp_path / "constructor-ran"
+    program = "int x;\n"
+    lib = c.build(program)
+    evil = c.build(f'#include <stdio.h>\n__attribute__((constructor)) static void f(void) '
+                   f'{{ fopen("{marker}", "w"); }}\n')
+    lib.write_bytes(evil.read_bytes())
+    assert c.build(program) == lib and lib.read_bytes() != evil.read_bytes()
+    lib.write_bytes(lib.read_bytes()[:64])   # cut short, as by a full disk
+    outputs = _outputs("compositions/softmax.eir")
+    prog = text.parse_file(str(EIR / "compositions/softmax.eir"))
+    values = c.run_values(outputs, {prog.nodes[p]: prog.input_values(p) for p in prog.params})
+    assert np.all(np.isfinite(values[0])) and len(c.build(program).read_bytes()) > 64
+    assert not marker.exists() and cache_dir("c").is_dir()
+
+
+def test_a_cache_others_may_write_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import os
+
+    from ember.cli import main
+    prog = tmp_path / "p.eir"   # a program no earlier test compiled (compiled programs stay in memory)
+    prog.write_text("ember 1\nx = param f32[3]\ny = exp2 x\nz = exp2 y\nreturn z\ninput x = [1, 2, 3]\n")
+    os.chmod(tmp_path, 0o777)
+    assert main(["run", str(prog), "--backend", "c"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "may be written by others" in err[0] and str(tmp_path) in err[0]
