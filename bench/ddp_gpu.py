@@ -71,7 +71,7 @@ def torch_rank(rank: int, world: int, config: dict, steps: int, per_gpu: int, po
     torch.manual_seed(0)
     model = TorchGPT(c).cuda()
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank]) if world > 1 else model
-    times = torch_steps(c, steps, batches(c, per_gpu * world, rank, world), True, ddp)   # after the first
+    times = torch_steps(c, steps, batches(c, per_gpu * world, rank, world), True, ddp)[1:]   # after the first
     if rank == 0:
         out.put({"step": statistics.median(times[2:]), "memory": torch.cuda.max_memory_allocated() / 2 ** 30})
     if world > 1:

@@ -138,11 +138,14 @@ class TorchGPT(torch.nn.Module):
 
 
 def torch_steps(c: GPTConfig, steps: int, tokens: np.ndarray, bf16: bool,
-                model: torch.nn.Module | None = None) -> list[float]:
-    """Seconds of each step after the first; model: what to train (a DistributedDataParallel
-    one, bench/ddp_gpu.py), else a new TorchGPT."""
+                model: torch.nn.Module | None = None, compiled: bool = False) -> list[float]:
+    """Seconds of each step (the first, which compiles, included: callers drop it); model: what
+    to train (a DistributedDataParallel one, bench/ddp_gpu.py), else a new TorchGPT. compiled:
+    nanoGPT's recipe, torch.compile and the fused AdamW."""
     model = TorchGPT(c).cuda() if model is None else model
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=compiled or None)
+    if compiled:
+        model = torch.compile(model)
     times = []
     for s in range(steps):
         batch = torch.from_numpy(tokens[s % len(tokens)]).long().cuda()
@@ -156,22 +159,24 @@ def torch_steps(c: GPTConfig, steps: int, tokens: np.ndarray, bf16: bool,
         opt.step()
         loss.item()
         times.append(time.perf_counter() - t0)
-    return times[1:]
+    return times
 
 
 KINDS = (("contraction", ("gemm", "cutlass", "xmma", "nvjet", "cublas")), ("attention", ("flash", "fmha")),
          ("optimizer", ("multi_tensor", "adam")), ("layernorm", ("layer_norm",)),
-         ("reduce", ("reduce", "softmax", "nll", "cross_entropy")), ("map", ("elementwise", "vectorized", "copy")))
+         ("reduce", ("reduce", "softmax", "nll", "cross_entropy")), ("map", ("elementwise", "vectorized", "copy")),
+         ("fused (triton)", ("triton",)))
 
 
-def torch_profile(c: GPTConfig, tokens: np.ndarray) -> None:
-    """PyTorch's bf16 step kernel by kernel (torch.profiler, 2 steps after 3 to warm up), summed
+def torch_profile(c: GPTConfig, tokens: np.ndarray, compiled: bool) -> None:
+    """PyTorch's bf16 step kernel by kernel (torch.profiler, 3 steps after 3 to warm up), summed
     by the kinds EMBER_PROFILE reports: where the peer spends what Ember spends."""
     from torch.profiler import ProfilerActivity, profile
     model = TorchGPT(c).cuda()
+    model = torch.compile(model) if compiled else model
     torch_steps(c, 3, tokens, True, model)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        torch_steps(c, 3, tokens, True, model)   # the first of the 3 steps is not timed, all are profiled
+        torch_steps(c, 3, tokens, True, model)
     kinds: dict[str, list[float]] = {}
     top = []
     for e in prof.key_averages():
@@ -183,7 +188,8 @@ def torch_profile(c: GPTConfig, tokens: np.ndarray) -> None:
         entry[0] += us / 3e3
         entry[1] += e.count / 3
         top.append((us / 3e3, e.count / 3, kind, e.key[:90]))
-    print(f"PyTorch bf16 kernels per step: {sum(v[0] for v in kinds.values()):.1f} ms")
+    peer = "PyTorch bf16" + (" + torch.compile" if compiled else "")
+    print(f"{peer} kernels per step: {sum(v[0] for v in kinds.values()):.1f} ms")
     for kind, (ms, n) in sorted(kinds.items(), key=lambda kv: -kv[1][0]):
         print(f"  {kind:12s} {ms:7.2f} ms  {n:6.0f} launches")
     for ms, n, kind, key in sorted(top, reverse=True)[:25]:
@@ -201,6 +207,8 @@ def main() -> None:
     ap.add_argument("--bf16-only", action="store_true", help="only the bf16 rows (Ember with jit, PyTorch + SDPA)")
     ap.add_argument("--device", default="cuda", help="where Ember runs (PyTorch runs only on cuda)")
     ap.add_argument("--torch-profile", action="store_true", help="then PyTorch's bf16 step by kernel kind")
+    ap.add_argument("--compile", action="store_true",
+                    help="add PyTorch + SDPA + torch.compile + fused AdamW (nanoGPT's recipe) as a peer; profile it")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     c = GPTConfig(vocab=args.vocab, block=args.block, dim=args.dim, n_layer=args.layers, n_head=max(1, args.dim // 64))
@@ -225,16 +233,19 @@ def main() -> None:
         print(f"{name:20s}{tps:10.0f} tok/s   {mfu(tps)}   step {statistics.median(rest) * 1e3:8.1f} ms   "
               f"first step {first:6.1f} s   loss {loss:.3f}   host {host * 1e3:6.2f} ms"
               + ("" if math.isnan(launch) else f" ({launch * 1e3:.2f} before the launch)") + memory, flush=True)
-    peers = (("PyTorch eager f32", False), ("PyTorch bf16+SDPA", True))
-    for name, bf16 in (peers[1:] if args.bf16_only else peers) if torch.cuda.is_available() else ():
+    peers = [("PyTorch eager f32", False, False), ("PyTorch bf16+SDPA", True, False)][args.bf16_only:]
+    peers += [("PyTorch bf16 compiled", True, True)] if args.compile else []
+    for name, bf16, compiled in peers if torch.cuda.is_available() else ():
         torch.cuda.reset_peak_memory_stats()
-        tps = per_step / statistics.median(torch_steps(c, args.steps, tokens, bf16))
+        times = torch_steps(c, args.steps + compiled * 2, tokens, bf16, compiled=compiled)
+        tps = per_step / statistics.median(times[1 + compiled * 2:])
+        first = f"   first step {times[0]:6.1f} s" if compiled else ""
         mine = ember_tps["bfloat16" if bf16 else None]
         ratio = f"Ember ({'bf16' if bf16 else 'f32'})/PyTorch {mine / tps:.3f}"
-        print(f"{name:20s}{tps:10.0f} tok/s   {mfu(tps)}   {ratio}   "
-              f"peak allocated {torch.cuda.max_memory_allocated() / 2 ** 30:5.1f} GiB", flush=True)
+        print(f"{name:22s}{tps:10.0f} tok/s   {mfu(tps)}   {ratio}   "
+              f"peak allocated {torch.cuda.max_memory_allocated() / 2 ** 30:5.1f} GiB{first}", flush=True)
     if args.torch_profile and torch.cuda.is_available():
-        torch_profile(c, tokens)
+        torch_profile(c, tokens, args.compile)
 
 
 if __name__ == "__main__":
