@@ -40,6 +40,8 @@ def add_commands(sub: Any, fmt: type) -> None:
     p.add_argument("--now", default=None, help="ISO 8601 time standing in for the clock (tests, replays)")
     p.add_argument("--kind", choices=["compiler", "tests"], default="compiler",
                    help="tests are never late: after their deadline a collection changes nothing")
+    p.add_argument("--checkout", default=None, metavar="DIR",
+                   help="also write each submission's collected files to DIR/NAME (a tests week: --tests DIR)")
     p.add_argument("--git-timeout", type=float, default=120.0, help="wall-clock seconds per repository fetch")
     p.set_defaults(fn=course.cmd_collect)
 

@@ -15,6 +15,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -346,6 +347,12 @@ def _collect(args: argparse.Namespace) -> int:
                             f"refs/ember/commits/{entry['commit']}")
             if code:
                 raise OSError(f"cannot write {bundle}: {err}")
+        if args.checkout and entry["commit"]:  # the files, e.g. a tests week's for `ember grade --tests`
+            tree = Path(args.checkout) / name
+            if tree.exists():
+                shutil.rmtree(tree)
+            tree.parent.mkdir(parents=True, exist_ok=True)
+            checkout(bundle, entry["commit"], tree)
     _write_json(out / "collection.json", {"submissions": report, "late_days": balances(roster, state)})
     _write_json(out / "log.json", week["log"])
     for name, e in report.items():

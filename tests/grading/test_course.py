@@ -148,7 +148,9 @@ def test_tests_are_never_late(tmp_path: Path) -> None:
     t1 = tag(a)
     collect(tmp_path, "2027-03-15T10:00", "2027-03-15T10:00", 1, "week1", "--kind", "tests")
     tag(a)
-    c = collect(tmp_path, "2027-03-15T10:05", "2027-03-15T10:00", 1, "week1", "--kind", "tests")
+    c = collect(tmp_path, "2027-03-15T10:05", "2027-03-15T10:00", 1, "week1", "--kind", "tests", "--checkout",
+                str(tmp_path / "tests"))
+    assert git(tmp_path / "a", "show", f"{t1}:n") == (tmp_path / "tests" / "ann" / "n").read_text()
     assert c["submissions"]["ann"]["commit"] == t1 and c["late_days"] == {"ann": 3}
     assert "tests are never late" in c["submissions"]["ann"]["note"]
 
@@ -197,8 +199,9 @@ def test_state_writable_by_others_is_refused(tmp_path: Path, capsys: pytest.Capt
 
 
 NEG = "ember 1\nx = param i32[3]\ny = neg x\nreturn y\ninput x = [1, 2, -3]\nexpect y = [-1, -2, 3]\n"
-RIGHT = "#!/bin/sh\necho 'y = [-1, -2, 3]'\n"
-WRONG = "#!/bin/sh\necho 'y = [1, 2, 3]'\n"
+BENCH = '[ "$2" = --bench ] && echo "# bench runs=$3 median_ms=0.5"; true\n'
+RIGHT = "#!/bin/sh\necho 'y = [-1, -2, 3]'\n" + BENCH
+WRONG = "#!/bin/sh\necho 'y = [1, 2, 3]'\n" + BENCH
 
 
 def test_grade_publish_and_regrade_from_a_collection(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -236,3 +239,12 @@ def test_grade_publish_and_regrade_from_a_collection(tmp_path: Path, capsys: pyt
     assert "| staff/neg.eir |" in bc and "secret" not in bc
     assert main([*publish, "--release"]) == 0
     assert "| staff/secret.eir |" in (tmp_path / "pub" / "bc.md").read_text()
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "neg.eir").write_text(NEG.replace("expect y = [-1, -2, 3]\n", ""))
+    assert main(["bench", "--suite", str(suite), "--roster", str(tmp_path / "roster.csv"), "--collection",
+                 str(tmp_path / "w1"), "--out", str(tmp_path / "b1"), "--runs", "1"]) == 0
+    assert json.loads((tmp_path / "b1" / "bench.json").read_text())["programs"]["neg.eir"]["bc"]["status"] == "wrong"
+    assert main([*publish, "--bench", str(tmp_path / "b1")]) == 0
+    alice = (tmp_path / "pub" / "alice.md").read_text()
+    assert "## Benchmark" in alice and "| neg.eir | 0.5 | ok |" in alice
