@@ -87,10 +87,10 @@ def read_roster(path: Path) -> dict[str, list[Student]]:
         elif f["repo"].startswith("-"):
             problems.append(f"{path}:{line}: repo '{f['repo']}' is not a URL or a path")
         else:
-            if not extra.isdigit():
-                problems.append(f"{path}:{line}: extra_late_days '{extra}' is not a whole number >= 0")
-            students[f["student"]] = (Student(f["student"], f["team"], f["repo"], int(extra) if extra.isdigit() else 0),
-                                      line)
+            whole = re.fullmatch(r"[+-]?\d{1,3}", extra)  # negative: days taken away (a student who joins late)
+            if not whole:
+                problems.append(f"{path}:{line}: extra_late_days '{extra}' is not a whole number")
+            students[f["student"]] = (Student(f["student"], f["team"], f["repo"], int(extra) if whole else 0), line)
     roster: dict[str, list[Student]] = {}
     for s, line in students.values():
         name = s.team or s.name

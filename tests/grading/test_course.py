@@ -58,7 +58,7 @@ def test_roster_problems_are_file_line_errors(tmp_path: Path, capsys: pytest.Cap
     assert main(["collect", "--roster", str(path), "--week", "1", "--tag", "w", "--deadline", D1,
                  "--state", str(tmp_path / "s"), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err == [f"{path}:3: extra_late_days 'x' is not a whole number >= 0",
+    assert err == [f"{path}:3: extra_late_days 'x' is not a whole number",
                    f"{path}:4: student 'ann' is listed twice (first on line 2)",
                    f"{path}:6: team 't' has more than two students",
                    f"{path}:7: 5 fields where the header has 4",
@@ -115,11 +115,15 @@ def test_a_semester_of_late_days_across_the_clock_change(tmp_path: Path) -> None
     assert "carol has no late day left: the on-time collection of 2027-03-31T09:59:00-04:00 stands, and nobody is " \
            "charged" in c["submissions"]["bc"]["note"]
     assert c["late_days"] == {"alice": 2, "bob": 1, "carol": 0}
+    # a negative extension takes days away: a partner without late days from the start
+    roster(tmp_path, [f"alice,,{a},-2", f"bob,bc,{b},1", f"carol,bc,{b},"])
+    assert collect(tmp_path, "2027-03-31T20:00", "2027-03-31T10:00", 4, "week4")["late_days"]["alice"] == 0
     # a tag that appears late for a partner without late days: nothing is collected
-    tag(b, "week5")
+    tag(a, "week5"), tag(b, "week5")
     c = collect(tmp_path, "2027-04-07T11:00", "2027-04-07T10:00", 5, "week5")
     assert c["submissions"]["bc"]["commit"] is None and "nothing is collected" in c["submissions"]["bc"]["note"]
-    assert c["late_days"] == {"alice": 2, "bob": 1, "carol": 0}
+    assert c["submissions"]["alice"]["commit"] is None and "alice has no late day" in c["submissions"]["alice"]["note"]
+    assert c["late_days"] == {"alice": 0, "bob": 1, "carol": 0}
 
 
 def test_collecting_again_changes_nothing(tmp_path: Path) -> None:
