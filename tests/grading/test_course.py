@@ -252,3 +252,11 @@ def test_grade_publish_and_regrade_from_a_collection(tmp_path: Path, capsys: pyt
     assert main([*publish, "--bench", str(tmp_path / "b1")]) == 0
     alice = (tmp_path / "pub" / "alice.md").read_text()
     assert "## Benchmark" in alice and "| neg.eir | 0.5 | ok |" in alice
+
+
+def test_a_hanging_fetch_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GIT_SSH_COMMAND", "sleep 31.7 #")  # a server that never answers
+    roster(tmp_path, ["ann,,ssh://example.invalid/ann.git,"])
+    c = collect(tmp_path, "2027-03-13T09:00", D1, 1, "week1", "--git-timeout", "1")
+    assert c["submissions"]["ann"]["commit"] is None and "timed out after 1 s" in c["submissions"]["ann"]["note"]
+    assert subprocess.run(["pgrep", "-f", "sleep 31.7"], capture_output=True).stdout == b""  # nothing left behind
