@@ -55,7 +55,7 @@ def read_roster(path: Path) -> dict[str, list[Student]]:
     """{NAME: its students}, NAME being the team or the student who works alone. Every problem
     is one line `FILE:LINE: message`."""
     try:
-        rows = csv.reader(io.StringIO(path.read_text(), newline=""))
+        rows = csv.reader(io.StringIO(path.read_text(encoding="utf-8-sig"), newline=""))  # -sig: a spreadsheet's BOM
         header = [c.strip() for c in next(rows, [])]
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise CourseError(f"{path}: cannot read the roster: {e}") from None
@@ -70,6 +70,8 @@ def read_roster(path: Path) -> dict[str, list[Student]]:
         line = rows.line_num
         if not any(c.strip() for c in row):
             continue
+        if header[-1] == "extra_late_days" and len(row) == len(header) - 1:
+            row.append("")  # the optional last column left out
         if len(row) != len(header):
             problems.append(f"{path}:{line}: {len(row)} fields where the header has {len(header)}")
             continue

@@ -63,6 +63,10 @@ def test_roster_problems_are_file_line_errors(tmp_path: Path, capsys: pytest.Cap
                    f"{path}:6: team 't' has more than two students",
                    f"{path}:7: 5 fields where the header has 4",
                    f"{path}:8: student 'fay' has no repo URL"], err
+    path.write_text("\ufeffstudent,team,repo\nann,,r1,0\n")  # a spreadsheet's byte-order mark is fine
+    assert main(["grade", "--tests", str(tmp_path), "--roster", str(path), "--collection", str(tmp_path),
+                 "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.startswith(f"{path}:2: 4 fields where the header has 3")
     path.write_text("student,team,repo,late\nann,,r1,0\n")
     assert main(["grade", "--tests", str(tmp_path), "--roster", str(path), "--collection", str(tmp_path),
                  "--out", str(tmp_path / "o")]) == 2
@@ -71,7 +75,7 @@ def test_roster_problems_are_file_line_errors(tmp_path: Path, capsys: pytest.Cap
 
 def test_a_semester_of_late_days_across_the_clock_change(tmp_path: Path) -> None:
     a, b = tmp_path / "alice", tmp_path / "bc"
-    roster(tmp_path, [f"alice,,{a},", f"bob,bc,{b},1", f"carol,bc,file://{b},"])
+    roster(tmp_path, [f"alice,,{a}", f"bob,bc,{b},1", f"carol,bc,file://{b},"])
     # week 1: alice moves her tag before the deadline, the team after it (23.5 elapsed hours later, on the
     # wall clock 24.5 hours: the clocks went forward at 2 AM on March 14), alice again 25 hours after
     tag(a)
