@@ -59,12 +59,10 @@ def read_roster(path: Path) -> dict[str, list[Student]]:
         header = [c.strip() for c in next(rows, [])]
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise CourseError(f"{path}: cannot read the roster: {e}") from None
+    if set(header) - set(HEADER) or len(set(header)) < len(header) or not {"student", "team", "repo"} <= set(header):
+        raise CourseError(f"{path}:1: the header must be {','.join(HEADER)} (extra_late_days may be left out), "
+                          f"not {','.join(header)}")
     problems = []
-    unknown = [c for c in header if c not in HEADER]
-    if unknown or len(set(header)) < len(header) or not {"student", "team", "repo"} <= set(header):
-        problems.append(f"{path}:1: the header must be {','.join(HEADER)} (extra_late_days may be left out), "
-                        f"not {','.join(header)}")
-        raise CourseError(problems[0])
     students: dict[str, tuple[Student, int]] = {}
     for row in rows:
         line = rows.line_num
