@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ember.cli import main
+from ember.grading.course import decide
 
 D1 = "2027-03-13T10:00"  # Saturday, EST (15:00Z); its 24 late hours end on Sunday 11:00 EDT, after the change
 D2 = "2027-03-17T10:00"  # Wednesday, EDT: 14:00Z
@@ -264,3 +268,24 @@ def test_a_hanging_fetch_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     c = collect(tmp_path, "2027-03-13T09:00", D1, 1, "week1", "--git-timeout", "1")
     assert c["submissions"]["ann"]["commit"] is None and "timed out after 1 s" in c["submissions"]["ann"]["note"]
     assert subprocess.run(["pgrep", "-f", "sleep 31.7"], capture_output=True).stdout == b""  # nothing left behind
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-30, 24), st.sampled_from([None, "a", "b", "c"])), max_size=8),
+       st.integers(0, 1))
+def test_decide_is_idempotent_and_charges_at_most_once(steps: list[tuple[int, str | None]], left: int) -> None:
+    deadline = datetime(2027, 3, 13, 15, tzinfo=timezone.utc)
+    old, on_time, seen_late = None, None, set()
+    for hours, commit in sorted(steps, key=lambda s: s[0]):
+        now = deadline + timedelta(hours=hours)
+        got = (commit, commit, "" if commit else "no tag 'week1'")
+        new, _ = decide(old, got, now, deadline, ["ann", "bob"], {"ann": left, "bob": 1})
+        assert decide(new, got, now, deadline, ["ann", "bob"], {"ann": left, "bob": 1})[0] == new  # idempotent
+        assert new["charged"] in ([], ["ann", "bob"]) and new["late"] == bool(new["charged"])
+        assert not (new["late"] and left == 0)                          # nobody is charged unless all can pay
+        if old is not None and old["commit"] and not commit:
+            assert new["commit"] == old["commit"]                       # a failed fetch erases nothing
+        on_time = commit if hours <= 0 and commit else on_time
+        seen_late |= {commit} if hours > 0 else set()
+        assert new["commit"] == on_time or new["late"] and new["commit"] in seen_late  # on time, or paid for
+        old = new
