@@ -222,7 +222,8 @@ def test_grade_publish_and_regrade_from_a_collection(tmp_path: Path, capsys: pyt
     (tests / "staff" / "neg.eir").write_text(NEG)
     (tests / "staff" / "secret.eir").write_text("# visibility: hidden\n" + NEG.replace("[-1, -2, 3]\n", "[-1, -2, 4]\n"))
     a, b = tmp_path / "alice", tmp_path / "bc"
-    roster(tmp_path, [f"alice,,{a},", f"bob,bc,{b},", f"carol,bc,{b},"])
+    roster(tmp_path, [f"alice,,{a},", f"bob,bc,{b},", f"carol,bc,{b},", f"dan,,{tmp_path / 'dan'},"])
+    commit(tmp_path / "dan")  # no tag: nothing to grade
     tag(a, files={"compiler": RIGHT})
     tag(b, files={"compiler": WRONG})
     collect(tmp_path, "2027-03-13T09:00", out="w1")
@@ -232,7 +233,9 @@ def test_grade_publish_and_regrade_from_a_collection(tmp_path: Path, capsys: pyt
     assert main([*grade, "--out", str(tmp_path / "g1")]) == 0
     report = json.loads((tmp_path / "g1" / "grade.json").read_text())
     assert report["tests"]["staff/secret.eir"]["valid"] is False
-    assert {n: s["rate"] for n, s in report["submissions"].items()} == {"reference": 1.0, "alice": 1.0, "bc": 0.0}
+    assert {n: s["rate"] for n, s in report["submissions"].items()} == {"reference": 1.0, "alice": 1.0, "bc": 0.0,
+                                                                         "dan": 0.0}
+    assert report["submissions"]["dan"]["failures"]["staff/neg.eir"] == "nothing collected: no tag 'week1'"
     # a staff test fixed: regrading reproduces alice's figures, and the diff shows bc's
     (tests / "staff" / "secret.eir").write_text("# visibility: hidden\n" + NEG)
     assert main([*grade, "--out", str(tmp_path / "g2"), "--compare-to", str(tmp_path / "g1")]) == 0
