@@ -1,14 +1,15 @@
 """Grading a course: `ember grade` (grade.py: students' tests against students' compilers),
 `ember bench` (bench.py: a fixed suite timed through every compiler), the containment of
-untrusted code (sandbox.py) and the reports (reports.py). docs/grading.md says how a course
-uses them."""
+untrusted code (sandbox.py), the reports (reports.py), the roster, `ember collect` and late days
+(course.py) and the students' week reports and regrades (week.py). docs/grading.md says how a
+course uses them."""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 from typing import Any
 
-from . import bench, grade
+from . import bench, course, grade, week
 
 
 def add_commands(sub: Any, fmt: type) -> None:
@@ -16,6 +17,8 @@ def add_commands(sub: Any, fmt: type) -> None:
     p.add_argument("--tests", required=True, help="a folder with one subfolder of .eir tests per author")
     _submission_options(p, "grade.json", timeout=60.0, per="test")
     p.add_argument("--jobs", type=int, default=0, help="runs at once (0: the core count)")
+    p.add_argument("--compare-to", default=None, metavar="DIR",
+                   help="a regrade: write changes.md, each submission's changes against DIR/grade.json")
     p.set_defaults(fn=grade.cmd_grade)
 
     p = sub.add_parser("bench", help="time the benchmark suite through every compiler (docs/grading.md)",
@@ -26,9 +29,40 @@ def add_commands(sub: Any, fmt: type) -> None:
     p.add_argument("--runs", type=int, default=10, help="N of --bench N (the honesty check also runs 10N)")
     p.set_defaults(fn=bench.cmd_bench)
 
+    p = sub.add_parser("collect", help="fetch every roster repository at the week's tag; late days (docs/grading.md)",
+                       formatter_class=fmt)
+    p.add_argument("--roster", required=True, help="CSV file: student,team,repo,extra_late_days")
+    p.add_argument("--week", required=True, type=int, help="the week's number")
+    p.add_argument("--tag", required=True, help="the git tag handed in, e.g. week3")
+    p.add_argument("--deadline", required=True, help="ISO 8601; without an offset, in America/New_York")
+    p.add_argument("--state", required=True, help="the grader's own folder: late-day balances, collected commits")
+    p.add_argument("--out", required=True, help="where collection.json, log.json and repos/NAME.bundle go")
+    p.add_argument("--now", default=None, help="ISO 8601 time standing in for the clock (tests, replays)")
+    p.add_argument("--kind", choices=["compiler", "tests"], default="compiler",
+                   help="tests are never late: after their deadline a collection changes nothing")
+    p.add_argument("--checkout", default=None, metavar="DIR",
+                   help="also write each submission's collected files to DIR/NAME (a tests week: --tests DIR)")
+    p.add_argument("--git-timeout", type=float, default=120.0, help="wall-clock seconds per repository fetch")
+    p.set_defaults(fn=course.cmd_collect)
+
+    p = sub.add_parser("publish", help="write each student's or team's report of a week (docs/grading.md)",
+                       formatter_class=fmt)
+    p.add_argument("--roster", required=True, help="the roster CSV file")
+    p.add_argument("--collection", required=True, help="the week's `ember collect --out` folder")
+    p.add_argument("--grade", required=True, help="the week's `ember grade --out` folder")
+    p.add_argument("--bench", default=None, help="the week's `ember bench --out` folder, if any")
+    p.add_argument("--tests", required=True, help="the tests graded (for their `# visibility: hidden` comments)")
+    p.add_argument("--release", action="store_true", help="show hidden tests too (after their release)")
+    p.add_argument("--out", required=True, help="where NAME.md goes, one per student or team")
+    p.set_defaults(fn=week.cmd_publish)
+
 
 def _submission_options(p: argparse.ArgumentParser, report: str, timeout: float, per: str) -> None:
-    p.add_argument("--submissions", required=True, help="a folder with one folder (or git repository) per compiler")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--submissions", help="a folder with one folder (or git repository) per compiler")
+    which.add_argument("--roster", help="the roster CSV file: its submissions at the commits of --collection")
+    p.add_argument("--collection", default=None, help="with --roster: the week's `ember collect --out` folder")
+    p.add_argument("--only", action="append", metavar="NAME", help="grade only this submission (repeatable)")
     p.add_argument("--out", required=True, help=f"where {report}, summary.md and the CSV files go")
     p.add_argument("--timeout", type=float, default=timeout, help=f"wall-clock seconds per {per} and compiler")
     p.add_argument("--build-timeout", type=float, default=600.0, help="wall-clock seconds for a submission's build")

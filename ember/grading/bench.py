@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import protocol
 from ..text import EirError, Program, parse_file
+from . import course
 from .grade import REFERENCE, Submission, _fail, judge, load_submissions, run_compiler
 from .reports import _write_csv, _write_json, _write_text
 from .sandbox import Limits, Result, Sandbox
@@ -82,21 +83,23 @@ def _bench_runs(sandbox: Sandbox, sub: Submission, prog: Program, expected: dict
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    suite, subs_dir, out = Path(args.suite), Path(args.submissions), Path(args.out)
+    suite, out = Path(args.suite), Path(args.out)
     files = sorted(suite.glob("*.eir")) if suite.is_dir() else []
     if not files:
         return _fail(f"ember bench: no .eir programs in {suite}", 2)
-    if not subs_dir.is_dir():
-        return _fail(f"ember bench: --submissions {subs_dir} is not a folder", 2)
+    try:
+        sources, hide = course.sources(args)
+    except course.CourseError as e:
+        return _fail(str(e), 2)
     try:
         progs = [parse_file(str(f)) for f in files]
     except EirError as e:
         return _fail(str(e), 2)
-    sandbox = Sandbox([subs_dir, out], 1, Limits(wall=args.timeout))  # one at a time: timings do not share the GPU
+    sandbox = Sandbox([*hide, out], 1, Limits(wall=args.timeout))  # one at a time: timings do not share the GPU
     results: dict[str, dict[str, dict[str, Any]]] = {}
     try:
         from tqdm import tqdm
-        subs = load_submissions(subs_dir, sandbox, args.ref, args.build_timeout, lambda m: print(m, file=sys.stderr))
+        subs = load_submissions(sources, sandbox, args.ref, args.build_timeout, lambda m: print(m, file=sys.stderr))
         bar = tqdm(total=len(progs) * len(subs), desc="benchmarking", file=sys.stderr)
         for prog in progs:
             name = Path(prog.path).name

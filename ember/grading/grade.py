@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import cli, protocol
 from ..text import EirError, Program, parse_file
+from . import course, week
 from .reports import _cell, _write_csv, _write_json, _write_text
 from .sandbox import Limits, Result, Sandbox
 
@@ -51,18 +52,17 @@ def without_expects(path: Path) -> bytes:
     return EXPECT_LINE.sub(b"", path.read_bytes())
 
 
-def load_submissions(folder: Path, sandbox: Sandbox, ref: str | None, timeout: float,
+def load_submissions(sources: list[course.Source], sandbox: Sandbox, ref: str | None, timeout: float,
                      progress: Callable[[str], None]) -> list[Submission]:
-    """The reference, then each submission folder copied (or checked out) and built."""
+    """The reference, then each submission copied (or checked out: course.copy_in) and built."""
     subs = [Submission(REFERENCE, None)]
-    for src in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for src in sources:
         if src.name == REFERENCE:
-            raise ValueError(f"{src}: the name '{REFERENCE}' is kept for Ember itself")
-        is_repo = (src / ".git").exists()
+            raise ValueError(f"{src.path}: the name '{REFERENCE}' is kept for Ember itself")
         try:
-            copy = sandbox.add_submission(src.name, src, ref if is_repo else None)
+            copy = course.copy_in(sandbox, src, ref)
         except (OSError, ValueError) as e:
-            subs.append(Submission(src.name, None, build_error=f"cannot be copied: {e}"))
+            subs.append(Submission(src.name, None, build_error=src.problem or f"cannot be copied: {e}"))
             continue
         sub = Submission(src.name, copy)
         if (copy / "build").is_file():
@@ -157,22 +157,25 @@ def grade_one(sandbox: Sandbox, sub: Submission, t: Test, timeout: float) -> str
 
 
 def cmd_grade(args: argparse.Namespace) -> int:
-    tests_dir, subs_dir, out = Path(args.tests), Path(args.submissions), Path(args.out)
-    for d, what in ((tests_dir, "--tests"), (subs_dir, "--submissions")):
-        if not d.is_dir():
-            return _fail(f"ember grade: {what} {d} is not a folder", 2)
+    tests_dir, out = Path(args.tests), Path(args.out)
+    if not tests_dir.is_dir():
+        return _fail(f"ember grade: --tests {tests_dir} is not a folder", 2)
+    try:
+        sources, hide = course.sources(args)
+    except course.CourseError as e:
+        return _fail(str(e), 2)
     tests = find_tests(tests_dir)
     if not tests:
         return _fail(f"ember grade: no tests in {tests_dir} (one subfolder of .eir files per author)", 2)
     jobs = args.jobs or os.cpu_count() or 1
-    sandbox = Sandbox([tests_dir, subs_dir, out], jobs, Limits(wall=args.timeout))
+    sandbox = Sandbox([tests_dir, *hide, out], jobs, Limits(wall=args.timeout))
     if sandbox.level != "namespaces":
         print(f"ember grade: containment is '{sandbox.level}' here (see docs/grading.md)", file=sys.stderr)
     try:
         from tqdm import tqdm
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             list(tqdm(pool.map(validate, tests), total=len(tests), desc="validating tests", file=sys.stderr))
-        subs = load_submissions(subs_dir, sandbox, args.ref, args.build_timeout, lambda m: print(m, file=sys.stderr))
+        subs = load_submissions(sources, sandbox, args.ref, args.build_timeout, lambda m: print(m, file=sys.stderr))
         valid = [t for t in tests if t.valid]
         failures: dict[str, dict[str, str]] = {s.name: {} for s in subs}
         with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -191,6 +194,8 @@ def cmd_grade(args: argparse.Namespace) -> int:
                                  "rate": (len(valid) - len(failures[s.name])) / len(valid) if valid else 0.0,
                                  "failures": dict(sorted(failures[s.name].items()))} for s in subs}}
     write_grade(out, report)
+    if args.compare_to:
+        week.write_changes(out, Path(args.compare_to), report)
     print(f"graded {len(subs)} compilers on {len(valid)} valid tests ({len(tests) - len(valid)} invalid): "
           f"{out / 'grade.json'}, {out / 'summary.md'}")
     return 0
