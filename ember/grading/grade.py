@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import cli, protocol
 from ..text import EirError, Program, parse_file
+from . import similarity
 from .reports import _cell, _write_csv, _write_json, _write_text
 from .sandbox import Limits, Result, Sandbox
 
@@ -165,7 +166,8 @@ def grade_one(sandbox: Sandbox, sub: Submission, t: Test, timeout: float) -> str
 
 def cmd_grade(args: argparse.Namespace) -> int:
     tests_dir, subs_dir, out = Path(args.tests), Path(args.submissions), Path(args.out)
-    for d, what in ((tests_dir, "--tests"), (subs_dir, "--submissions")):
+    base = Path(args.similarity_base) if args.similarity_base else None
+    for d, what in ((tests_dir, "--tests"), (subs_dir, "--submissions"), (base or tests_dir, "--similarity-base")):
         if not d.is_dir():
             return _fail(f"ember grade: {what} {d} is not a folder", 2)
     tests = find_tests(tests_dir)
@@ -197,6 +199,9 @@ def cmd_grade(args: argparse.Namespace) -> int:
         "submissions": {s.name: {"passed": len(valid) - len(failures[s.name]), "failed": len(failures[s.name]),
                                  "rate": (len(valid) - len(failures[s.name])) / len(valid) if valid else 0.0,
                                  "failures": dict(sorted(failures[s.name].items()))} for s in subs}}
+    if args.similarity is not None:  # the submissions' own folders, as handed in (no build output)
+        folders = {s.name: subs_dir / s.name for s in subs if s.name != REFERENCE}
+        report["similarity"] = similarity.report(folders, Path(__file__).resolve().parents[1], args.similarity, base)
     write_grade(out, report)
     print(f"graded {len(subs)} compilers on {len(valid)} valid tests ({len(tests) - len(valid)} invalid): "
           f"{out / 'grade.json'}, {out / 'summary.md'}")
@@ -220,4 +225,6 @@ def write_grade(out: Path, report: dict[str, Any]) -> None:
     md += [f"| {k} | {', '.join(t['broken_by'])} |" for k, t in tests.items() if t["valid"] and t["broken_by"]]
     md += ["", "## Invalid tests", "", "| test | reason |", "|---|---|"]
     md += [f"| {k} | {_cell(t['reason'])} |" for k, t in tests.items() if not t["valid"]]
+    if "similarity" in report:
+        md += similarity.markdown(report["similarity"])
     _write_text(out / "summary.md", "\n".join(md) + "\n")
