@@ -41,7 +41,7 @@ class Prints:
     """One submission's fingerprints: hash -> [(file, first token, first line, last line)]."""
     files: list[str] = field(default_factory=list)
     where: dict[int, list[tuple[int, int, int, int]]] = field(default_factory=lambda: defaultdict(list))
-    skipped: int = 0                 # files not read: not regular, binary, too large, past a cap
+    skipped: int = 0                 # files not read: not regular, binary, too large, too deep
 
 
 def tokens(text: str) -> tuple[list[int], list[int]]:
@@ -94,17 +94,17 @@ def fingerprint(root: Path) -> Prints:
     while stack:
         folder, depth = stack.pop()
         try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            with os.scandir(folder) as it:  # never more than the cap's entries held at once
+                entries = sorted(itertools.islice(it, max(ENTRY_CAP - seen, 0)), key=lambda e: e.name)
         except OSError:
             continue
+        seen += len(entries)
         for e in entries:
-            seen += 1
-            if seen > ENTRY_CAP:
-                p.skipped += 1
-                continue
             if e.is_dir(follow_symlinks=False):
                 if depth < DEPTH_CAP and e.name != ".git":
                     stack.append((Path(e.path), depth + 1))
+                else:
+                    p.skipped += e.name != ".git"
                 continue
             data = _read(e.path, min(FILE_CAP, budget)) if e.is_file(follow_symlinks=False) else None
             if data is None or b"\0" in data:

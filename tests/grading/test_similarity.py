@@ -97,12 +97,15 @@ def test_binary_files_symlinks_and_odd_files_are_ignored(tmp_path: Path) -> None
     (eve / "blob.bin").write_bytes((EMBER / "text.py").read_bytes() + b"\0")
     (eve / "huge.py").write_text((EMBER / "text.py").read_text() + "#" * similarity.FILE_CAP)
     os.mkfifo(eve / "fifo.py")                                       # reading it would block
+    deep = eve.joinpath(*["d"] * (similarity.DEPTH_CAP + 1))
+    deep.mkdir(parents=True)
+    shutil.copy(EMBER / "text.py", deep)                             # past the depth cap
     (tmp_path / "mallory").symlink_to(EMBER)                         # a submission that is a symlink
     t = time.perf_counter()
     r = _report(tmp_path, threshold=0.01)
     assert time.perf_counter() - t < 30
     assert r["pairs"] == []
-    assert r["submissions"]["eve"] == {"files": 0, "fingerprints": 0, "skipped": 5}
+    assert r["submissions"]["eve"] == {"files": 0, "fingerprints": 0, "skipped": 6}
     assert r["submissions"]["mallory"]["files"] == 0
 
 
