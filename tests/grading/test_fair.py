@@ -30,6 +30,9 @@ def test_unfair_f16_matmul_is_invalid_and_names_the_wide_mode() -> None:
     assert not t.valid and t.reason is not None
     assert t.reason.startswith("fails on the reference evaluator with intermediates kept wide (spec 8): "), t.reason
     assert "y[3,3] = 0.0044593811, expected 0.0069694519" in t.reason
+    prog = text.parse_file(str(UNFAIR))
+    f32 = np.float16(prog.input_values("x") @ prog.input_values("w"))[3, 3]  # products and sums kept in f32
+    assert abs(f32 - 0.0069694519) > 2 * (1e-3 + 1e-2 * 0.0069694519)   # misses by more than twice the tolerance
 
 
 def test_a_test_fair_only_to_wide_compilers_is_invalid_too(tmp_path: Path) -> None:
