@@ -135,7 +135,8 @@ def test_grade_similarity_report(tmp_path: Path, capsys: pytest.CaptureFixture[s
     (tmp_path / "tests" / "ann").mkdir(parents=True)
     (tmp_path / "tests" / "ann" / "one.eir").write_text(
         "ember 1\nx = param i32[1]\nreturn x\ninput x = [1]\nexpect x = [1]\n")
-    for name, code in (("ann", TOML.read_text()), ("bob", OWN + disguise(TOML.read_text()))):
+    secret = 'TOKEN = "hunter2-in-anns-code"\n'
+    for name, code in (("ann", secret + TOML.read_text()), ("bob", OWN + disguise(TOML.read_text()))):
         (tmp_path / "subs" / name).mkdir(parents=True)
         (tmp_path / "subs" / name / "compiler").write_text("#!/bin/sh\nexit 1\n")
         (tmp_path / "subs" / name / "compiler").chmod(0o755)
@@ -147,6 +148,7 @@ def test_grade_similarity_report(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert [(p["a"], p["b"]) for p in sim["pairs"]] == [("ann", "bob")] and sim["threshold"] == 0.5
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "## Similar code" in summary and "| ann | bob | " in summary and "c.py:" in summary
+    assert "hunter2" not in summary + (tmp_path / "out" / "grade.json").read_text()   # places, never text
     capsys.readouterr()
     assert main(args + ["--similarity-base", str(tmp_path / "none")]) == 2
     assert capsys.readouterr().err.strip() == f"ember grade: --similarity-base {tmp_path / 'none'} is not a folder"
