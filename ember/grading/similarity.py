@@ -5,7 +5,7 @@ Any language: a file's text becomes tokens with every identifier one symbol (a f
 every number one, every string one, punctuation kept, white space and `#`, `//`, `/* */` comments
 dropped, so renaming and reformatting change nothing. Each K tokens in a row are hashed, and of
 each W hashes in a row the smallest is kept with its position: a fingerprint. Any run of
-K + W - 1 tokens that two submissions share yields a shared fingerprint. Docs/grading.md says how
+K + W - 1 tokens that two submissions share yields a shared fingerprint. docs/grading.md says how
 to read the report. The folders are hostile: only regular files are read (no symlink is followed),
 binary files are skipped, and files, folders and bytes are capped.
 """
@@ -100,13 +100,17 @@ def fingerprint(root: Path) -> Prints:
             continue
         seen += len(entries)
         for e in entries:
-            if e.is_dir(follow_symlinks=False):
+            try:
+                is_dir, is_file = e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False)
+            except OSError:  # gone, or unreadable: skipped below
+                is_dir = is_file = False
+            if is_dir:
                 if depth < DEPTH_CAP and e.name != ".git":
                     stack.append((Path(e.path), depth + 1))
                 else:
                     p.skipped += e.name != ".git"
                 continue
-            data = _read(e.path, min(FILE_CAP, budget)) if e.is_file(follow_symlinks=False) else None
+            data = _read(e.path, min(FILE_CAP, budget)) if is_file else None
             if data is None or b"\0" in data:
                 p.skipped += 1
                 continue
