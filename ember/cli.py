@@ -243,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=fmt)
     ap.add_argument("--version", action="version", version=f"ember {version()}")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    backends_help = "ref, c or cuda (default: cuda with a GPU, else c)"
+    backends_help = "ref, ref-wide (intermediates kept wide, spec 4), c or cuda (default: cuda with a GPU, else c)"
 
     p = sub.add_parser("run", help="run a test file and print its outputs (the compiler protocol)", formatter_class=fmt)
     p.add_argument("file", help="the .eir test file")

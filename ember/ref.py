@@ -4,8 +4,15 @@ This is the oracle every compiled backend is tested against, so it favours plain
 semantics over speed. Values are numpy arrays: ints and bool in their own type, f32 and f64 in
 theirs, f16 and bf16 as f32 arrays holding values representable in the dtype. Float math is
 done in f64 and rounded once to the result dtype. numpy computing is allowed here and only here.
+
+With wide=True (`--backend ref-wide`) it computes what a compiler that keeps every intermediate in
+the highest precision (spec 4) would: float results stay in f64, unrounded, except a float `cast`
+(its rounding is what it asks for), the source of a `bitcast` (its bits) and the returned values.
+A test is valid only if it holds in both modes (spec 8; docs/ir.md's appendix says why this reading).
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 
@@ -21,6 +28,10 @@ class Unsupported(Exception):
 
 def _float(result: np.ndarray, dtype: DType) -> np.ndarray:
     return data.round_float(result, dtype).astype(data.value_dtype(dtype))
+
+
+def _wide(result: np.ndarray, dtype: DType) -> np.ndarray:
+    return np.asarray(result, np.float64)  # kept unrounded: the widest a fused kernel may hold
 
 
 def cast(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:
@@ -81,9 +92,9 @@ INT_BINARY = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.MAX: 
 COMPARE = {Op.CMPLT: np.less, Op.CMPEQ: np.equal, Op.CMPNE: np.not_equal}
 
 
-def eval_node(node: Node, srcs: list[np.ndarray]) -> np.ndarray:
-    """The value of one node from the values of its sources."""
-    op, d = node.op, node.dtype
+def eval_node(node: Node, srcs: list[np.ndarray], wide: bool = False) -> np.ndarray:
+    """The value of one node from the values of its sources (wide: float results left unrounded)."""
+    op, d, rnd = node.op, node.dtype, _wide if wide else _float
     x = srcs[0] if srcs else None
     with np.errstate(all="ignore"):
         if op is Op.CONST:
@@ -91,13 +102,13 @@ def eval_node(node: Node, srcs: list[np.ndarray]) -> np.ndarray:
         if op is Op.IOTA:
             return _iota(node)
         if op is Op.NEG:
-            return _float(-x.astype(np.float64), d) if d.is_float else np.negative(x)
+            return rnd(-x.astype(np.float64), d) if d.is_float else np.negative(x)
         if op in FLOAT_UNARY:
-            return _float(FLOAT_UNARY[op](x.astype(np.float64)), d)
+            return rnd(FLOAT_UNARY[op](x.astype(np.float64)), d)
         if op is Op.CAST:
             return cast(x, node.srcs[0].dtype, d)
         if op is Op.BITCAST:
-            return _bitcast(x, node.srcs[0].dtype, d)
+            return _bitcast(x, node.srcs[0].dtype, d)  # of the rounded source: to_storage rounds
         if op in COMPARE:
             return COMPARE[op](x, srcs[1])
         if op in (Op.IDIV, Op.MOD):
@@ -106,7 +117,7 @@ def eval_node(node: Node, srcs: list[np.ndarray]) -> np.ndarray:
         if op in (Op.SHL, Op.SHR):
             return _shift(x, srcs[1], d, op is Op.SHL)
         if op in FLOAT_BINARY and d.is_float:
-            return _float(FLOAT_BINARY[op](x.astype(np.float64), srcs[1].astype(np.float64)), d)
+            return rnd(FLOAT_BINARY[op](x.astype(np.float64), srcs[1].astype(np.float64)), d)
         if op in INT_BINARY:
             return INT_BINARY[op](x, srcs[1]).astype(data.value_dtype(d))
         if op is Op.WHERE:
@@ -126,16 +137,16 @@ def eval_node(node: Node, srcs: list[np.ndarray]) -> np.ndarray:
             return np.flip(x, node.arg)
         if op is Op.SUM:
             if d.is_float:
-                return _float(np.sum(x.astype(np.float64), axis=node.arg, keepdims=True), d)
+                return rnd(np.sum(x.astype(np.float64), axis=node.arg, keepdims=True), d)
             return np.sum(x, axis=node.arg, keepdims=True, dtype=x.dtype)  # wraps, as the spec asks
         if op is Op.RMAX:
             return np.max(x, axis=node.arg, keepdims=True)
         if op is Op.FUSED:
-            return _attention(node, srcs)
+            return _attention(node, srcs, rnd)
     raise Unsupported(f"the reference evaluator cannot run '{op.name.lower()}' here")
 
 
-def _attention(node: Node, srcs: list[np.ndarray]) -> np.ndarray:
+def _attention(node: Node, srcs: list[np.ndarray], rnd: Callable = _float) -> np.ndarray:
     """The flash-attention kernels the CUDA pipeline puts in a graph (compiler/attention.py), in
     f64: tests evaluate a rewritten graph here against the graph it came from. Scores are in
     base 2 (c folds the softmax's own scale); "attention" returns o beside the logsumexp of each
@@ -150,47 +161,50 @@ def _attention(node: Node, srcs: list[np.ndarray]) -> np.ndarray:
     p = np.exp2(s - lse)
     if kind == "attention":   # o beside the logsumexp, or o alone (a forward with no gradient)
         o = np.concatenate([p @ v, lse], -1) if node.shape[-1] > q.shape[-1] else p @ v
-        return _float(o.reshape(node.shape), node.dtype)
+        return rnd(o.reshape(node.shape), node.dtype)
     do, di = srcs[4].astype(np.float64), srcs[5].astype(np.float64)[..., None]
     ds = p * (do @ v.transpose(0, 2, 1) - di) * (c * np.log(2.0))
     if kind == "attention_dq":
-        return _float(ds @ k, node.dtype)
-    return _float(np.concatenate([ds.transpose(0, 2, 1) @ q, p.transpose(0, 2, 1) @ do], -1), node.dtype)
+        return rnd(ds @ k, node.dtype)
+    return rnd(np.concatenate([ds.transpose(0, 2, 1) @ q, p.transpose(0, 2, 1) @ do], -1), node.dtype)
 
 
-def evaluate(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
-    """Values of outputs, given the values of the params they depend on."""
+def evaluate(outputs: list[Node], inputs: dict[Node, np.ndarray], wide: bool = False) -> list[np.ndarray]:
+    """Values of outputs, given the values of the params they depend on (wide: see the module's note)."""
     big = next((n for n in toposort(outputs) if n.numel >= 1 << 31 and n.op is not Op.EXPAND), None)
     if big is not None:  # spec 2 allows it; an evaluator that stores every value cannot
         raise Unsupported(f"the reference evaluator stores every value, and one has {big.numel} elements "
                           "(conformance tests keep values under 2^31; use a compiled backend)")
     values: dict[Node, np.ndarray] = {}
-    _fill(outputs, inputs, values)
-    return [np.ascontiguousarray(values[o]).reshape(o.shape) for o in outputs]
+    _fill(outputs, inputs, values, wide)
+    out = [_float(values[o], o.dtype) if wide and o.dtype.is_float else values[o] for o in outputs]  # returned: rounded
+    return [np.ascontiguousarray(v).reshape(o.shape) for v, o in zip(out, outputs)]
 
 
-def _fill(roots: list[Node], inputs: dict[Node, np.ndarray], values: dict[Node, np.ndarray]) -> None:
+def _fill(roots: list[Node], inputs: dict[Node, np.ndarray], values: dict[Node, np.ndarray], wide: bool) -> None:
     for node in toposort(roots):
         if node in values:
             continue
         if node.op is Op.PARAM:
             values[node] = inputs[node]
         elif node.op is Op.GRAD:
-            values[node] = _grad(node.srcs[0], node.srcs[1], inputs, values)
+            values[node] = _grad(node.srcs[0], node.srcs[1], inputs, values, wide)
         else:
-            values[node] = eval_node(node, [values[s] for s in node.srcs])
+            values[node] = eval_node(node, [values[s] for s in node.srcs], wide)
 
 
 # ------------------------------------------------------------------------------------ grad
 # The reference's own reverse pass: numeric, in f64, over the forward values; independent of
 # the compiler's symbolic rules (compiler/autodiff.py), so each checks the other.
 
-def _grad(y: Node, x: Node, inputs: dict[Node, np.ndarray], values: dict[Node, np.ndarray]) -> np.ndarray:
+def _grad(y: Node, x: Node, inputs: dict[Node, np.ndarray], values: dict[Node, np.ndarray],
+          wide: bool) -> np.ndarray:
+    rnd = _wide if wide else _float
     if any(n.op is Op.GRAD for n in toposort([y])):
         # a grad inside y's graph must itself be differentiated: only the symbolic form can be
         from .compiler.autodiff import expand_grads
         (y,) = expand_grads([y])
-        _fill([y], inputs, values)
+        _fill([y], inputs, values, wide)
     order = toposort([y])
     depends: set[Node] = set()
     for n in order:
@@ -206,10 +220,10 @@ def _grad(y: Node, x: Node, inputs: dict[Node, np.ndarray], values: dict[Node, n
             g = grads.pop(n)
             for src, gs in _vjp(n, g, f64):
                 if src in depends and src.dtype.is_float:
-                    gs = _float(gs, src.dtype).astype(np.float64)  # a gradient is rounded to its node's dtype
+                    gs = rnd(gs, src.dtype).astype(np.float64)  # a gradient is rounded to its node's dtype
                     grads[src] = grads[src] + gs if src in grads else gs
         out = grads.get(x, out)
-    return _float(np.broadcast_to(out, x.shape), x.dtype)
+    return rnd(np.broadcast_to(out, x.shape), x.dtype)
 
 
 def _vjp(n: Node, g: np.ndarray, v: dict[Node, np.ndarray]) -> list[tuple[Node, np.ndarray]]:

@@ -19,6 +19,10 @@ def add_commands(sub: Any, fmt: type) -> None:
     p.add_argument("--jobs", type=int, default=0, help="runs at once (0: the core count)")
     p.add_argument("--compare-to", default=None, metavar="DIR",
                    help="a regrade: write changes.md, each submission's changes against DIR/grade.json")
+    p.add_argument("--similarity", type=_fraction, nargs="?", const=0.25, default=None, metavar="THRESHOLD",
+                   help="also report pairs of submissions (and each against Ember) sharing at least THRESHOLD "
+                        "of their code's fingerprints (0.25 when given alone)")
+    p.add_argument("--similarity-base", metavar="DIR", help="starter code whose fingerprints never count")
     p.set_defaults(fn=grade.cmd_grade)
 
     p = sub.add_parser("bench", help="time the benchmark suite through every compiler (docs/grading.md)",
@@ -67,3 +71,13 @@ def _submission_options(p: argparse.ArgumentParser, report: str, timeout: float,
     p.add_argument("--timeout", type=float, default=timeout, help=f"wall-clock seconds per {per} and compiler")
     p.add_argument("--build-timeout", type=float, default=600.0, help="wall-clock seconds for a submission's build")
     p.add_argument("--ref", default=None, help="check git submissions out at this tag or branch")
+
+
+def _fraction(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = -1.0
+    if not 0 < x <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got '{text}'")
+    return x

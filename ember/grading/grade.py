@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import cli, protocol
 from ..text import EirError, Program, parse_file
-from . import course, week
+from . import course, similarity, week
 from .reports import _cell, _write_csv, _write_json, _write_text
 from .sandbox import Limits, Result, Sandbox
 
@@ -126,8 +126,13 @@ def find_tests(folder: Path) -> list[Test]:
     return tests
 
 
+# the reference evaluator rounding each op's result, then keeping every intermediate wide (spec 4)
+VALIDITY_MODES = (("ref", ""), ("ref-wide", " with intermediates kept wide (spec 8)"))
+
+
 def validate(t: Test) -> None:
-    """A test is valid when it parses and its expectations hold on the reference evaluator."""
+    """A test is valid when it parses and its expectations hold on the reference evaluator in both
+    of spec 8's modes: each op's result rounded to its dtype, and every intermediate kept wide."""
     want = protocol.expected_error(str(t.path))
     if want is None:
         try:
@@ -138,9 +143,11 @@ def validate(t: Test) -> None:
         if not prog.expects:
             t.valid, t.reason = False, "has no expect line, so it checks nothing"
             return
-    problem, _ = cli._test_one(str(t.path), "ref", None, 0)
-    if problem is not None:
-        t.valid, t.reason = False, f"fails on the reference evaluator: {problem}"
+    for backend, how in VALIDITY_MODES:  # spec 8: valid only if it holds however a compiler may round
+        problem, _ = cli._test_one(str(t.path), backend, None, 0)
+        if problem is not None:
+            t.valid, t.reason = False, f"fails on the reference evaluator{how}: {problem}"
+            return
 
 
 def grade_one(sandbox: Sandbox, sub: Submission, t: Test, timeout: float) -> str | None:
@@ -164,6 +171,9 @@ def cmd_grade(args: argparse.Namespace) -> int:
         sources, hide = course.sources(args)
     except course.CourseError as e:
         return _fail(str(e), 2)
+    base = Path(args.similarity_base) if args.similarity_base else None
+    if base is not None and not base.is_dir():
+        return _fail(f"ember grade: --similarity-base {base} is not a folder", 2)
     tests = find_tests(tests_dir)
     if not tests:
         return _fail(f"ember grade: no tests in {tests_dir} (one subfolder of .eir files per author)", 2)
@@ -193,6 +203,10 @@ def cmd_grade(args: argparse.Namespace) -> int:
         "submissions": {s.name: {"passed": len(valid) - len(failures[s.name]), "failed": len(failures[s.name]),
                                  "rate": (len(valid) - len(failures[s.name])) / len(valid) if valid else 0.0,
                                  "failures": dict(sorted(failures[s.name].items()))} for s in subs}}
+    if args.similarity is not None:  # the submissions' folders as handed in (a collection's: the private copy)
+        handed_in = {src.name: src.path for src in sources if src.path is not None and src.path.is_dir()}
+        folders = {s.name: handed_in.get(s.name, s.folder) for s in subs if s.name != REFERENCE and s.folder}
+        report["similarity"] = similarity.report(folders, Path(__file__).resolve().parents[1], args.similarity, base)
     write_grade(out, report)
     if args.compare_to:
         week.write_changes(out, Path(args.compare_to), report)
@@ -218,4 +232,6 @@ def write_grade(out: Path, report: dict[str, Any]) -> None:
     md += [f"| {k} | {', '.join(t['broken_by'])} |" for k, t in tests.items() if t["valid"] and t["broken_by"]]
     md += ["", "## Invalid tests", "", "| test | reason |", "|---|---|"]
     md += [f"| {k} | {_cell(t['reason'])} |" for k, t in tests.items() if not t["valid"]]
+    if "similarity" in report:
+        md += similarity.markdown(report["similarity"])
     _write_text(out / "summary.md", "\n".join(md) + "\n")
