@@ -152,8 +152,10 @@ def test_only_the_allowlist_is_visible(tmp_path: Path, allow_ember: bool) -> Non
         secret_dir.chmod(0o755)
         (secret_dir / "key").write_text("SECRET\n")
         (secret_dir / "key").chmod(0o644)
-        sb = Sandbox([], 1, allow_ember=allow_ember)
+        hidden = Path(sys.base_prefix) / "include"  # a folder to hide inside the allowlist (Python's)
+        sb = Sandbox([hidden], 1, allow_ember=allow_ember)
         probe = (f"cat {secret_dir}/key {__file__} {EMBER.parent}/README.md 2>/dev/null | head -c 100\n"
+                 f"ls {hidden} >/dev/null 2>&1 && echo listed {hidden}\n"
                  "printf 'int main(void) { return 7; }' > t.c && cc t.c -o t; ./t; echo cc=$?\n"
                  "python3 -c 'import ember; print(\"ember ok\")'")
         try:
@@ -161,6 +163,7 @@ def test_only_the_allowlist_is_visible(tmp_path: Path, allow_ember: bool) -> Non
         finally:
             sb.close()
         assert "SECRET" not in r.stdout and "import" not in r.stdout and "Ember" not in r.stdout, r
+        assert "listed" not in r.stdout or not hidden.is_dir(), r
         assert "cc=7" in r.stdout, r
         assert ("ember ok" in r.stdout) == allow_ember and ("No module named 'ember'" in r.stderr) != allow_ember, r
     finally:
