@@ -205,7 +205,7 @@ def _cgroup_parents() -> list[tuple[Path, str]]:
     out = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         fields, after = line.split(" - ")[0].split(), line.split(" - ")[1].split()
-        mount, fstype, opts = Path(fields[4]), after[0], after[2].split(",")
+        root, mount, fstype, opts = fields[3], Path(fields[4]), after[0], after[2].split(",")
         try:
             if fstype == "cgroup2" and not any(k == "v2" for _, k in out):
                 parent = mount / "ember-grade"  # at the top: a cgroup with processes cannot enable controllers
@@ -215,8 +215,10 @@ def _cgroup_parents() -> list[tuple[Path, str]]:
                     if want:
                         (g / "cgroup.subtree_control").write_text(" ".join("+" + c for c in want))
                 out.append((parent, "v2"))
-            elif fstype == "cgroup" and "memory" in opts and "memory" in own:
-                out.append((mount / own["memory"].lstrip("/"), "v1"))
+            elif fstype == "cgroup" and "memory" in opts and "memory" in own:  # below our own cgroup
+                rel = os.path.relpath(own["memory"], root)
+                if not rel.startswith(".."):
+                    out.append((mount / rel, "v1"))
         except OSError:
             continue
     return out
@@ -270,20 +272,16 @@ class Sandbox:
             self._sweep(uid, [])
             self.slots.put(uid)
         self.groups: dict[Path, int] = {}
-        self.ids = itertools.count(1)
+        self.ids, self.subs = itertools.count(1), itertools.count(1)  # runs, submissions
         self.cgroups = _cgroup_parents() if self.level != "rlimits" else []
-        self.memory_cgroup = self._probe_memory_cgroup()
+        probe = self._make_cgroups(0)  # runs count from 1
+        self.memory_cgroup = any((g / "memory.max").exists() or (g / "memory.limit_in_bytes").exists() for g in probe)
+        self._remove_cgroups(probe)
         if self.level != "rlimits" and not self.memory_cgroup and not Sandbox.warned:
             Sandbox.warned = True
             print("ember: no usable memory cgroup here: the memory cap is per process and misses shared mappings "
                   "(docs/grading.md)", file=sys.stderr)
         self.view = self._view(allow_ember) if self.level == "namespaces" else []
-
-    def _probe_memory_cgroup(self) -> bool:
-        probe = self._make_cgroups(0)  # runs count from 1
-        ok = any((g / "memory.max").exists() or (g / "memory.limit_in_bytes").exists() for g in probe)
-        self._remove_cgroups(probe)
-        return ok
 
     def _view(self, allow_ember: bool) -> list[str]:
         """The commands that build a run's new root $R from the allowlist: folders bound read-only;
@@ -298,18 +296,18 @@ class Sandbox:
         covered = self.hide + ([] if allow_ember else [EMBER])
         binds: set[Path] = set()
         copies: set[Path] = set()
-        todo = wanted + copied
+        todo = [(p, binds) for p in wanted] + [(p, copies) for p in copied]
         while todo:  # it grows with links' targets
-            p = Path(os.path.normpath(todo.pop()))
+            p, into = todo.pop()
+            p = Path(os.path.normpath(p))
             if not os.path.lexists(p) or any(_inside(h, p) for h in covered):
                 continue
             if p.is_symlink():
                 copies.add(p)
                 if not _inside(Path("/dev"), p):  # /dev/fd is /proc/self/fd: the run's own
-                    todo.append(p.resolve())
-                    (wanted if p.resolve().is_dir() else copied).append(p.resolve())
+                    todo.append((p.resolve(), binds if p.resolve().is_dir() else copies))
             else:
-                (binds if p in map(Path, map(os.path.normpath, wanted)) else copies).add(p)
+                into.add(p)
         binds = {p for p in binds if not any(_inside(q, p.parent) for q in binds)}  # not visible through another
         copies = {p for p in copies if not any(_inside(q, p) for q in binds)}
         lines = ['mount -t tmpfs -o size=16m,mode=755 ember-view "$R"',
@@ -330,9 +328,9 @@ class Sandbox:
     # ----------------------------------------------------------------------- submissions
     def add_submission(self, name: str, src: Path, ref: str | None = None) -> Path:
         """A private copy of a submission (a git repository checked out at ref, if given)."""
-        n = next(self.ids)
+        n = next(self.subs)
         if n >= BLOCK_GIDS:
-            raise OSError(f"more than {BLOCK_GIDS - 1} submissions and runs in one grading")
+            raise OSError(f"more than {BLOCK_GIDS - 1} submissions in one grading")
         dest, src = self.root / f"sub{n}", src.resolve()  # the course's folder may be a link; nothing below it
         if ref is not None:
             self._clone(src, ref, dest)
