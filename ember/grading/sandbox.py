@@ -360,7 +360,10 @@ class Sandbox:
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(bare), "GIT_CONFIG_NOSYSTEM": "1"}
 
             def step(args: list[str]) -> str:
-                proc = subprocess.run(git + args, capture_output=True, text=True, timeout=300, env=env)
+                try:
+                    proc = subprocess.run(git + args, capture_output=True, text=True, timeout=300, env=env)
+                except subprocess.TimeoutExpired:
+                    raise OSError(f"cannot check out '{ref}': git took more than 300 s") from None
                 if proc.returncode != 0:
                     raise OSError(f"cannot check out '{ref}': {(proc.stderr.strip().splitlines() or ['?'])[-1][:300]}")
                 return proc.stdout
@@ -414,7 +417,7 @@ class Sandbox:
                     os.chown(p, uid, gid)
             cgroups = self._make_cgroups(n) if contained else []
             cmd = [c.replace("{dir}", str(work)) for c in cmd]
-            full = self._command(cmd, work, uid, submission, build, cgroups) if contained else self._limited(cmd)
+            full = self._command(cmd, work, uid, submission, cgroups) if contained else self._limited(cmd)
             return self._spawn(full, cmd[0], work, wall or self.limits.wall, contained)
         finally:
             self._sweep(uid, cgroups)
@@ -474,8 +477,7 @@ class Sandbox:
         return ["prlimit", f"--cpu={lim.cpu}", f"--data={lim.memory}", f"--fsize={lim.file_size}",
                 f"--nproc={lim.processes}", "--core=0", "--"] + cmd
 
-    def _command(self, cmd: list[str], work: Path, uid: int, submission: Path | None, build: bool,
-                 cgroups: list[Path]) -> list[str]:
+    def _command(self, cmd: list[str], work: Path, uid: int, submission: Path | None, cgroups: list[Path]) -> list[str]:
         """cmd as the run's user, in its cgroups and (at the namespaces level) in its view."""
         gid = self.groups.get(submission, GID_BASE) if submission else GID_BASE
         drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs",
@@ -491,9 +493,7 @@ class Sandbox:
             script += ["mount -o remount,ro,bind \"$R\"", "cd \"$R\" && pivot_root . .old && umount -l /.old"]
         script.append(f'cd {_q(work)} && exec "$@"')
         body = ["sh", "-c", "\n".join(script), "sh"] + drop
-        if self.level != "namespaces":
-            return body
-        return NAMESPACES + body
+        return NAMESPACES + body if self.level == "namespaces" else body
 
     def _spawn(self, full: list[str], name: str, work: Path, wall: float, contained: bool) -> Result:
         start = time.monotonic()
