@@ -135,7 +135,7 @@ def test_each_run_has_a_private_capped_tmp(tmp_path: Path, sandbox: Sandbox) -> 
 @contained
 def test_two_graders_never_share_a_uid(sandbox: Sandbox) -> None:
     other = Sandbox([], 8)
-    code = "from ember.grading.sandbox import Sandbox\nprint(*Sandbox([], 8).uids, flush=True)\ninput()"
+    code = "from ember.grading.sandbox import Sandbox\nsb = Sandbox([], 8)\nprint(*sb.uids, flush=True)\ninput()\nsb.close()"
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(EMBER.parent)})
     try:
