@@ -380,19 +380,22 @@ class Sandbox:
         finally:
             _rmtree(bare)
 
-    def _own(self, folder: Path, uid: int, writable: bool) -> None:
-        """Give folder to uid and the submission's group: writable for its build, else read-only."""
+    def _own(self, folder: Path, uid: int, writable: bool) -> int:
+        """Give folder to uid and the submission's group: writable for its build, else read-only.
+        Returns its size as _copy counts it."""
         if os.geteuid() != 0:
-            return
-        gid = self.groups[folder]
+            return 0
+        gid, size = self.groups[folder], 0
         top = ("entry", None, str(folder), os.lstat(folder))
         for kind, parent, name, st in itertools.chain([top], _walk(os.open(folder, DIR_FLAGS))):
             if kind == "up" or st is None:
                 continue
+            size += max(st.st_size, st.st_blocks * 512) + 512
             os.chown(name, uid, gid, dir_fd=parent, follow_symlinks=False)
             if not stat.S_ISLNK(st.st_mode):
                 x = stat.S_ISDIR(st.st_mode) or st.st_mode & stat.S_IXUSR
                 os.chmod(name, (0o770 if writable else 0o750) if x else (0o660 if writable else 0o640), dir_fd=parent)
+        return size
 
     # ------------------------------------------------------------------------------ runs
     def run(self, cmd: list[str], files: dict[str, bytes] | None = None, submission: Path | None = None,
@@ -418,14 +421,17 @@ class Sandbox:
             cgroups = self._make_cgroups(n) if contained else []
             cmd = [c.replace("{dir}", str(work)) for c in cmd]
             full = self._command(cmd, work, uid, submission, cgroups) if contained else self._limited(cmd)
-            return self._spawn(full, cmd[0], work, wall or self.limits.wall, contained)
+            result = self._spawn(full, cmd[0], work, wall or self.limits.wall, contained)
         finally:
             self._sweep(uid, cgroups)
-            if build and contained:
-                self._own(work, 0, writable=False)
-            elif not build:
+            size = self._own(work, 0, writable=False) if build and contained else 0
+            if not build:
                 _rmtree(work)
             self.slots.put(uid)
+        if size > self.limits.copy:  # what a build leaves is capped as a copy is
+            _rmtree(work)
+            result.status, result.killed = None, f"its folder grew past the copy cap of {self.limits.copy >> 20} MiB"
+        return result
 
     def _make_cgroups(self, n: int) -> list[Path]:
         """The run's cgroups, made and limited."""
@@ -485,11 +491,12 @@ class Sandbox:
         script = ["set -e"] + [f"echo 0 > {_q(g / 'cgroup.procs')}" for g in cgroups]
         if self.level == "namespaces":
             script += [f"R={_q(self.root / 'view')}"] + self.view
-            mounts = {work: "rw"}
-            if submission and submission != work:
-                mounts[submission] = "ro"
-            for p, mode in mounts.items():
-                script.append(f"mkdir -p {_r(p)} && mount --bind -o {mode},nosuid {_q(p)} {_r(p)}")
+            if sub := submission:  # read-only, but for its own build
+                mode = "rw" if sub == work else "ro"
+                script.append(f"mkdir -p {_r(sub)} && mount --bind -o {mode},nosuid {_q(sub)} {_r(sub)}")
+            if submission != work:  # the run folder: a capped tmpfs holding a copy of the grader's files
+                script.append(f"mkdir -p {_r(work)} && mount -t tmpfs -o size={self.limits.tmp},mode=700,uid={uid},"
+                              f"gid={gid},nosuid,nodev ember-run {_r(work)} && cp -a {_q(work)}/. {_r(work)}")
             script += ["mount -o remount,ro,bind \"$R\"", "cd \"$R\" && pivot_root . .old && umount -l /.old"]
         script.append(f'cd {_q(work)} && exec "$@"')
         body = ["sh", "-c", "\n".join(script), "sh"] + drop
