@@ -48,6 +48,7 @@ TOOLCHAIN = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/s
 ETC = ("passwd", "group", "nsswitch.conf", "hosts", "host.conf", "gai.conf", "protocols", "services", "ld.so.cache",
        "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl/certs", "ssl/openssl.cnf", "ca-certificates", "localtime",
        "timezone", "os-release", "debian_version", "mime.types", "magic")  # no secret: shadow, ssl/private, ...
+LIBS = ("lib", "libexec")  # a PREFIX/bin on PATH beside one of these is a toolchain's: PREFIX is in the view
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty", "fd", "stdin", "stdout", "stderr")
 EMBER = Path(__file__).resolve().parents[1]  # the grader's own package
 
@@ -289,6 +290,9 @@ class Sandbox:
         wanted = [Path(p) for p in TOOLCHAIN] + [Path(sys.prefix), Path(sys.base_prefix)]
         for var in ("PATH", "LD_LIBRARY_PATH"):
             wanted += [Path(p) for p in os.environ.get(var, "").split(os.pathsep) if p.startswith("/")]
+        # /opt/gcc/bin needs /opt/gcc/libexec; a home folder's bin is not a toolchain's
+        wanted += [p.parent for p in wanted if p.name == "bin" and len(p.parts) > 2
+                   and any((p.parent / d).is_dir() for d in LIBS)]
         wanted += [Path(os.environ[v]) for v in ("PYENV_ROOT", "CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
         wanted += sorted(Path("/usr/local").glob("cuda*")) + ([EMBER] if allow_ember else [])
         copied = [Path("/etc", n) for n in ETC] + [Path("/dev", d) for d in DEVICES]
@@ -300,7 +304,7 @@ class Sandbox:
         while todo:  # it grows with links' targets
             p, into = todo.pop()
             p = Path(os.path.normpath(p))
-            if not os.path.lexists(p) or any(_inside(h, p) for h in covered):
+            if p == Path("/") or not os.path.lexists(p) or any(_inside(h, p) for h in covered):
                 continue
             if p.is_symlink():
                 copies.add(p)
