@@ -335,7 +335,9 @@ class Sandbox:
         n = next(self.subs)
         if n >= BLOCK_GIDS:
             raise OSError(f"more than {BLOCK_GIDS - 1} submissions in one grading")
-        dest, src = self.root / f"sub{n}", src.resolve()  # the course's folder may be a link; nothing below it
+        if src.is_symlink():  # eve -> ../bob, or -> /root
+            raise ValueError("is a link, not a folder of its own")
+        dest = self.root / f"sub{n}"
         if ref is not None:
             self._clone(src, ref, dest)
         else:

@@ -72,8 +72,9 @@ def test_copy_is_capped_and_takes_only_files_folders_links(tmp_path: Path, sandb
     odd = _sub(tmp_path / "subs", "odd")
     os.mkfifo(odd / "fifo")
     os.symlink("/etc/passwd", odd / "link")
+    os.symlink("odd", tmp_path / "subs" / "eve")  # a submission that is another's
     errors = _load(tmp_path / "subs", sandbox)
-    assert errors["odd"] is None
+    assert errors["odd"] is None and "a link" in errors["eve"]  # type: ignore[operator]
     assert "copy cap of 8 MiB" in errors["sparse"] and "\n" not in errors["sparse"]  # type: ignore[operator]
     if os.geteuid() == 0:
         assert "grew past the copy cap of 8 MiB" in errors["grows"]  # type: ignore[operator]
