@@ -91,6 +91,18 @@ class Result:
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 
+def _cd(fd: int, name: str) -> int:
+    """The folder name (or '..') of the folder open as fd, open in its place."""
+    new = os.open(name, DIR_FLAGS, dir_fd=fd)
+    os.close(fd)
+    return new
+
+
+def _bytes(st: os.stat_result) -> int:
+    """What an entry counts against a cap: apparent or allocated bytes, whichever is more, and 512."""
+    return max(st.st_size, st.st_blocks * 512) + 512
+
+
 def _walk(fd: int) -> Iterator[tuple[str, int, str, os.stat_result | None]]:
     """Every entry below the folder open as fd (the walk owns it), never following a symlink:
     ('entry', folder fd, name, lstat), then for a folder its contents and ('up', folder fd, name, None).
@@ -102,17 +114,13 @@ def _walk(fd: int) -> Iterator[tuple[str, int, str, os.stat_result | None]]:
             if name is None:
                 stack.pop()
                 if names:
-                    up = os.open("..", DIR_FLAGS, dir_fd=fd)
-                    os.close(fd)
-                    fd = up
+                    fd = _cd(fd, "..")
                     yield "up", fd, names.pop(), None
                 continue
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             yield "entry", fd, name, st
             if stat.S_ISDIR(st.st_mode):
-                down = os.open(name, DIR_FLAGS, dir_fd=fd)
-                os.close(fd)
-                fd = down
+                fd = _cd(fd, name)
                 names.append(name)
                 stack.append(iter(os.listdir(fd)))
     finally:
@@ -139,27 +147,23 @@ def _rmtree(path: Path) -> None:
 
 def _copy(src: Path, dest: Path, cap: int, links: bool = True) -> None:
     """Copy regular files, folders and (if links) symlinks, as links, from src to a new dest; other
-    kinds (FIFOs, sockets, devices) are left out. More than cap bytes (apparent or allocated, and 512
-    per entry) raises ValueError and leaves nothing."""
+    kinds (FIFOs, sockets, devices) are left out. More than cap bytes (_bytes) raises ValueError and
+    leaves nothing."""
     sfd = os.open(src, DIR_FLAGS)
     os.mkdir(dest, 0o700)
     dfd, total = os.open(dest, DIR_FLAGS), 0
     try:
         for kind, parent, name, st in _walk(sfd):
             if kind == "up":
-                up = os.open("..", DIR_FLAGS, dir_fd=dfd)
-                os.close(dfd)
-                dfd = up
+                dfd = _cd(dfd, "..")
                 continue
             assert st is not None
-            total += max(st.st_size, st.st_blocks * 512) + 512
+            total += _bytes(st)
             if total > cap:
                 raise ValueError(f"larger than the copy cap of {cap >> 20} MiB (at '{name}')")
             if stat.S_ISDIR(st.st_mode):
                 os.mkdir(name, 0o700, dir_fd=dfd)
-                down = os.open(name, DIR_FLAGS, dir_fd=dfd)
-                os.close(dfd)
-                dfd = down
+                dfd = _cd(dfd, name)
             elif stat.S_ISLNK(st.st_mode) and links:
                 os.symlink(os.readlink(name, dir_fd=parent), name, dir_fd=dfd)
             elif stat.S_ISREG(st.st_mode):
@@ -396,7 +400,7 @@ class Sandbox:
         for kind, parent, name, st in itertools.chain([top], _walk(os.open(folder, DIR_FLAGS))):
             if kind == "up" or st is None:
                 continue
-            size += max(st.st_size, st.st_blocks * 512) + 512
+            size += _bytes(st)
             os.chown(name, uid, gid, dir_fd=parent, follow_symlinks=False)
             if not stat.S_ISLNK(st.st_mode):
                 x = stat.S_ISDIR(st.st_mode) or st.st_mode & stat.S_IXUSR
