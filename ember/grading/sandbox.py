@@ -160,7 +160,7 @@ def _copy(src: Path, dest: Path, cap: int, links: bool = True) -> None:
             assert st is not None
             total += _bytes(st)
             if total > cap:
-                raise ValueError(f"larger than the copy cap of {cap >> 20} MiB (at '{name}')")
+                raise ValueError(f"larger than the copy cap of {cap >> 20} MiB (at {name[:80]!r})")  # one line
             if stat.S_ISDIR(st.st_mode):
                 os.mkdir(name, 0o700, dir_fd=dfd)
                 dfd = _cd(dfd, name)
