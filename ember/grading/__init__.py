@@ -71,6 +71,7 @@ def _submission_options(p: argparse.ArgumentParser, report: str, timeout: float,
     p.add_argument("--timeout", type=float, default=timeout, help=f"wall-clock seconds per {per} and compiler")
     p.add_argument("--build-timeout", type=float, default=600.0, help="wall-clock seconds for a submission's build")
     p.add_argument("--ref", default=None, help="check git submissions out at this tag or branch")
+    p.add_argument("--allow-ember", action="store_true", help="let submissions import the grader's own Ember")
 
 
 def _fraction(text: str) -> float:

@@ -95,7 +95,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         progs = [parse_file(str(f)) for f in files]
     except EirError as e:
         return _fail(str(e), 2)
-    sandbox = Sandbox([*hide, out], 1, Limits(wall=args.timeout))  # one at a time: timings do not share the GPU
+    # one at a time: timings do not share the GPU
+    sandbox = Sandbox([*hide, out], 1, Limits(wall=args.timeout), allow_ember=args.allow_ember)
     results: dict[str, dict[str, dict[str, Any]]] = {}
     try:
         from tqdm import tqdm

@@ -178,7 +178,7 @@ def cmd_grade(args: argparse.Namespace) -> int:
     if not tests:
         return _fail(f"ember grade: no tests in {tests_dir} (one subfolder of .eir files per author)", 2)
     jobs = args.jobs or os.cpu_count() or 1
-    sandbox = Sandbox([tests_dir, *hide, out], jobs, Limits(wall=args.timeout))
+    sandbox = Sandbox([tests_dir, *hide, out], jobs, Limits(wall=args.timeout), allow_ember=args.allow_ember)
     if sandbox.level != "namespaces":
         print(f"ember grade: containment is '{sandbox.level}' here (see docs/grading.md)", file=sys.stderr)
     try:
