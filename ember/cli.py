@@ -42,8 +42,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             values = backends.run_program(prog, backend)
         else:
             values, median = backends.bench_program(prog, backend, args.bench)
-    except EirError as e:
-        return _fail(str(e), 2)
+    except EirError as e:  # malformed: 2; unreadable: 3
+        return _fail(str(e), e.status)
     except BackendError as e:
         return _fail(f"{args.file}: {e}", 3)
     except Exception as e:  # a bug in Ember: one line, never a partial result
@@ -57,13 +57,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_fmt(args: argparse.Namespace) -> int:
     try:
-        text = Path(args.file).read_bytes().decode("ascii", errors="replace")
         parse_file(args.file)  # exact errors, bytes included
+        text = Path(args.file).read_bytes().decode("ascii")
         out = format_text(text, args.file)
     except EirError as e:
-        return _fail(str(e), 2)
+        return _fail(str(e), e.status)
     except OSError as e:
-        return _fail(f"{args.file}:0: cannot read the file: {e.strerror}", 2)
+        return _fail(f"{args.file}: cannot read the file: {e.strerror}", 3)
     if args.check:
         if out != text:
             return _fail(f"{args.file}: not in canonical form (ember fmt -w rewrites it)", 1)
@@ -82,8 +82,8 @@ def cmd_source(args: argparse.Namespace) -> int:
     try:
         prog = parse_file(args.file)
         print(backends.BACKENDS[backend].source(prog.output_nodes, args.arch))
-    except EirError as e:
-        return _fail(str(e), 2)
+    except EirError as e:  # malformed: 2; unreadable: 3
+        return _fail(str(e), e.status)
     except BackendError as e:
         return _fail(f"{args.file}: {e}", 3)
     except Exception as e:
