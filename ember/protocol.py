@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 
-from . import data
+from . import data, ir
 from .text import EirError, Program
 
 
@@ -29,13 +29,11 @@ def parse_output(stdout: str, prog: Program) -> dict[str, np.ndarray]:
         inner = rest.strip()
         if not (inner.startswith("[") and inner.endswith("]")):
             raise ValueError(f"bad output line for {name}: {line[:80]}")
-        items = [s.strip() for s in inner[1:-1].split(",")] if inner[1:-1].strip() else []
-        dtype = prog.nodes[name].dtype
-        nums = [data.read_back(s, dtype) for s in items]
-        bad = next((s for s, v in zip(items, nums) if v is None), None)
-        if bad is not None:
-            raise ValueError(f"'{bad[:40]}' in the output line for {name} is not a value of {dtype}")
-        got[name] = np.array(nums, dtype=np.float64 if dtype.is_float else object)
+        node = prog.nodes[name]
+        try:
+            got[name] = data.read_values(inner[1:-1], node.dtype, node.numel)
+        except data.ValueError_ as e:
+            raise ValueError(f"the output line for {name} ({ir.fmt_type(node.dtype, node.shape)}): {e}") from None
     return got
 
 
