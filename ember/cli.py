@@ -103,6 +103,14 @@ def _files(paths: list[str]) -> list[str]:
     return found
 
 
+def _first_line(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.readline()
+    except OSError:
+        return b""
+
+
 def _check_error_test(path: str, want: tuple[int, str], compiler: list[str] | None, timeout: float) -> str | None:
     line, words = want
     if compiler is None:
@@ -127,7 +135,7 @@ def _check_error_test(path: str, want: tuple[int, str], compiler: list[str] | No
 def _test_one(path: str, backend: str | None, compiler: list[str] | None, timeout: float,
               bench: int | None = None) -> tuple[str | None, float | None]:
     """(None if the test file passes, else the failure line; the median ms with bench)."""
-    want = expected_error(path)
+    want = expected_error(_first_line(path))
     if want is not None:
         return _check_error_test(path, want, compiler, timeout), None
     try:

@@ -4,6 +4,7 @@ error-test convention; the `# bench` timing line."""
 from __future__ import annotations
 
 import math
+import os
 import re
 
 import numpy as np
@@ -65,23 +66,20 @@ def compare(prog: Program, got: dict[str, np.ndarray], answers: dict[str, np.nda
 ERROR_TEST = re.compile(r"# error: (\d+): (.*)")
 
 
-def expected_error(path: str) -> tuple[int, str] | None:
+def expected_error(source: bytes) -> tuple[int, str] | None:
     """(line, words) for a test of an error message: a file whose first line is
     `# error: LINE: words of the message` passes when the program is rejected there."""
-    try:
-        with open(path, "rb") as f:
-            first = f.readline().decode("ascii", errors="replace")
-    except OSError:
-        return None
-    m = ERROR_TEST.match(first)
+    m = ERROR_TEST.match(source.partition(b"\n")[0].decode("ascii", errors="replace"))
     return (int(m.group(1)), m.group(2).strip()) if m else None
 
 
-def reported_error(status: int | None, stderr: str, line: int, path: str | None = None) -> bool:
-    """Spec 9's answer to an invalid program: status 2 and `FILE:LINE: message` first on stderr
-    (FILE is any path when path is None: a grader runs a copy of the file)."""
+def reported_error(status: int | None, stderr: str, line: int, path: str, copy: bool = False) -> bool:
+    """Spec 9's answer to an invalid program: status 2 and `FILE:LINE: message` first on stderr.
+    FILE is path as the compiler was given it; copy=True (a grader's copy of the file in a folder
+    of its own): any folder, then path's file name. No other colon may come before LINE."""
     first = (stderr.strip().splitlines() or [""])[0]
-    return status == 2 and re.match(rf"{re.escape(path) if path else '.*'}:{line}:", first) is not None
+    file = rf"(?:[^:\n]*/)?{re.escape(os.path.basename(path))}" if copy else re.escape(path)
+    return status == 2 and re.match(rf"{file}:{line}:", first) is not None
 
 
 BENCH_LINE = re.compile(r"# bench runs=(\d+) median_ms=([0-9.eE+-]+)\s*$")

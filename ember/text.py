@@ -184,6 +184,7 @@ class Program:
     return_line: int = 0
     inputs: dict[str, DataSpec] = field(default_factory=dict)
     expects: dict[str, DataSpec] = field(default_factory=dict)
+    resolved: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def output_nodes(self) -> list[Node]:
@@ -195,8 +196,11 @@ class Program:
         return resolve(self.inputs[name], node.dtype, node.shape)
 
     def expected_values(self, name: str) -> np.ndarray:
-        node = self.nodes[name]
-        return resolve(self.expects[name], node.dtype, node.shape)
+        """The values an expect line gives, resolved once (a grader compares them with every compiler's)."""
+        if name not in self.resolved:
+            node = self.nodes[name]
+            self.resolved[name] = resolve(self.expects[name], node.dtype, node.shape)
+        return self.resolved[name]
 
 
 def resolve(spec: DataSpec, dtype: DType, shape: tuple[int, ...]) -> np.ndarray:

@@ -16,6 +16,9 @@ def add_commands(sub: Any, fmt: type) -> None:
     p.add_argument("--tests", required=True, help="a folder with one subfolder of .eir tests per author")
     _submission_options(p, "grade.json", timeout=60.0, per="test")
     p.add_argument("--jobs", type=int, default=0, help="runs at once (0: the core count)")
+    p.add_argument("--max-test-mib", type=float, default=16.0, help="a larger test file is invalid")
+    p.add_argument("--validate-mib", type=float, default=2048.0, help="memory for validating one test")
+    p.add_argument("--validate-timeout", type=float, default=60.0, help="CPU and wall seconds for validating one test")
     p.set_defaults(fn=grade.cmd_grade)
 
     p = sub.add_parser("bench", help="time the benchmark suite through every compiler (docs/grading.md)",
