@@ -12,7 +12,7 @@ import numpy as np
 from .. import protocol
 from ..text import EirError, Program, parse_file
 from .grade import REFERENCE, Submission, _fail, judge, load_submissions, run_compiler
-from .reports import _write_csv, _write_json, _write_text
+from .reports import _write_csv, _write_json, _write_text, prepare_out
 from .sandbox import Limits, Result, Sandbox
 
 
@@ -92,6 +92,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         progs = [parse_file(str(f)) for f in files]
     except EirError as e:
         return _fail(str(e), 2)
+    out = prepare_out(out)  # before any submission runs (reports.py says why)
     sandbox = Sandbox([subs_dir, out], 1, Limits(wall=args.timeout))  # one at a time: timings do not share the GPU
     results: dict[str, dict[str, dict[str, Any]]] = {}
     try:

@@ -150,21 +150,21 @@ def find_tests(folder: Path, max_bytes: int) -> list[Test]:
 def read_test(path: Path, max_bytes: int) -> bytes:
     """A student's test file: a regular file of at most max_bytes, never through a link, never
     blocking (a FIFO). The ValueError says why not, quoting nothing of what the path points to."""
-    if stat.S_ISLNK(os.lstat(path).st_mode):
-        raise ValueError("is a symlink: a test must be a regular file (links are not followed)")
+    too_large = f"is larger than {max_bytes / 2**20:g} MiB (--max-test-mib)"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        if stat.S_ISLNK(os.lstat(path).st_mode):
+            raise ValueError("is a symlink: a test must be a regular file (links are not followed)")
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError("is not a regular file (a test must be one)")
+            if st.st_size > max_bytes:
+                raise ValueError(too_large)
+            raw = f.read(max_bytes + 1)
     except OSError as e:
-        raise ValueError(f"cannot be opened: {e.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError("is not a regular file (a test must be one)")
-        if st.st_size > max_bytes:
-            raise ValueError(f"is larger than {max_bytes / 2**20:g} MiB (--max-test-mib)")
-        raw = f.read(max_bytes + 1)
-    if len(raw) > max_bytes:
-        raise ValueError(f"is larger than {max_bytes / 2**20:g} MiB (--max-test-mib)")
+        raise ValueError(f"cannot be read: {e.strerror}") from None
+    if len(raw) > max_bytes:  # it grew after fstat
+        raise ValueError(too_large)
     return raw
 
 
@@ -193,7 +193,12 @@ def validate(t: Test) -> None:
         t.valid, t.reason = False, (f"too large: '{big}' has {prog.nodes[big].numel} elements, and the grader "
                                     f"validates values of at most 2^28")
         return
-    problem = protocol.compare(prog, dict(zip(prog.outputs, backends.run_program(prog, "ref"))))
+    inputs = {prog.nodes[p]: prog.input_values(p) for p in prog.params}
+    try:  # the evaluator itself, not run_program, whose backend probe would start CUDA in every child
+        values = backends.BACKENDS["ref"].run(prog.output_nodes, inputs)
+        problem = protocol.compare(prog, dict(zip(prog.outputs, values)))
+    except backends.BackendError as e:
+        problem = str(e)
     if problem is not None:
         t.valid, t.reason = False, f"fails on the reference evaluator: {problem}"
 
@@ -313,7 +318,7 @@ def write_grade(out: Path, report: dict[str, Any]) -> None:
     md += [f"| {n} | {s['passed']} | {s['failed']} | {100 * s['rate']:.1f}% |"
            for n, s in sorted(subs.items(), key=lambda kv: -kv[1]["rate"])]
     md += ["", "## Tests that break compilers (the bonus)", "", "| test | broken by |", "|---|---|"]
-    md += [f"| {k} | {', '.join(t['broken_by'])} |" for k, t in tests.items() if t["valid"] and t["broken_by"]]
+    md += [f"| {_cell(k)} | {', '.join(t['broken_by'])} |" for k, t in tests.items() if t["valid"] and t["broken_by"]]
     md += ["", "## Invalid tests", "", "| test | reason |", "|---|---|"]
-    md += [f"| {k} | {_cell(t['reason'])} |" for k, t in tests.items() if not t["valid"]]
+    md += [f"| {_cell(k)} | {_cell(t['reason'])} |" for k, t in tests.items() if not t["valid"]]
     _write_text(out / "summary.md", "\n".join(md) + "\n")
