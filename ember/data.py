@@ -251,9 +251,24 @@ def _next_toward(y: np.ndarray, x: np.ndarray, dtype: DType) -> np.ndarray:
 
 
 MAX_ITEM = 100  # characters of one printed value: 9 or 17 digits is what spec 9 asks for
-_NUM = r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|-?inf|nan"
-_FLOATS = re.compile(rf"[ \t]*(?:{_NUM})[ \t]*(?:,[ \t]*(?:{_NUM})[ \t]*)*+")
+_FLOAT_CHARS = re.compile(r"[-0-9.eE+, \tinfa]*+")  # with the checks below, what numpy reads is a decimal of spec 1
 _INTS = re.compile(r"[ \t]*-?[0-9]{1,18}[ \t]*(?:,[ \t]*-?[0-9]{1,18}[ \t]*)*+")  # all within int64
+
+
+def _bulk_floats(inner: str, n: int) -> np.ndarray | None:
+    """numpy's reading of n decimals (exact, as float() is), or None where it might differ from
+    parse_number: numpy also reads `+1` and `-nan`, and stops at the first item it cannot read."""
+    if not _FLOAT_CHARS.fullmatch(inner):
+        return None
+    b = np.frombuffer(inner.encode(), np.uint8)
+    plus, minus = np.flatnonzero(b == ord("+")), np.flatnonzero(b[:-1] == ord("-"))
+    if not np.isin(b[plus - 1], np.frombuffer(b"eE", np.uint8)).all() or (b[minus + 1] == ord("n")).any():
+        return None
+    try:
+        x = np.fromstring(inner, np.float64, sep=",")
+    except ValueError:
+        return None
+    return x if x.size == n else None
 
 
 def read_values(inner: str, dtype: DType, n: int) -> np.ndarray:
@@ -271,8 +286,8 @@ def read_values(inner: str, dtype: DType, n: int) -> np.ndarray:
     long = np.flatnonzero(np.diff(bounds) > MAX_ITEM + 1)
     if long.size:
         raise ValueError_(f"'{item(long[0])[:40]}...' is longer than {MAX_ITEM} characters")
-    if dtype.is_float and _FLOATS.fullmatch(inner):
-        x = np.fromstring(inner, np.float64, sep=",")
+    x = _bulk_floats(inner, n) if dtype.is_float else None
+    if x is not None:
         y = round_float(x, dtype).astype(np.float64)
         with np.errstate(invalid="ignore"):
             near = np.flatnonzero((x != y) & np.isfinite(x) & np.isfinite(y))
