@@ -416,7 +416,14 @@ def check_spec(spec: DataSpec, node: Node) -> None:
     if len(spec.values) != node.numel:
         raise ValueError(f"expected {node.numel} values for {ir.fmt_type(node.dtype, node.shape)}, "
                          f"found {len(spec.values)}")
-    spec.values = [data.literal_value(v, node.dtype, truncate=False) for v in spec.values]
+    try:  # floats in bulk (a cast from f64, as literal_value does one at a time)
+        floats = np.array(spec.values, np.float64) if node.dtype.is_float else None
+    except OverflowError:  # an integer literal beyond f64
+        floats = None
+    if floats is not None:
+        spec.values = data.round_float(floats, node.dtype).astype(np.float64).tolist()
+    else:
+        spec.values = [data.literal_value(v, node.dtype, truncate=False) for v in spec.values]
 
 
 def apply(opname: str, srcs: list[Node], attrs: dict[str, Any]) -> Node:
