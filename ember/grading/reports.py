@@ -20,7 +20,7 @@ def prepare_out(out: Path) -> Path:
     """--out made safe for root to write into, before any submission runs: a folder the grader
     creates itself, or an existing one of the grader's that no one else can write, below
     folders no one else can write (or sticky, as /tmp). Raises ValueError (one line) otherwise."""
-    out = Path(os.path.realpath(out.parent)) / out.name
+    out = Path(os.path.abspath(out))
     if not os.path.lexists(out):
         _closed(out.parent, out)  # before creating anything: no one may swap what is made
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -31,26 +31,30 @@ def prepare_out(out: Path) -> Path:
 
 
 def _closed(folder: Path, out: Path) -> None:
-    """Raise ValueError unless folder (and those above it) is a real folder of root or the
-    grader that no one else can write; folders above out may be sticky (others cannot rename in them)."""
-    for p in [folder, *folder.parents]:
+    """Raise ValueError unless folder, and every folder above it and above where its links lead,
+    is a real folder of root or the grader that no one else can write; folders above out may be
+    sticky instead (others cannot rename in them)."""
+    real = Path(os.path.realpath(folder))
+    for p in sorted({folder, *folder.parents, real, *real.parents}, key=lambda p: -len(p.parts)):
         if not os.path.lexists(p):
-            continue  # created by the grader
+            continue  # the grader creates it
         st = os.lstat(p)
+        if stat.S_ISLNK(st.st_mode) and p != out:
+            continue  # the folder holding the link is checked, and so is where it leads
         others = st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid not in (0, os.getegid()))
         why = ("is a symlink" if stat.S_ISLNK(st.st_mode) else "is not a folder" if not stat.S_ISDIR(st.st_mode)
                else "belongs to another user" if st.st_uid not in (0, os.geteuid())
                else "is writable by others" if others and (p == out or not st.st_mode & stat.S_ISVTX) else None)
         if why:
-            where = "" if p == out else f" ({p} {why})"
-            raise ValueError(f"--out {out}: refusing to write reports there{where or ': it ' + why}; give a new "
-                             "folder (the grader creates it) or one that only the grader can write")
+            where = ": it " + why if p == out else f" ({p} {why})"
+            raise ValueError(f"--out {out}: refusing to write reports there{where}; give a new folder (the grader "
+                             "creates it) or one that only the grader can write")
 
 
 def _write_text(path: Path, text: str) -> None:
     """Atomically, through a temporary file of a random name created exclusively, never through a
     link (mkstemp: O_CREAT | O_EXCL | O_NOFOLLOW); os.replace replaces a link at path, not its target."""
-    _closed(path.parent, path.parent)
+    _closed(Path(os.path.abspath(path.parent)), Path(os.path.abspath(path.parent)))
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:

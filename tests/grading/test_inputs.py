@@ -225,12 +225,14 @@ def test_reports_go_only_into_a_folder_no_one_else_can_write(tmp_path: Path, cap
     public = tmp_path / "public"           # a parent others may write (not sticky): they could swap --out
     public.mkdir()
     public.chmod(0o777)
+    (tmp_path / "link").symlink_to(victim)    # an --out that leads elsewhere
     before = _snapshot(tmp_path)
     args = ["grade", "--tests", str(tmp_path / "tests"), "--submissions", str(tmp_path / "subs"), "--out"]
-    for out in (planted, public / "out"):
+    for out, why in ((planted, "writable by others"), (public / "out", "writable by others"),
+                     (tmp_path / "link", "is a symlink")):
         assert main(args + [str(out)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and str(out) in err[0] and "writable" in err[0], err
+        assert len(err) == 1 and str(out) in err[0] and why in err[0], err
     assert _snapshot(tmp_path) == before       # nothing changed anywhere, --out's links included
 
     os.chmod(planted, 0o755)                    # the grader's own folder, closed to others: used, links replaced
