@@ -201,7 +201,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     files = _files(args.paths)
     missing = [f for f in files if not os.path.exists(f)]
     if missing:
-        return _fail(f"ember test: no such file or directory: {missing[0]}", 2)
+        return _fail(f"ember test: no such file or directory: {missing[0]}", 3)
     if not files:
         return _fail(f"ember test: no .eir files in {' '.join(args.paths)}", 2)
     problem = _usage_problem(args)
