@@ -255,7 +255,7 @@ _FLOAT_CHARS = re.compile(r"[-0-9.eE+, \tinfa]*+")  # with the checks below, wha
 _INTS = re.compile(r"[ \t]*-?[0-9]{1,18}[ \t]*(?:,[ \t]*-?[0-9]{1,18}[ \t]*)*+")  # all within int64
 
 
-def _bulk_floats(inner: str, n: int) -> np.ndarray | None:
+def bulk_floats(inner: str, n: int) -> np.ndarray | None:
     """numpy's reading of n decimals (exact, as float() is), or None where it might differ from
     parse_number: numpy also reads `+1` and `-nan`, and stops at the first item it cannot read."""
     if not _FLOAT_CHARS.fullmatch(inner):
@@ -286,7 +286,7 @@ def read_values(inner: str, dtype: DType, n: int) -> np.ndarray:
     long = np.flatnonzero(np.diff(bounds) > MAX_ITEM + 1)
     if long.size:
         raise ValueError_(f"'{item(long[0])[:40]}...' is longer than {MAX_ITEM} characters")
-    x = _bulk_floats(inner, n) if dtype.is_float else None
+    x = bulk_floats(inner, n) if dtype.is_float else None
     if x is not None:
         y = round_float(x, dtype).astype(np.float64)
         with np.errstate(invalid="ignore"):

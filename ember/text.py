@@ -216,9 +216,13 @@ def _data_spec(tokens: list[str], line: int, extra: dict[str, str]) -> DataSpec:
         raise ValueError("expected data: a list [v0, v1, ...] or rand seed=S")
     if tokens[0].startswith("["):
         attrs = parse_attrs(tokens[1:], extra, "this data")
-        # every number in a list is read as a float for a float dtype (spec 7): -0 stays -0.0
-        values = [-0.0 if v == 0 and s.startswith("-") else v
-                  for s in parse_list(tokens[0]) for v in (number(s, "a data value"),)]
+        inner = tokens[0][1:-1]
+        x = data.bulk_floats(inner, inner.count(",") + 1) if inner.strip() else None
+        if x is not None and (np.abs(x[np.isfinite(x)]) < 2**53).all():  # decimals in bulk, exact for ints too
+            values: list[int | float] = x.tolist()
+        else:  # every number in a list is read as a float for a float dtype (spec 7): -0 stays -0.0
+            values = [-0.0 if v == 0 and s.startswith("-") else v
+                      for s in parse_list(tokens[0]) for v in (number(s, "a data value"),)]
         return DataSpec(line, values=values, **attrs)
     if tokens[0] != "rand":
         raise ValueError(f"expected data: a list [v0, v1, ...] or rand seed=S, found '{tokens[0]}'")

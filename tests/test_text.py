@@ -152,3 +152,23 @@ def test_unknown_op_suggests_the_nearest() -> None:
         text.parse("ember 1\nx = param f32[2]\ny = nge x\nreturn y\n")
     with pytest.raises(EirError, match=r"unknown op 'frobnicate'$"):
         text.parse("ember 1\nx = param f32[2]\ny = frobnicate x\nreturn y\n")
+
+
+def test_long_data_lists_parse_in_bulk_with_the_same_values() -> None:
+    n = 1_000_000
+    start = time.perf_counter()
+    prog = text.parse(f"ember 1\nx = param f32[{n}]\nreturn x\ninput x = [{', '.join(['0.1', '-0', '3'] * (n // 3) + ['7'])}]\n")
+    assert time.perf_counter() - start < 2.0 and prog.inputs["x"].values[:4] == [float(np.float32(0.1)), -0.0, 3.0] * 1 + [float(np.float32(0.1))]
+    edges = ["9007199254740993", "-9007199254740993", "123456789012345678", "1e3", "-0", "-00", "inf", "-inf", "nan",
+             "2.5", "1e400", "-1e-400", "0.1", "65520"]
+    ints = {"i64": ["9007199254740993", "123456789012345678", "1e3", "-0"], "u8": ["1e2", "-0", "255", "256", "1.5"]}
+    for dtype in ("f32", "f64", "f16", "bf16", "i64", "u8"):
+        for e in ints.get(dtype, edges):
+            got = []
+            for tail in ("1", "true"):  # true: every value one at a time
+                try:
+                    got.append(repr(text.parse(f"ember 1\nx = param {dtype}[2]\nreturn x\ninput x = [{e}, {tail}]\n")
+                                    .inputs["x"].values[0]))
+                except EirError as err:
+                    got.append(str(err))
+            assert got[0] == got[1], (dtype, e, got)
