@@ -295,9 +295,9 @@ def read_values(inner: str, dtype: DType, n: int) -> np.ndarray:
         for i in near[(x[near] == (y[near] + z) / 2) | ~np.isfinite(z)]:  # on a midpoint: the exact decimal decides
             y[i] = read_back(item(i), dtype)
         return y
-    if dtype.is_int and dtype is not dt.u64 and _INTS.fullmatch(inner):
+    if not dtype.is_float and _INTS.fullmatch(inner):
         x = np.fromstring(inner, np.int64, sep=",")
-        bad = np.flatnonzero((x < dtype.min) | (x > dtype.max))
+        bad = np.flatnonzero((x < dtype.min) | (x > min(dtype.max, 2**63 - 1)))
         if bad.size:
             raise ValueError_(f"'{item(bad[0])[:40]}' is not a value of {dtype}")
         return x.astype(dtype.np_name)
