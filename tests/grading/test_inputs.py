@@ -137,13 +137,15 @@ def test_each_test_is_parsed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         (tmp_path / "tests" / "ann" / f"t{i}.eir").write_text(GOOD_TEST)
     for name in ("a", "b", "c"):
         _compiler(tmp_path / "subs", name, 'exec python3 -m ember run --backend ref "$@"')
-    calls = []
-    real = text.Parser.parse
+    calls, resolved = [], []
+    real, real_resolve = text.Parser.parse, text.resolve
     monkeypatch.setattr(text.Parser, "parse", lambda self: calls.append(self.path) or real(self))
+    monkeypatch.setattr(text, "resolve", lambda *a: resolved.append(1) or real_resolve(*a))
     assert main(["grade", "--tests", str(tmp_path / "tests"), "--submissions", str(tmp_path / "subs"),
                  "--out", str(tmp_path / "out"), "--jobs", "2"]) == 0
     assert json.loads((tmp_path / "out" / "grade.json").read_text())["submissions"]["c"]["rate"] == 1.0
     assert sorted(calls) == ["ann/t0.eir", "ann/t1.eir"]  # in this process: once each, not once per compiler
+    assert len(resolved) == 2  # and each expect line's values resolved once
 
 
 # ----------------------------------------------------------------------------- read back
