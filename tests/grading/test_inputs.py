@@ -199,7 +199,7 @@ def test_a_million_values_read_back_in_a_second_or_two() -> None:
     line = "x = " + data.format_values(vals, dt.f32)
     start = time.perf_counter()
     got = protocol.parse_output(line, _prog(dt.f32, 10**6))["x"]
-    assert time.perf_counter() - start < 3.0
+    assert time.perf_counter() - start < 4.0  # about 1 s here; one value at a time took 33 s
     assert np.array_equal(got.astype(np.float32).view(np.uint32), vals.view(np.uint32))
 
 
