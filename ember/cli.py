@@ -43,8 +43,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             values = backends.run_program(prog, backend)
         else:
             values, median = backends.bench_program(prog, backend, args.bench)
-    except EirError as e:
-        return _fail(str(e), 2)
+    except EirError as e:  # malformed: 2; unreadable: 3
+        return _fail(str(e), e.status)
     except (BackendError, CacheError) as e:
         return _fail(f"{args.file}: {e}", 3)
     except Exception as e:  # a bug in Ember: one line, never a partial result
@@ -58,13 +58,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_fmt(args: argparse.Namespace) -> int:
     try:
-        text = Path(args.file).read_bytes().decode("ascii", errors="replace")
         parse_file(args.file)  # exact errors, bytes included
+        text = Path(args.file).read_bytes().decode("ascii")
         out = format_text(text, args.file)
     except EirError as e:
-        return _fail(str(e), 2)
+        return _fail(str(e), e.status)
     except OSError as e:
-        return _fail(f"{args.file}:0: cannot read the file: {e.strerror}", 2)
+        return _fail(f"{args.file}: cannot read the file: {e.strerror}", 3)
     if args.check:
         if out != text:
             return _fail(f"{args.file}: not in canonical form (ember fmt -w rewrites it)", 1)
@@ -83,8 +83,8 @@ def cmd_source(args: argparse.Namespace) -> int:
     try:
         prog = parse_file(args.file)
         print(backends.BACKENDS[backend].source(prog.output_nodes, args.arch))
-    except EirError as e:
-        return _fail(str(e), 2)
+    except EirError as e:  # malformed: 2; unreadable: 3
+        return _fail(str(e), e.status)
     except (BackendError, CacheError) as e:
         return _fail(f"{args.file}: {e}", 3)
     except Exception as e:
@@ -102,6 +102,14 @@ def _files(paths: list[str]) -> list[str]:
         else:
             found.append(p)
     return found
+
+
+def _first_line(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.readline()
+    except OSError:
+        return b""
 
 
 def _check_error_test(path: str, want: tuple[int, str], compiler: list[str] | None, timeout: float) -> str | None:
@@ -128,7 +136,7 @@ def _check_error_test(path: str, want: tuple[int, str], compiler: list[str] | No
 def _test_one(path: str, backend: str | None, compiler: list[str] | None, timeout: float,
               bench: int | None = None) -> tuple[str | None, float | None]:
     """(None if the test file passes, else the failure line; the median ms with bench)."""
-    want = expected_error(path)
+    want = expected_error(_first_line(path))
     if want is not None:
         return _check_error_test(path, want, compiler, timeout), None
     try:
@@ -194,7 +202,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     files = _files(args.paths)
     missing = [f for f in files if not os.path.exists(f)]
     if missing:
-        return _fail(f"ember test: no such file or directory: {missing[0]}", 2)
+        return _fail(f"ember test: no such file or directory: {missing[0]}", 3)
     if not files:
         return _fail(f"ember test: no .eir files in {' '.join(args.paths)}", 2)
     problem = _usage_problem(args)

@@ -219,32 +219,93 @@ def read_back(tok: str, dtype: DType) -> int | float | None:
                 return None
             v = int(v)
         return v if dtype.min <= v <= dtype.max else None
+    if v == 0 and tok.startswith("-"):
+        v = -0.0  # a printed -0 is -0.0, as a float list reads it (spec 7)
     x = float(v) if not isinstance(v, int) or abs(v) < 1 << 1000 else math.copysign(math.inf, v)
     y = float(round_float(np.array([x]), dtype)[0])
     if dtype is dt.f64 or x == y or not math.isfinite(x) or not math.isfinite(y):
         return y
     # x is f64, already rounded once: a second rounding errs only when x landed exactly on a
     # midpoint between two values of dtype. Then compare the exact decimal with that midpoint.
-    z = _next_toward(y, x, dtype)
-    mid = (y + z) / 2 if math.isfinite(z) else y + (y - _next_toward(y, 0.0, dtype)) / 2
+    z = float(_next_toward(np.array([y]), np.array([x]), dtype)[0])
+    if math.isfinite(z):
+        mid = (y + z) / 2
+    else:
+        mid = y + (y - float(_next_toward(np.array([y]), np.array([0.0]), dtype)[0])) / 2
     if x != mid:
         return y
     exact = Fraction(tok) if isinstance(v, float) and "x" not in tok.lower() else Fraction(v)
     return y if abs(exact - Fraction(y)) <= abs(exact - Fraction(z)) else z  # a true tie keeps y, the even one
 
 
-def _next_toward(y: float, x: float, dtype: DType) -> float:
-    """The value of dtype next to y in the direction of x (y is a value of dtype)."""
-    if dtype is dt.bf16:  # bf16 values are the f32s whose low 16 bits are 0: step the high half
-        bits = int(np.array([y], np.float32).view(np.uint32)[0])
-        if y == 0:
-            out = 0x10000 | (0x80000000 if x < 0 else 0)   # the smallest subnormal on x's side
-        else:
-            out = bits + 0x10000 if abs(x) > abs(y) else bits - 0x10000  # sign-magnitude: away or toward 0
-        return float(np.array([out], np.uint32).view(np.float32)[0])
-    t = np.float16 if dtype is dt.f16 else np.float32
+def _next_toward(y: np.ndarray, x: np.ndarray, dtype: DType) -> np.ndarray:
+    """The values of dtype next to y (values of dtype, as f64) in the direction of x, as f64."""
     with np.errstate(over="ignore"):
-        return float(np.nextafter(t(y), t(math.inf if x > y else -math.inf)))
+        if dtype is dt.bf16:  # bf16 values are the f32s whose low 16 bits are 0: step the high half
+            bits = y.astype(np.float32).view(np.uint32).astype(np.int64)
+            away = np.where(np.abs(x) > np.abs(y), bits + 0x10000, bits - 0x10000)  # sign-magnitude
+            out = np.where(y == 0, 0x10000 | np.where(x < 0, 0x80000000, 0), away)  # the smallest subnormal
+            return out.astype(np.uint32).view(np.float32).astype(np.float64)
+        t = np.float16 if dtype is dt.f16 else np.float32
+        return np.nextafter(y.astype(t), np.where(x > y, np.inf, -np.inf).astype(t)).astype(np.float64)
+
+
+MAX_ITEM = 100  # characters of one printed value: 9 or 17 digits is what spec 9 asks for
+_FLOAT_CHARS = re.compile(r"[-0-9.eE+, \tinfa]*+")  # with the checks below, what numpy reads is a decimal of spec 1
+_INTS = re.compile(r"[ \t]*-?[0-9]{1,18}[ \t]*(?:,[ \t]*-?[0-9]{1,18}[ \t]*)*+")  # all within int64
+
+
+def bulk_floats(inner: str, n: int) -> np.ndarray | None:
+    """numpy's reading of n decimals (exact, as float() is), or None where it might differ from
+    parse_number: numpy also reads `+1` and `-nan`, and stops at the first item it cannot read."""
+    if not _FLOAT_CHARS.fullmatch(inner):
+        return None
+    b = np.frombuffer(inner.encode(), np.uint8)
+    plus, minus = np.flatnonzero(b == ord("+")), np.flatnonzero(b[:-1] == ord("-"))
+    if not np.isin(b[plus - 1], np.frombuffer(b"eE", np.uint8)).all() or (b[minus + 1] == ord("n")).any():
+        return None
+    try:
+        x = np.fromstring(inner, np.float64, sep=",")
+    except ValueError:
+        return None
+    return x if x.size == n else None
+
+
+def read_values(inner: str, dtype: DType, n: int) -> np.ndarray:
+    """A printed list's n values (`v0, v1, ...` without its brackets) read back into dtype as
+    read_back does, in bulk: floats as f64 holding the dtype's values, ints in the dtype's
+    storage type. numpy converts the decimals (exactly, as float() does); only hex floats,
+    true/false, ints past int64, bad items and the rare ties of a second rounding go through
+    read_back one at a time. Raises ValueError_ with what is wrong."""
+    ends = np.flatnonzero(np.frombuffer(inner.encode("ascii", errors="replace"), np.uint8) == ord(","))
+    count = ends.size + 1 if ends.size or inner.strip() else 0
+    if count != n:
+        raise ValueError_(f"{count} values, expected {n}")
+    bounds = np.concatenate([[-1], ends, [len(inner)]])
+    item = lambda i: inner[bounds[i] + 1:bounds[i + 1]].strip()  # noqa: E731
+    long = np.flatnonzero(np.diff(bounds) > MAX_ITEM + 1)
+    if long.size:
+        raise ValueError_(f"'{item(long[0])[:40]}...' is longer than {MAX_ITEM} characters")
+    x = bulk_floats(inner, n) if dtype.is_float else None
+    if x is not None:
+        y = round_float(x, dtype).astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            near = np.flatnonzero((x != y) & np.isfinite(x) & np.isfinite(y))
+        z = _next_toward(y[near], x[near], dtype)
+        for i in near[(x[near] == (y[near] + z) / 2) | ~np.isfinite(z)]:  # on a midpoint: the exact decimal decides
+            y[i] = read_back(item(i), dtype)
+        return y
+    if not dtype.is_float and _INTS.fullmatch(inner):
+        x = np.fromstring(inner, np.int64, sep=",")
+        bad = np.flatnonzero((x < dtype.min) | (x > min(dtype.max, 2**63 - 1)))
+        if bad.size:
+            raise ValueError_(f"'{item(bad[0])[:40]}' is not a value of {dtype}")
+        return x.astype(dtype.np_name)
+    values = [read_back(s.strip(), dtype) for s in inner.split(",")] if n else []
+    bad_at = next((i for i, v in enumerate(values) if v is None), None)
+    if bad_at is not None:
+        raise ValueError_(f"'{item(bad_at)[:40]}' is not a value of {dtype}")
+    return np.array(values, np.float64 if dtype.is_float else dtype.np_name)
 
 
 DEFAULT_TOL = {dt.f64: (1e-12, 1e-9), dt.f32: (1e-5, 1e-4), dt.f16: (1e-3, 1e-2), dt.bf16: (1e-2, 2e-2)}

@@ -4,11 +4,12 @@ error-test convention; the `# bench` timing line."""
 from __future__ import annotations
 
 import math
+import os
 import re
 
 import numpy as np
 
-from . import data
+from . import data, ir
 from .text import EirError, Program
 
 
@@ -29,13 +30,11 @@ def parse_output(stdout: str, prog: Program) -> dict[str, np.ndarray]:
         inner = rest.strip()
         if not (inner.startswith("[") and inner.endswith("]")):
             raise ValueError(f"bad output line for {name}: {line[:80]}")
-        items = [s.strip() for s in inner[1:-1].split(",")] if inner[1:-1].strip() else []
-        dtype = prog.nodes[name].dtype
-        nums = [data.read_back(s, dtype) for s in items]
-        bad = next((s for s, v in zip(items, nums) if v is None), None)
-        if bad is not None:
-            raise ValueError(f"'{bad[:40]}' in the output line for {name} is not a value of {dtype}")
-        got[name] = np.array(nums, dtype=np.float64 if dtype.is_float else object)
+        node = prog.nodes[name]
+        try:
+            got[name] = data.read_values(inner[1:-1], node.dtype, node.numel)
+        except data.ValueError_ as e:
+            raise ValueError(f"the output line for {name} ({ir.fmt_type(node.dtype, node.shape)}): {e}") from None
     return got
 
 
@@ -67,23 +66,20 @@ def compare(prog: Program, got: dict[str, np.ndarray], answers: dict[str, np.nda
 ERROR_TEST = re.compile(r"# error: (\d+): (.*)")
 
 
-def expected_error(path: str) -> tuple[int, str] | None:
+def expected_error(source: bytes) -> tuple[int, str] | None:
     """(line, words) for a test of an error message: a file whose first line is
     `# error: LINE: words of the message` passes when the program is rejected there."""
-    try:
-        with open(path, "rb") as f:
-            first = f.readline().decode("ascii", errors="replace")
-    except OSError:
-        return None
-    m = ERROR_TEST.match(first)
+    m = ERROR_TEST.match(source.partition(b"\n")[0].decode("ascii", errors="replace"))
     return (int(m.group(1)), m.group(2).strip()) if m else None
 
 
-def reported_error(status: int | None, stderr: str, line: int, path: str | None = None) -> bool:
-    """Spec 9's answer to an invalid program: status 2 and `FILE:LINE: message` first on stderr
-    (FILE is any path when path is None: a grader runs a copy of the file)."""
+def reported_error(status: int | None, stderr: str, line: int, path: str, copy: bool = False) -> bool:
+    """Spec 9's answer to an invalid program: status 2 and `FILE:LINE: message` first on stderr.
+    FILE is path as the compiler was given it; copy=True (a grader's copy of the file in a folder
+    of its own): any folder, then path's file name. No other colon may come before LINE."""
     first = (stderr.strip().splitlines() or [""])[0]
-    return status == 2 and re.match(rf"{re.escape(path) if path else '.*'}:{line}:", first) is not None
+    file = rf"(?:[^:\n]*/)?{re.escape(os.path.basename(path))}" if copy else re.escape(path)
+    return status == 2 and re.match(rf"{file}:{line}:", first) is not None
 
 
 BENCH_LINE = re.compile(r"# bench runs=(\d+) median_ms=([0-9.eE+-]+)\s*$")

@@ -5,6 +5,7 @@ which check the type rules; every error becomes one EirError naming the file and
 """
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,9 +22,20 @@ from .ir import IRError, Node, Op
 class EirError(Exception):
     """A malformed program: printed as `FILE:LINE: message`, exit status 2."""
 
+    status = 2
+
     def __init__(self, path: str, line: int, msg: str):
         super().__init__(f"{path}:{line}: {msg}")
         self.path, self.line, self.msg = path, line, msg
+
+
+class UnreadableFile(EirError):
+    """A file that cannot be read: not malformed, so exit status 3 and no line number."""
+    status = 3
+
+    def __init__(self, path: str, err: OSError):
+        Exception.__init__(self, f"{path}: cannot read the file: {err.strerror}")
+        self.path, self.line, self.msg = path, 0, f"cannot read the file: {err.strerror}"
 
 
 KEYWORDS = {"ember", "return", "input", "expect"}
@@ -58,31 +70,22 @@ EXPECT_ATTRS = {"atol": "number", "rtol": "number"}
 
 # ------------------------------------------------------------------------------------ tokens
 
+_TOKEN = re.compile(r"(?:[^ \t\[\]]+|\[[^\]]*\])+")  # blanks end a token, except inside a [...] list
+_BLANKS = re.compile(r"[ \t]*")
+
+
 def tokenize(line: str) -> list[str]:
-    """Split a line (comment already removed) on blanks; a `[...]` list is part of one token."""
+    """Split a line (comment already removed) on blanks; a `[...]` list is part of one token.
+    Compiled patterns step over each token at once, so a line costs time linear in its length."""
     tokens: list[str] = []
-    cur = ""
-    i = 0
-    while i < len(line):
-        ch = line[i]
-        if ch == "[":
-            j = line.find("]", i)
-            if j < 0:
-                raise ValueError("a list opened with '[' is not closed with ']'")
-            cur += line[i:j + 1]
-            i = j + 1
-            continue
-        if ch == "]":
-            raise ValueError("']' without an opening '['")
-        if ch in " \t":
-            if cur:
-                tokens.append(cur)
-            cur = ""
-        else:
-            cur += ch
-        i += 1
-    if cur:
-        tokens.append(cur)
+    pos = _BLANKS.match(line).end()  # type: ignore[union-attr]
+    while pos < len(line):
+        m = _TOKEN.match(line, pos)
+        if m is None:
+            raise ValueError("']' without an opening '['" if line[pos] == "]" else
+                             "a list opened with '[' is not closed with ']'")
+        tokens.append(m.group())
+        pos = _BLANKS.match(line, m.end()).end()  # type: ignore[union-attr]
     return tokens
 
 
@@ -181,6 +184,7 @@ class Program:
     return_line: int = 0
     inputs: dict[str, DataSpec] = field(default_factory=dict)
     expects: dict[str, DataSpec] = field(default_factory=dict)
+    resolved: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def output_nodes(self) -> list[Node]:
@@ -192,8 +196,11 @@ class Program:
         return resolve(self.inputs[name], node.dtype, node.shape)
 
     def expected_values(self, name: str) -> np.ndarray:
-        node = self.nodes[name]
-        return resolve(self.expects[name], node.dtype, node.shape)
+        """The values an expect line gives, resolved once (a grader compares them with every compiler's)."""
+        if name not in self.resolved:
+            node = self.nodes[name]
+            self.resolved[name] = resolve(self.expects[name], node.dtype, node.shape)
+        return self.resolved[name]
 
 
 def resolve(spec: DataSpec, dtype: DType, shape: tuple[int, ...]) -> np.ndarray:
@@ -209,7 +216,13 @@ def _data_spec(tokens: list[str], line: int, extra: dict[str, str]) -> DataSpec:
         raise ValueError("expected data: a list [v0, v1, ...] or rand seed=S")
     if tokens[0].startswith("["):
         attrs = parse_attrs(tokens[1:], extra, "this data")
-        values = [number(s, "a data value") for s in parse_list(tokens[0])]
+        inner = tokens[0][1:-1]
+        x = data.bulk_floats(inner, inner.count(",") + 1) if inner.strip() else None
+        if x is not None and (np.abs(x[np.isfinite(x)]) < 2**53).all():  # decimals in bulk, exact for ints too
+            values: list[int | float] = x.tolist()
+        else:  # every number in a list is read as a float for a float dtype (spec 7): -0 stays -0.0
+            values = [-0.0 if v == 0 and s.startswith("-") else v
+                      for s in parse_list(tokens[0]) for v in (number(s, "a data value"),)]
         return DataSpec(line, values=values, **attrs)
     if tokens[0] != "rand":
         raise ValueError(f"expected data: a list [v0, v1, ...] or rand seed=S, found '{tokens[0]}'")
@@ -233,13 +246,15 @@ class Parser:
     def parse(self) -> Program:
         last = 0
         for lineno, raw in enumerate(self.text.split("\n"), 1):
-            code, _ = split_comment(raw)
+            code, _ = split_comment(raw.removesuffix("\r"))  # CRLF reads as LF
             if not code.strip():
                 continue
             last = lineno
             try:
                 if not code.isascii():
                     raise ValueError("the format is ASCII text; found a non-ASCII character")
+                if "\r" in code:
+                    raise ValueError("a carriage return (\\r) inside a line: lines end with \\n or \\r\\n")
                 self.statement(tokenize(code), lineno)
             except (ValueError, IRError, data.ValueError_) as e:
                 raise self.error(lineno, str(e)) from None
@@ -353,7 +368,8 @@ class Parser:
         elif opname in SCHEMA:
             count, kinds, required = SCHEMA[opname]
         else:
-            raise ValueError(f"unknown op '{opname}'")
+            near = difflib.get_close_matches(opname, [*SCHEMA, "param", "const", "iota", "max"], n=1)
+            raise ValueError(f"unknown op '{opname}'" + (f" (did you mean '{near[0]}'?)" if near else ""))
         if len(operands) != count:
             raise ValueError(f"{opname} takes {count} operand{'s' * (count > 1)}, found {len(operands)}")
         srcs = [self.use(t) for t in operands]
@@ -404,7 +420,14 @@ def check_spec(spec: DataSpec, node: Node) -> None:
     if len(spec.values) != node.numel:
         raise ValueError(f"expected {node.numel} values for {ir.fmt_type(node.dtype, node.shape)}, "
                          f"found {len(spec.values)}")
-    spec.values = [data.literal_value(v, node.dtype, truncate=False) for v in spec.values]
+    try:  # floats in bulk (a cast from f64, as literal_value does one at a time)
+        floats = np.array(spec.values, np.float64) if node.dtype.is_float else None
+    except OverflowError:  # an integer literal beyond f64
+        floats = None
+    if floats is not None:
+        spec.values = data.round_float(floats, node.dtype).astype(np.float64).tolist()
+    else:
+        spec.values = [data.literal_value(v, node.dtype, truncate=False) for v in spec.values]
 
 
 def apply(opname: str, srcs: list[Node], attrs: dict[str, Any]) -> Node:
@@ -449,13 +472,26 @@ def parse_file(path: str) -> Program:
         with open(path, "rb") as f:
             raw = f.read()
     except OSError as e:
-        raise EirError(path, 0, f"cannot read the file: {e.strerror}") from None
+        raise UnreadableFile(path, e) from None
+    return parse_bytes(raw, path)
+
+
+def parse_bytes(raw: bytes, path: str) -> Program:
+    """Parse a file's bytes; path names it in errors."""
+    return parse(decode(raw, path), path)
+
+
+def decode(raw: bytes, path: str) -> str:
+    """The file's text: ASCII (spec 1), or an EirError saying where it is not."""
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raise EirError(path, 1, "the file starts with a UTF-8 byte order mark (EF BB BF); the format is ASCII "
+                                "text: save it without one")
     try:
-        text = raw.decode("ascii")
+        return raw.decode("ascii")
     except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise EirError(path, line, "the format is ASCII text; found a non-ASCII byte") from None
-    return parse(text, path)
+        start = raw.rfind(b"\n", 0, e.start) + 1
+        raise EirError(path, raw.count(b"\n", 0, e.start) + 1, f"the format is ASCII text; found a non-ASCII "
+                       f"byte 0x{raw[e.start]:02x} at column {e.start - start + 1}") from None
 
 
 # ---------------------------------------------------------------------------------- printing
@@ -563,7 +599,7 @@ def format_text(text: str, path: str = "<string>") -> str:
     parse(text, path)
     out: list[str] = []
     for raw in text.split("\n"):
-        code, comment = split_comment(raw)
+        code, comment = split_comment(raw.removesuffix("\r"))  # canonical form ends lines with LF
         toks = tokenize(code)
         if not toks:
             if comment:

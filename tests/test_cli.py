@@ -43,9 +43,11 @@ def test_malformed_exit_2_one_line(path: Path, capsys: pytest.CaptureFixture[str
     assert len(err.strip().splitlines()) == 1 and err.startswith(f"{path}:")
 
 
-def test_missing_file_is_status_2(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(["run", "/nonexistent/x.eir", "--backend", "ref"], capsys)
-    assert code == 2 and "cannot read" in err
+@pytest.mark.parametrize("cmd", [["run"], ["fmt"], ["source", "--backend", "c"], ["run", "--bench", "2"]])
+def test_missing_file_is_status_3(cmd: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run([*cmd, "/nonexistent/x.eir"], capsys)  # 2 means malformed; this file is not there
+    assert code == 3 and out == "" and err == "/nonexistent/x.eir: cannot read the file: No such file or directory\n"
+    assert run(["test", "/nonexistent/x.eir"], capsys)[0] == 3
 
 
 def test_test_command_counts_and_reports_mismatch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,6 +23,9 @@ def add_commands(sub: Any, fmt: type) -> None:
                    help="also report pairs of submissions (and each against Ember) sharing at least THRESHOLD "
                         "of their code's fingerprints (0.25 when given alone)")
     p.add_argument("--similarity-base", metavar="DIR", help="starter code whose fingerprints never count")
+    p.add_argument("--max-test-mib", type=float, default=16.0, help="a larger test file is invalid")
+    p.add_argument("--validate-mib", type=float, default=2048.0, help="memory for validating one test")
+    p.add_argument("--validate-timeout", type=float, default=60.0, help="CPU and wall seconds for validating one test")
     p.set_defaults(fn=grade.cmd_grade)
 
     p = sub.add_parser("bench", help="time the benchmark suite through every compiler (docs/grading.md)",

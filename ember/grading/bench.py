@@ -13,7 +13,7 @@ from .. import protocol
 from ..text import EirError, Program, parse_file
 from . import course
 from .grade import REFERENCE, Submission, _fail, judge, load_submissions, run_compiler
-from .reports import _write_csv, _write_json, _write_text
+from .reports import _write_csv, _write_json, _write_text, prepare_out
 from .sandbox import Limits, Result, Sandbox
 
 
@@ -95,6 +95,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         progs = [parse_file(str(f)) for f in files]
     except EirError as e:
         return _fail(str(e), 2)
+    out = prepare_out(out)  # before any submission runs (reports.py says why)
     # one at a time: timings do not share the GPU
     sandbox = Sandbox([*hide, out], 1, Limits(wall=args.timeout), allow_ember=args.allow_ember)
     results: dict[str, dict[str, dict[str, Any]]] = {}

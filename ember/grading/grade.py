@@ -9,20 +9,24 @@ takes part as the submission `reference`; it is trusted and runs as the grader.
 from __future__ import annotations
 
 import argparse
+import math
+import multiprocessing
 import os
 import re
+import resource
+import stat
 import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .. import cli, protocol
-from ..text import EirError, Program, parse_file
+from .. import backends, protocol
+from ..text import EirError, Program, parse_bytes
 from . import course, similarity, week
-from .reports import _cell, _write_csv, _write_json, _write_text
+from .reports import _cell, _write_csv, _write_json, _write_text, prepare_out
 from .sandbox import Limits, Result, Sandbox
 
 REFERENCE = "reference"
@@ -47,9 +51,9 @@ class Submission:
         return [str(self.folder / "compiler")]
 
 
-def without_expects(path: Path) -> bytes:
+def without_expects(source: bytes) -> bytes:
     """The test as a compiler sees it: `expect` lines blanked, so line numbers stay the same."""
-    return EXPECT_LINE.sub(b"", path.read_bytes())
+    return EXPECT_LINE.sub(b"", source)
 
 
 def load_submissions(sources: list[course.Source], sandbox: Sandbox, ref: str | None, timeout: float,
@@ -77,8 +81,10 @@ def load_submissions(sources: list[course.Source], sandbox: Sandbox, ref: str | 
     return subs
 
 
-def run_compiler(sandbox: Sandbox, sub: Submission, test: Path, extra: list[str], wall: float) -> Result:
-    files = {test.name: without_expects(test)}
+def run_compiler(sandbox: Sandbox, sub: Submission, test: Path, extra: list[str], wall: float,
+                 source: bytes | None = None) -> Result:
+    """sub's compiler on a copy of the test (source: its bytes as the grader read them, else read from test)."""
+    files = {test.name: without_expects(test.read_bytes() if source is None else source)}
     return sandbox.run(sub.command() + ["{dir}/" + test.name] + extra, files=files,
                        submission=sub.folder, wall=wall, trusted=sub.folder is None)
 
@@ -113,17 +119,66 @@ def judge(prog: Program, r: Result, expected: dict[str, np.ndarray] | None = Non
 class Test:
     key: str                  # author/file
     path: Path
+    source: bytes = b""       # the file's bytes, read once (read_test)
+    want: tuple[int, str] | None = None   # (line, words) of a test of an error message
+    prog: Program | None = None           # parsed once, after validation
     valid: bool = True
     reason: str | None = None
     broken_by: list[str] = field(default_factory=list)
 
 
-def find_tests(folder: Path) -> list[Test]:
+def find_tests(folder: Path, max_bytes: int) -> list[Test]:
+    """Every *.eir under each author's folder, read once. Links are never followed: a linked
+    author or subfolder is skipped, a linked or special file is an invalid test."""
     tests = []
-    for author in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        for f in sorted(author.rglob("*.eir")):
-            tests.append(Test(f"{author.name}/{f.relative_to(author).as_posix()}", f))
+    authors = [p for p in folder.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")]
+    for author in sorted(authors):
+        for f in _eir_files(author):
+            t = Test(f"{author.name}/{f.relative_to(author).as_posix()}", f)
+            try:
+                t.source = read_test(f, max_bytes)
+                t.want = protocol.expected_error(t.source)
+            except ValueError as e:
+                t.valid, t.reason = False, str(e)
+            tests.append(t)
     return tests
+
+
+def _eir_files(author: Path) -> Iterator[Path]:
+    """Every *.eir below an author's folder, in order, never through a link. Iterative: a tree
+    a thousand folders deep is only deep (os.walk recurses on Python 3.11)."""
+    stack = [author]
+    while stack:
+        try:
+            entries = sorted(os.scandir(stack.pop()), key=lambda e: e.name)
+        except OSError:   # a path past PATH_MAX, or a folder not readable: nothing in it is a test
+            continue
+        stack += [Path(e.path) for e in reversed(entries) if e.is_dir(follow_symlinks=False)]
+        yield from (Path(e.path) for e in entries if e.name.endswith(".eir") and not e.is_dir(follow_symlinks=False))
+
+
+def read_test(path: Path, max_bytes: int) -> bytes:
+    """A student's test file: a regular file of at most max_bytes, never through a link, never
+    blocking (a FIFO). The ValueError says why not, quoting nothing of what the path points to."""
+    too_large = f"is larger than {max_bytes / 2**20:g} MiB (--max-test-mib)"
+    try:
+        if stat.S_ISLNK(os.lstat(path).st_mode):
+            raise ValueError("is a symlink: a test must be a regular file (links are not followed)")
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError("is not a regular file (a test must be one)")
+            if st.st_size > max_bytes:
+                raise ValueError(too_large)
+            raw = f.read(max_bytes + 1)
+    except OSError as e:
+        raise ValueError(f"cannot be read: {e.strerror}") from None
+    if len(raw) > max_bytes:  # it grew after fstat
+        raise ValueError(too_large)
+    return raw
+
+
+MAX_VALIDATE_NUMEL = 1 << 28  # elements of one value the reference evaluator materializes for validation
 
 
 # the reference evaluator rounding each op's result, then keeping every intermediate wide (spec 4)
@@ -131,36 +186,97 @@ VALIDITY_MODES = (("ref", ""), ("ref-wide", " with intermediates kept wide (spec
 
 
 def validate(t: Test) -> None:
-    """A test is valid when it parses and its expectations hold on the reference evaluator in both
-    of spec 8's modes: each op's result rounded to its dtype, and every intermediate kept wide."""
-    want = protocol.expected_error(str(t.path))
-    if want is None:
-        try:
-            prog = parse_file(str(t.path))
-        except EirError as e:
+    """A test is valid when it parses, has at least one expect line, and its expectations hold
+    on the reference evaluator in both of spec 8's modes (each op's result rounded to its dtype,
+    and every intermediate kept wide); a test of an error message, when the reference rejects it on its
+    line with its words. Runs in a child process with limits (validate_limited)."""
+    try:
+        prog = parse_bytes(t.source, t.key)
+        protocol.check_inputs(prog)
+    except EirError as e:
+        if t.want is None or e.line != t.want[0] or t.want[1] not in e.msg:
             t.valid, t.reason = False, f"does not parse: {e}"
-            return
-        if not prog.expects:
-            t.valid, t.reason = False, "has no expect line, so it checks nothing"
-            return
+        return
+    if t.want is not None:
+        t.valid, t.reason = False, f"expects the error '{t.want[1]}' on line {t.want[0]}, but the program is valid"
+        return
+    if not prog.expects:
+        t.valid, t.reason = False, "has no expect line, so it checks nothing"
+        return
+    big = max(prog.nodes, key=lambda n: prog.nodes[n].numel)
+    if prog.nodes[big].numel > MAX_VALIDATE_NUMEL:
+        t.valid, t.reason = False, (f"too large: '{big}' has {prog.nodes[big].numel} elements, and the grader "
+                                    f"validates values of at most 2^28")
+        return
+    inputs = {prog.nodes[p]: prog.input_values(p) for p in prog.params}
     for backend, how in VALIDITY_MODES:  # spec 8: valid only if it holds however a compiler may round
-        problem, _ = cli._test_one(str(t.path), backend, None, 0)
+        try:  # the evaluator itself, not run_program, whose backend probe would start CUDA in every child
+            values = backends.BACKENDS[backend].run(prog.output_nodes, inputs)
+            problem = protocol.compare(prog, dict(zip(prog.outputs, values)))
+        except backends.BackendError as e:
+            problem = str(e)
         if problem is not None:
             t.valid, t.reason = False, f"fails on the reference evaluator{how}: {problem}"
             return
+
+
+def validate_limited(t: Test, memory: int, seconds: float) -> None:
+    """validate(t) in a child process limited to memory bytes of data and seconds of CPU and
+    wall time; then, when it is valid, the test parsed once for grading. Children fork from
+    a server that holds Ember already, so each starts in milliseconds."""
+    if not t.valid:
+        return
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_validate_child, args=(t, memory, seconds, send), daemon=True)
+    child.start()
+    send.close()
+    try:
+        result = recv.recv() if recv.poll(seconds) else None
+    except EOFError:  # it died
+        result = None
+    child.join(1.0 if result is not None else 0.0)
+    timed_out = child.is_alive()
+    if timed_out:
+        child.kill()
+    child.join()
+    recv.close()
+    if result is not None:
+        t.valid, t.reason = result
+    elif timed_out or child.exitcode in (-9, -24):  # SIGKILL or SIGXCPU: the CPU time limit
+        t.valid, t.reason = False, f"took more than {seconds:g} s to validate"
+    else:
+        t.valid, t.reason = False, f"stopped the validation (exit status {child.exitcode})"
+    if t.valid and t.want is None:
+        t.prog = parse_bytes(t.source, t.key)
+
+
+def _validate_child(t: Test, memory: int, seconds: float, conn: Any) -> None:
+    resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))  # numpy's arrays are private mappings: counted
+    cpu = max(1, math.ceil(seconds))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    try:
+        validate(t)
+    except MemoryError:
+        t.valid, t.reason = False, f"too large: it exceeded the validation memory limit ({memory >> 20} MiB)"
+    except Exception as e:  # a bug of the reference evaluator: the test cannot be judged
+        t.valid, t.reason = False, f"the reference evaluator failed on it: {type(e).__name__}: {str(e)[:200]}"
+    conn.send((t.valid, t.reason))
 
 
 def grade_one(sandbox: Sandbox, sub: Submission, t: Test, timeout: float) -> str | None:
     """None when sub passes test t, else the first mismatch or error."""
     if sub.build_error:
         return sub.build_error
-    r = run_compiler(sandbox, sub, t.path, [], timeout)
-    want = protocol.expected_error(str(t.path))
-    if want is not None:  # a test of an error message: status 2 and FILE:LINE: on stderr
-        if protocol.reported_error(r.status, r.stderr, want[0]):
+    r = run_compiler(sandbox, sub, t.path, [], timeout, t.source)
+    if t.want is not None:  # a test of an error message: status 2 and FILE:LINE: first on stderr, FILE its copy
+        if protocol.reported_error(r.status, r.stderr, t.want[0], t.path.name, copy=True):
             return None
-        return f"expected exit status 2 and an error on line {want[0]}, got {r.failure() or 'success'}"
-    return judge(parse_file(str(t.path)), r)
+        return (f"expected exit status 2 and '{t.path.name}:{t.want[0]}: ...' first on stderr (the path as given), "
+                f"got {r.failure() or 'success'}")
+    assert t.prog is not None
+    return judge(t.prog, r)
 
 
 def cmd_grade(args: argparse.Namespace) -> int:
@@ -174,9 +290,10 @@ def cmd_grade(args: argparse.Namespace) -> int:
     base = Path(args.similarity_base) if args.similarity_base else None
     if base is not None and not base.is_dir():
         return _fail(f"ember grade: --similarity-base {base} is not a folder", 2)
-    tests = find_tests(tests_dir)
+    tests = find_tests(tests_dir, int(args.max_test_mib * 2**20))
     if not tests:
         return _fail(f"ember grade: no tests in {tests_dir} (one subfolder of .eir files per author)", 2)
+    out = prepare_out(out)
     jobs = args.jobs or os.cpu_count() or 1
     sandbox = Sandbox([tests_dir, *hide, out], jobs, Limits(wall=args.timeout), allow_ember=args.allow_ember)
     if sandbox.level != "namespaces":
@@ -184,7 +301,9 @@ def cmd_grade(args: argparse.Namespace) -> int:
     try:
         from tqdm import tqdm
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            list(tqdm(pool.map(validate, tests), total=len(tests), desc="validating tests", file=sys.stderr))
+            memory = int(args.validate_mib * 2**20)
+            checks = pool.map(lambda t: validate_limited(t, memory, args.validate_timeout), tests)
+            list(tqdm(checks, total=len(tests), desc="validating tests", file=sys.stderr))
         subs = load_submissions(sources, sandbox, args.ref, args.build_timeout, lambda m: print(m, file=sys.stderr))
         valid = [t for t in tests if t.valid]
         failures: dict[str, dict[str, str]] = {s.name: {} for s in subs}
@@ -216,7 +335,6 @@ def cmd_grade(args: argparse.Namespace) -> int:
 
 
 def write_grade(out: Path, report: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "grade.json", report)
     subs, tests = report["submissions"], report["tests"]
     _write_csv(out / "submissions.csv", ["name", "passed", "failed", "rate"],
@@ -229,9 +347,9 @@ def write_grade(out: Path, report: dict[str, Any]) -> None:
     md += [f"| {n} | {s['passed']} | {s['failed']} | {100 * s['rate']:.1f}% |"
            for n, s in sorted(subs.items(), key=lambda kv: -kv[1]["rate"])]
     md += ["", "## Tests that break compilers (the bonus)", "", "| test | broken by |", "|---|---|"]
-    md += [f"| {k} | {', '.join(t['broken_by'])} |" for k, t in tests.items() if t["valid"] and t["broken_by"]]
+    md += [f"| {_cell(k)} | {', '.join(t['broken_by'])} |" for k, t in tests.items() if t["valid"] and t["broken_by"]]
     md += ["", "## Invalid tests", "", "| test | reason |", "|---|---|"]
-    md += [f"| {k} | {_cell(t['reason'])} |" for k, t in tests.items() if not t["valid"]]
+    md += [f"| {_cell(k)} | {_cell(t['reason'])} |" for k, t in tests.items() if not t["valid"]]
     if "similarity" in report:
         md += similarity.markdown(report["similarity"])
     _write_text(out / "summary.md", "\n".join(md) + "\n")

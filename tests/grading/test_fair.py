@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ember import ref, text
+from ember import protocol, ref, text
 from ember.cli import main
 from ember.grading import grade
 
@@ -25,7 +25,7 @@ def _both(tmp_path: Path, src: str) -> tuple[list[np.ndarray], list[np.ndarray]]
 
 def test_unfair_f16_matmul_is_invalid_and_names_the_wide_mode() -> None:
     assert main(["test", str(UNFAIR), "--backend", "ref"]) == 0   # op-by-op rounding alone accepts it
-    t = grade.Test("ann/f16_matmul_k256.eir", UNFAIR)
+    t = grade.Test("ann/f16_matmul_k256.eir", UNFAIR, UNFAIR.read_bytes())
     grade.validate(t)
     assert not t.valid and t.reason is not None
     assert t.reason.startswith("fails on the reference evaluator with intermediates kept wide (spec 8): "), t.reason
@@ -41,7 +41,7 @@ def test_a_test_fair_only_to_wide_compilers_is_invalid_too(tmp_path: Path) -> No
     f.parent.mkdir()
     f.write_text("ember 1\nx = param f16[1]\nc = const 1 f16[1]\ny = add x c\nz = sub y c\nreturn z\n"
                  "input x = [0.0001]\nexpect z = [0.0001] atol=0 rtol=1e-3\n")
-    t = grade.Test("bob/wide_only.eir", f)
+    t = grade.Test("bob/wide_only.eir", f, f.read_bytes())
     grade.validate(t)
     assert not t.valid and t.reason is not None and t.reason.startswith("fails on the reference evaluator: "), t.reason
     assert main(["test", str(f), "--backend", "ref-wide"]) == 0
@@ -73,7 +73,8 @@ def test_corpus_is_valid_in_both_modes() -> None:
     assert len(CORPUS) > 150
     bad = []
     for path in CORPUS:
-        t = grade.Test(str(path.relative_to(ROOT)), path)
+        t = grade.Test(str(path.relative_to(ROOT)), path, path.read_bytes())
+        t.want = protocol.expected_error(t.source)
         grade.validate(t)
         if not t.valid:
             bad.append(f"{t.key}: {t.reason}")
