@@ -12,7 +12,7 @@ import argparse
 import os
 import re
 import sys
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -22,7 +22,7 @@ import numpy as np
 from .. import cli, protocol
 from ..text import EirError, Program, parse_file
 from .reports import _cell, _write_csv, _write_json, _write_text
-from .sandbox import Limits, Result, Sandbox
+from .sandbox import Result, Sandbox, level
 
 REFERENCE = "reference"
 
@@ -156,6 +156,11 @@ def grade_one(sandbox: Sandbox, sub: Submission, t: Test, timeout: float) -> str
     return judge(parse_file(str(t.path)), r)
 
 
+def grade_task(sandbox: Sandbox, subs: dict[str, Submission], name: str, t: Test, timeout: float) -> str | None:
+    """grade_one as a task of cluster.Runner."""
+    return grade_one(sandbox, subs[name], t, timeout)
+
+
 def cmd_grade(args: argparse.Namespace) -> int:
     tests_dir, subs_dir, out = Path(args.tests), Path(args.submissions), Path(args.out)
     for d, what in ((tests_dir, "--tests"), (subs_dir, "--submissions")):
@@ -165,33 +170,31 @@ def cmd_grade(args: argparse.Namespace) -> int:
     if not tests:
         return _fail(f"ember grade: no tests in {tests_dir} (one subfolder of .eir files per author)", 2)
     jobs = args.jobs or os.cpu_count() or 1
-    sandbox = Sandbox([tests_dir, subs_dir, out], jobs, Limits(wall=args.timeout))
-    if sandbox.level != "namespaces":
-        print(f"ember grade: containment is '{sandbox.level}' here (see docs/grading.md)", file=sys.stderr)
-    try:
-        from tqdm import tqdm
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            list(tqdm(pool.map(validate, tests), total=len(tests), desc="validating tests", file=sys.stderr))
-        subs = load_submissions(subs_dir, sandbox, args.ref, args.build_timeout, lambda m: print(m, file=sys.stderr))
-        valid = [t for t in tests if t.valid]
-        failures: dict[str, dict[str, str]] = {s.name: {} for s in subs}
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(grade_one, sandbox, s, t, args.timeout): (s, t) for s in subs for t in valid}
-            for f in tqdm(as_completed(futures), total=len(futures), desc="grading", file=sys.stderr):
-                s, t = futures[f]
-                problem = f.result()
-                if problem is not None:
-                    failures[s.name][t.key] = problem
-                    t.broken_by.append(s.name)
-    finally:
-        sandbox.close()
+    from .cluster import Context, Runner  # cluster imports this module
+    ctx = Context(str(subs_dir), args.ref, args.build_timeout, (str(tests_dir), str(subs_dir), str(out)),
+                  args.timeout, jobs)
+    if level() != "namespaces":
+        print(f"ember grade: containment is '{level()}' here (see docs/grading.md)", file=sys.stderr)
+    from tqdm import tqdm
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(tqdm(pool.map(validate, tests), total=len(tests), desc="validating tests", file=sys.stderr))
+    valid = [t for t in tests if t.valid]
+    with Runner(ctx, jobs, args.scheduler, args.workers, progress=lambda m: print(m, file=sys.stderr)) as runner:
+        names = runner.names
+        failures: dict[str, dict[str, str]] = {n: {} for n in names}
+        tasks = [(n, t, args.timeout) for n in names for t in valid]
+        for i, problem in tqdm(runner.map(grade_task, tasks), total=len(tasks), desc="grading", file=sys.stderr):
+            n, t, _ = tasks[i]
+            if problem is not None:
+                failures[n][t.key] = problem
+                t.broken_by.append(n)
     report = {
         "tests": {t.key: {"valid": t.valid, "reason": t.reason, "broken_by": sorted(t.broken_by)} for t in tests},
-        "submissions": {s.name: {"passed": len(valid) - len(failures[s.name]), "failed": len(failures[s.name]),
-                                 "rate": (len(valid) - len(failures[s.name])) / len(valid) if valid else 0.0,
-                                 "failures": dict(sorted(failures[s.name].items()))} for s in subs}}
+        "submissions": {n: {"passed": len(valid) - len(failures[n]), "failed": len(failures[n]),
+                            "rate": (len(valid) - len(failures[n])) / len(valid) if valid else 0.0,
+                            "failures": dict(sorted(failures[n].items()))} for n in names}}
     write_grade(out, report)
-    print(f"graded {len(subs)} compilers on {len(valid)} valid tests ({len(tests) - len(valid)} invalid): "
+    print(f"graded {len(names)} compilers on {len(valid)} valid tests ({len(tests) - len(valid)} invalid): "
           f"{out / 'grade.json'}, {out / 'summary.md'}")
     return 0
 
