@@ -72,7 +72,8 @@ def linear_scores(times: dict[str, float | None], band: float = MIN_BAND) -> dic
     if not value:
         return {n: 0.0 for n in times}
     lo, hi = min(value.values()), max(value.values())
-    return {n: 0.0 if n not in value else 100.0 if hi == lo else 100.0 * (hi - value[n]) / (hi - lo) for n in times}
+    return {n: 0.0 if n not in value else 100.0 if hi == lo else 100.0 * (1 - (value[n] - lo) / (hi - lo))
+            for n in times}
 
 
 # ----------------------------------------------------------------------------------- a task

@@ -144,5 +144,5 @@ def _local_cluster(workers: int) -> Any:
                                           "silence_logs": logging.ERROR,
                                           "env": {"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]}}}
             for i in range(workers)}
-    sched = {"cls": Scheduler, "options": {"dashboard_address": None}}
+    sched = {"cls": Scheduler, "options": {"dashboard": False}}
     return SpecCluster(workers=spec, scheduler=sched, silence_logs=logging.ERROR)
