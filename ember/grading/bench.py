@@ -222,17 +222,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
     with Runner(ctx, 1, args.scheduler, args.workers, gpu=True, progress=lambda m: print(m, file=sys.stderr)) as run:
         names = run.names
-        # round-robin: each round runs every program through every compiler, one after another
-        tasks = [(n, args.runs, plan[r][p], args.timeout, args.clock_noise)
-                 for r in range(args.rounds) for p in range(len(progs)) for n in names]
-        recs: list[Any] = [None] * len(tasks)
+        # round-robin: each round runs every program through every compiler, one after another,
+        # starting one further along each time, so no compiler always follows the same one
+        keys = [(r, p, names[(i + r + p) % len(names)]) for r in range(args.rounds) for p in range(len(progs))
+                for i in range(len(names))]
+        tasks = [(n, args.runs, plan[r][p], args.timeout, args.clock_noise) for r, p, n in keys]
+        recs: dict[tuple[int, int, str], Any] = {}
         for i, rec in tqdm(run.map(bench_task, tasks), total=len(tasks), desc="benchmarking", file=sys.stderr):
-            recs[i] = rec
-    at = lambda r, p: dict(zip(names, recs[(r * len(progs) + p) * len(names):][:len(names)]))  # noqa: E731
+            recs[keys[i]] = rec
     report: dict[str, Any] = {"programs": {}, "bands": {}, "load": {}, "dropped": {}, "peak_bandwidth": peak}
     for p, prog in enumerate(progs):
         name = files[p].name
-        row, info = score_program(prog, names, [at(r, p) for r in range(args.rounds)],
+        rounds = [{n: recs[r, p, n] for n in names} for r in range(args.rounds)]
+        row, info = score_program(prog, names, rounds,
                                   floor_bytes(prog) / peak * 1e3, args.clock_noise)
         if isinstance(info, str):
             report["dropped"][name] = info
