@@ -1,7 +1,7 @@
 """Grading a course: `ember grade` (grade.py: students' tests against students' compilers),
 `ember bench` (bench.py: a fixed suite timed through every compiler), the containment of
-untrusted code (sandbox.py) and the reports (reports.py). docs/grading.md says how a course
-uses them."""
+untrusted code (sandbox.py), the reports (reports.py), and where the runs happen: threads, or a
+Dask cluster (cluster.py). docs/grading.md says how a course uses them."""
 from __future__ import annotations
 
 import argparse
