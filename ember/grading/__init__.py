@@ -22,7 +22,7 @@ def add_commands(sub: Any, fmt: type) -> None:
                        formatter_class=fmt)
     p.add_argument("--suite", default=str(Path(__file__).resolve().parents[2] / "bench" / "suite"),
                    help="a folder of .eir programs")
-    _submission_options(p, "bench.json", timeout=300.0, per="program")
+    _submission_options(p, "bench.json", timeout=300.0, per="run (process) of a program")
     p.add_argument("--runs", type=int, default=10, help="N1 of --bench N1, each round's first run")
     p.add_argument("--rounds", type=int, default=3, help="rounds, each timing every program through every compiler")
     p.add_argument("--peak-bandwidth", type=float, default=None,
