@@ -97,8 +97,14 @@ class Runner:
         else:
             try:
                 self.client = Client(scheduler, timeout=30)
-            except OSError as e:
-                raise ValueError(f"--scheduler {scheduler}: cannot reach it: {e}") from None
+                self.client.wait_for_workers(1, timeout=60)
+            except (OSError, TimeoutError) as e:
+                raise ValueError(f"--scheduler {scheduler}: cannot reach it, or it has no worker: {e}") from None
+            workers = self.client.scheduler_info()["workers"].values()
+            if gpu and not any(w.get("resources", {}).get("GPU") for w in workers):
+                self.client.close()
+                raise ValueError(f"--scheduler {scheduler}: no worker has the resource GPU=1, which each benchmark "
+                                 "holds (dask worker ... --nthreads 1 --resources GPU=1)")
 
     def map(self, fn: Callable[..., Any], tasks: list[tuple]) -> Iterator[tuple[int, Any]]:
         """(index, fn's result) for each task, as they finish."""
