@@ -1,7 +1,21 @@
-"""`ember bench`: a fixed suite of programs timed through every compiler, scored on a linear curve."""
+"""`ember bench`: a fixed suite of programs timed through every compiler, scored on a linear curve
+among the honest, correct ones. docs/grading.md ("Threat model: benchmarks") says what each
+check guards against.
+
+The grader chooses the inputs: every run gets the program with fresh random seeds on its `rand`
+input lines, under a fresh random file name, and its printed result is checked against the
+reference's on the same seeds. A task is one compiler on one program in one round: a run at
+`--bench N1` (seed set A), then one at `--bench N2` (seed set B), N2 - N1 chosen from the first
+report so that the extra runs last a few seconds by the compiler's own account; the grader's
+clock must agree. Rounds interleave the compilers, and the per-program time is the median over
+rounds.
+"""
 from __future__ import annotations
 
 import argparse
+import math
+import re
+import secrets
 import statistics
 import sys
 from pathlib import Path
@@ -9,78 +23,193 @@ from typing import Any
 
 import numpy as np
 
-from .. import protocol
-from ..text import EirError, Program, parse_file
+from .. import backends, protocol
+from ..text import EirError, Program, parse_file, split_comment
 from . import course
-from .grade import REFERENCE, Submission, _fail, judge, load_submissions, run_compiler
-from .reports import _write_csv, _write_json, _write_text, prepare_out
-from .sandbox import Limits, Result, Sandbox
+from .cluster import Context, Runner
+from .grade import judge
+from .reports import _cell, _write_csv, _write_json, _write_text, prepare_out
+from .sandbox import Result, Sandbox
+from .submissions import EXPECT_LINE, REFERENCE, Submission, _fail
+
+# The floor: no run moves its inputs and outputs faster than the target's peak bandwidth (B/s).
+# The H200's HBM3e for the GPU; for the CPU a bound no memory system of one reaches.
+PEAK_BANDWIDTH = {"cuda": 4.0e12, "c": 1.0e12}
+NOISE_S = 0.5        # --clock-noise: two processes of one program start up to 0.5 s apart (H200 host)
+JUDGED = 4           # the extra runs last JUDGED x the noise by the compiler's own report ...
+MIN_CLAIM = 2        # ... and a report that makes them shorter than MIN_CLAIM x the noise cannot be judged
+SLACK, SHORT = 2.0, 1.5  # extra wall time within [claimed / SHORT - noise, SLACK x load x claimed + noise + host]
+PER_RUN_S = 20e-6    # host time a device clock does not see in one run (launches, a sync)
+MAX_RUNS = 10**6     # at most this many extra runs
+MIN_BAND = 0.005     # ties: CUDA-event medians of two processes of one program differ by about 0.2%
+
+SEED = re.compile(r"(?<!\S)seed=\S+")
 
 
-def linear_scores(times: dict[str, float | None]) -> dict[str, float]:
-    """100 for the fastest, 0 for the slowest, linear in time between; failures 0; equal times
-    (to 3 significant digits) score equal (one working compiler, or all equally fast: 100 each)."""
-    # medians equal to 3 significant digits are a tie: CUDA-event medians of one program move by
-    # about 0.2% between processes (bench/grade_device.sh), so finer differences are noise
-    ok = {n: float(f"{t:.3g}") for n, t in times.items() if t is not None}
-    if not ok:
+def reseed(text: str, prog: Program) -> str:
+    """The program with a fresh random seed (secrets) on every `input NAME = rand` line."""
+    lines = text.split("\n")
+    for spec in prog.inputs.values():
+        if spec.rand is not None:
+            code, comment = split_comment(lines[spec.line - 1])
+            lines[spec.line - 1] = SEED.sub(f"seed={secrets.randbits(63)}", code, count=1) + comment
+    return "\n".join(lines)
+
+
+def floor_bytes(prog: Program) -> int:
+    """The bytes a run must move at least: every param read once, every result written once."""
+    return sum(prog.nodes[n].numel * prog.nodes[n].dtype.itemsize for n in [*prog.params, *prog.outputs])
+
+
+def linear_scores(times: dict[str, float | None], band: float = MIN_BAND) -> dict[str, float]:
+    """100 for the fastest, 0 for the slowest, linear in time between; failures (None) 0. Ties:
+    a time within the relative band above a faster one scores as that one (one working
+    compiler, or all within the band of the fastest: 100 each)."""
+    value: dict[str, float] = {}
+    anchor = None
+    for n, t in sorted(((n, t) for n, t in times.items() if t is not None), key=lambda kv: kv[1]):
+        if anchor is None or t > anchor * (1 + band):
+            anchor = t
+        value[n] = anchor
+    if not value:
         return {n: 0.0 for n in times}
-    lo, hi = min(ok.values()), max(ok.values())
-    return {n: 0.0 if n not in ok else 100.0 if hi == lo else 100.0 * ((hi - ok[n]) / (hi - lo)) for n in times}
+    lo, hi = min(value.values()), max(value.values())
+    return {n: 0.0 if n not in value else 100.0 if hi == lo else 100.0 * (1 - (value[n] - lo) / (hi - lo))
+            for n in times}
 
 
-HONESTY_FACTOR = 10  # the honesty check's second run count is this many times --runs
-NOISE_S = 2.0  # process runs of one program differed by up to 0.5 s on the H200 host: 4x margin
+# ----------------------------------------------------------------------------------- a task
 
-
-def honest(r1: Result, r2: Result, m1: float, m2: float, n1: int, n2: int) -> str | None:
-    """Self-reported times against the wall time: the n2 - n1 extra runs cannot have taken much
-    less time than the extra wall time they cost. Start-up, input generation and compilation
-    make two processes differ by up to NOISE_S, so only a difference above it is judged.
-    None when plausible, else why not."""
-    extra_wall_ms = (r2.wall - r1.wall) * 1e3
-    claimed_ms = max(m1, m2) * (n2 - n1)
-    if extra_wall_ms > NOISE_S * 1e3 and claimed_ms * 4 < extra_wall_ms:  # 4x slack for per-run host overhead
-        return (f"reported median {max(m1, m2):.4g} ms, but {n2 - n1} more runs took {extra_wall_ms:.4g} ms "
-                f"of wall time")
-    return None
-
-
-def bench_one(sandbox: Sandbox, sub: Submission, prog: Program, expected: dict[str, np.ndarray] | None,
-              runs: int, timeout: float) -> tuple[dict[str, Any], str]:
-    """bench.json's entry for one compiler on one program, and what its first run printed."""
-    entry, r1 = _bench_runs(sandbox, sub, prog, expected, runs, timeout)
-    return entry, r1.stdout if r1 is not None else ""
-
-
-def _bench_runs(sandbox: Sandbox, sub: Submission, prog: Program, expected: dict[str, np.ndarray] | None,
-                runs: int, timeout: float) -> tuple[dict[str, Any], Result | None]:
+def bench_task(sandbox: Sandbox, subs: dict[str, Submission], name: str, runs: int,
+               files: tuple[tuple[str, str], tuple[str, str]], timeout: float, noise: float) -> dict[str, Any]:
+    """One compiler on one program in one round: --bench N1 on the first file, then --bench N2 on
+    the second. Idempotent (fresh folders; the grader chose the seeds), so a cluster may run it again."""
+    sub = subs[name]
     if sub.build_error:
-        return {"median_ms": None, "status": "error", "note": sub.build_error.splitlines()[0]}, None
-    path = Path(prog.path)
-    n1, n2 = runs, HONESTY_FACTOR * runs
-    r1 = run_compiler(sandbox, sub, path, ["--bench", str(n1)], timeout)
-    if r1.killed == "timeout":
-        return {"median_ms": None, "status": "timeout", "note": r1.failure()}, r1
-    if r1.failure():
-        return {"median_ms": None, "status": "error", "note": r1.failure()}, r1
-    if expected is not None or prog.expects:
-        problem = judge(prog, r1, expected)
-        if problem:
-            return {"median_ms": None, "status": "wrong", "note": problem}, r1
-    m1 = protocol.bench_median(r1.stdout)
-    if m1 is None:
-        return {"median_ms": None, "status": "error", "note": "no '# bench runs=N median_ms=X' line (spec 10)"}, r1
-    r2 = run_compiler(sandbox, sub, path, ["--bench", str(n2)], timeout)
-    m2 = protocol.bench_median(r2.stdout)
-    if r2.failure() or m2 is None:
-        return {"median_ms": None, "status": "timeout" if r2.killed == "timeout" else "error",
-                "note": r2.failure() or "no bench line at the second run count"}, r1
-    lie = honest(r1, r2, m1, m2, n1, n2)
-    if lie:
-        return {"median_ms": None, "status": "error", "note": f"dishonest timing: {lie}"}, r1
-    return {"median_ms": statistics.median([m1, m2]), "status": "ok", "note": None}, r1
+        return {"build_error": sub.build_error, "runs": []}
+    out, n = [], runs
+    for i, (fname, text) in enumerate(files):
+        for _ in range(3 if i else 1):
+            r = sandbox.run(sub.command() + ["{dir}/" + fname, "--bench", str(n)],
+                            files={fname: EXPECT_LINE.sub(b"", text.encode())}, submission=sub.folder,
+                            wall=timeout, trusted=sub.folder is None)
+            m = None if r.failure() else protocol.bench_median(r.stdout)
+            rec = {"n": n, "stdout": r.stdout, "failure": r.failure(), "timeout": r.killed == "timeout",
+                   "wall": r.wall, "median": m}
+            if i == 0 or m is None or not m > 0 or (n - runs) * m * 1e-3 >= MIN_CLAIM * noise or n - runs >= MAX_RUNS:
+                break
+            n = _runs_to_judge(runs, m, noise)   # warmer than its first run: judge it over more runs
+        out.append(rec)
+        if m is None or not m > 0:
+            break
+        n = _runs_to_judge(runs, m, noise)
+    return {"build_error": None, "runs": out}
 
+
+def _runs_to_judge(runs: int, ms: float, noise: float) -> int:
+    """N2: enough runs past N1 that, at ms each, they last JUDGED x the clock's noise."""
+    return runs + min(MAX_RUNS, max(1, math.ceil(JUDGED * noise / (ms * 1e-3))))
+
+
+# ------------------------------------------------------------------------------ judging
+
+def _round(prog: Program, rec: dict[str, Any], answers: list[dict[str, np.ndarray]], floor_ms: float,
+           noise: float, load: float = 1.0) -> tuple[str, str] | dict[str, float]:
+    """(status, why) when a round fails; else its time and the figures the clock check needs. load:
+    how much longer than its reports the reference's extra runs took in this round (at least 1):
+    on a loaded machine a process waits between runs, which its median does not count."""
+    if rec["build_error"]:
+        return "error", rec["build_error"].splitlines()[0]
+    for run, want in zip(rec["runs"], answers):
+        if run["failure"]:
+            return "timeout" if run["timeout"] else "error", run["failure"]
+        problem = judge(prog, Result(0, run["stdout"], "", None, run["wall"]), want)
+        if problem:
+            return "wrong", f"{problem} (--bench {run['n']})"
+        m = run["median"]
+        if m is None:
+            return "error", "no '# bench runs=N median_ms=X' line with X finite and >= 0 (spec 10)"
+        if not m > 0:
+            return "error", f"reported median_ms={m:g}: a run takes time"
+        if m < floor_ms:
+            return "error", (f"reported median {m:.4g} ms is below the physical floor of {floor_ms:.4g} ms "
+                             f"(the bytes the program moves at the target's peak bandwidth)")
+    r1, r2 = rec["runs"]
+    extra, wall = r2["n"] - r1["n"], r2["wall"] - r1["wall"]
+    claimed = (r2["n"] * r2["median"] - r1["n"] * r1["median"]) * 1e-3
+    return {"ms": r2["median"], "extra": extra, "wall": wall, "claimed": claimed,
+            "over": wall - (SLACK * load * claimed + noise + PER_RUN_S * extra),
+            "under": claimed / SHORT - noise - wall}
+
+
+def judge_compiler(rounds: list[tuple[str, str] | dict[str, float]], noise: float) -> dict[str, Any]:
+    """bench.json's entry for one compiler on one program from its rounds (the clock check on
+    the medians over rounds, so one round disturbed by load is forgiven)."""
+    for k, r in enumerate(rounds, 1):
+        if isinstance(r, tuple):
+            return {"median_ms": None, "status": r[0], "note": f"round {k}: {r[1]}", "rounds_ms": []}
+    ok: list[dict[str, float]] = rounds  # type: ignore[assignment]
+    med = {key: statistics.median(r[key] for r in ok) for key in ("ms", "extra", "wall", "claimed", "over", "under")}
+    lie = None
+    if med["claimed"] < MIN_CLAIM * noise:
+        lie = (f"its runs cannot be checked: {med['extra']:.0f} more runs at the {med['ms']:.4g} ms it reports "
+               f"last {med['claimed']:.3g} s, less than {MIN_CLAIM * noise:.3g} s")
+    elif med["over"] > 0:
+        lie = (f"dishonest timing: reported median {med['ms']:.4g} ms, but {med['extra']:.0f} more runs took "
+               f"{med['wall']:.4g} s of the grader's clock")
+    elif med["under"] > 0:
+        lie = (f"dishonest timing: {med['extra']:.0f} more runs of the reported {med['ms']:.4g} ms would take "
+               f"{med['claimed']:.4g} s, but took {med['wall']:.4g} s of the grader's clock")
+    if lie:
+        return {"median_ms": None, "status": "error", "note": lie, "rounds_ms": []}
+    return {"median_ms": med["ms"], "status": "ok", "note": None, "rounds_ms": [r["ms"] for r in ok]}
+
+
+def _answers(prog: Program, rec: dict[str, Any]) -> list[dict[str, np.ndarray]] | str:
+    """The reference's results of one round (one per run), or why it gave none."""
+    runs = rec["runs"]
+    if rec["build_error"] or len(runs) < 2 or any(r["failure"] for r in runs):
+        return next((r["failure"] for r in runs if r["failure"]), None) or "no bench line"
+    try:
+        got = [protocol.parse_output(r["stdout"], prog) for r in runs]
+    except ValueError as e:
+        return str(e)
+    missing = next((n for g in got for n in prog.outputs if n not in g), None)
+    return f"printed no value for '{missing}'" if missing else got
+
+
+def score_program(prog: Program, names: list[str], recs: list[dict[str, dict[str, Any]]], floor_ms: float,
+                  noise: float) -> tuple[dict[str, dict[str, Any]] | None, str | dict[str, float]]:
+    """(entries, {band, load}) for a program, or (None, why it leaves the suite): it fails closed when the
+    reference cannot run it, or when its result does not depend on the seeds the grader chose."""
+    answers = []
+    for k, rec in enumerate(recs, 1):
+        a = _answers(prog, rec[REFERENCE])
+        if isinstance(a, str):
+            return None, f"the reference failed in round {k}: {a}"
+        answers.append(a)
+    flat = [a for pair in answers for a in pair]
+    if all(all(np.array_equal(a[n], flat[0][n]) for n in prog.outputs) for a in flat):
+        return None, "its result is the same for every seed, so it could be known before the run"
+    ref = [_round(prog, rec[REFERENCE], a, floor_ms, noise) for rec, a in zip(recs, answers)]
+    bad = next((r for r in ref if isinstance(r, tuple)), None)
+    if bad:
+        return None, f"the reference failed: {bad[1]}"
+    loads = [max(1.0, r["wall"] / r["claimed"]) if r["claimed"] > 0 else 1.0 for r in ref]  # type: ignore[index]
+    row = {n: judge_compiler([_round(prog, rec[n], a, floor_ms, noise, load)
+                              for rec, a, load in zip(recs, answers, loads)], noise) for n in names}
+    if row[REFERENCE]["status"] != "ok":
+        return None, f"the reference's own run failed the checks: {row[REFERENCE]['note']}"
+    ok = [r for r in row.values() if r["status"] == "ok"]
+    spreads = [(max(r["rounds_ms"]) - min(r["rounds_ms"])) / r["median_ms"] for r in ok]
+    band = max(MIN_BAND, 2 * statistics.median_low(spreads))
+    scores = linear_scores({n: r["median_ms"] for n, r in row.items()}, band)
+    for n, r in row.items():
+        r["score"] = scores[n]
+    return row, {"band": band, "load": statistics.median(loads)}
+
+
+# ------------------------------------------------------------------------------ command
 
 def cmd_bench(args: argparse.Namespace) -> int:
     suite, out = Path(args.suite), Path(args.out)
@@ -91,42 +220,48 @@ def cmd_bench(args: argparse.Namespace) -> int:
         sources, hide = course.sources(args)
     except course.CourseError as e:
         return _fail(str(e), 2)
+    for opt, v in (("--runs", args.runs), ("--rounds", args.rounds), ("--clock-noise", args.clock_noise),
+                   ("--peak-bandwidth", 1 if args.peak_bandwidth is None else args.peak_bandwidth)):
+        if not v > 0:
+            return _fail(f"ember bench: {opt} must be positive, found {v}", 2)
     try:
         progs = [parse_file(str(f)) for f in files]
+        texts = [f.read_text() for f in files]
     except EirError as e:
         return _fail(str(e), 2)
+    peak = args.peak_bandwidth or PEAK_BANDWIDTH[backends.default()]
+    fresh = lambda p, t: (f"p{secrets.token_hex(8)}.eir", reseed(t, p))  # noqa: E731
+    plan = [[(fresh(p, t), fresh(p, t)) for p, t in zip(progs, texts)] for _ in range(args.rounds)]
     out = prepare_out(out)  # before any submission runs (reports.py says why)
-    # one at a time: timings do not share the GPU
-    sandbox = Sandbox([*hide, out], 1, Limits(wall=args.timeout), allow_ember=args.allow_ember)
-    results: dict[str, dict[str, dict[str, Any]]] = {}
-    try:
-        from tqdm import tqdm
-        subs = load_submissions(sources, sandbox, args.ref, args.build_timeout, lambda m: print(m, file=sys.stderr))
-        bar = tqdm(total=len(progs) * len(subs), desc="benchmarking", file=sys.stderr)
-        for prog in progs:
-            name = Path(prog.path).name
-            row = results[name] = {}
-            ref, ref_stdout = bench_one(sandbox, subs[0], prog, None, args.runs, args.timeout)
-            row[REFERENCE] = ref
-            bar.update()
-            expected = None
-            if ref["status"] == "ok" and not prog.expects:  # the reference's result is the answer
-                got = protocol.parse_output(ref_stdout, prog)
-                expected = {n: got[n] for n in prog.outputs if n in got}
-            for sub in subs[1:]:
-                row[sub.name] = bench_one(sandbox, sub, prog, expected, args.runs, args.timeout)[0]
-                bar.update()
-            scores = linear_scores({n: r["median_ms"] for n, r in row.items()})
-            for n, r in row.items():
-                r["score"] = scores[n]
-        bar.close()
-    finally:
-        sandbox.close()
-    names = [s.name for s in subs]
-    report = {"programs": results,
-              "submissions": {n: {"score": statistics.fmean(results[p][n]["score"] for p in results)} for n in names}}
+    ctx = Context(tuple(sources), args.ref, args.build_timeout, tuple(str(p) for p in (*hide, out)), args.timeout,
+                  allow_ember=args.allow_ember)
+    from tqdm import tqdm
+    with Runner(ctx, 1, args.scheduler, args.workers, gpu=True, progress=lambda m: print(m, file=sys.stderr)) as run:
+        names = run.names
+        # round-robin: each round runs every program through every compiler, one after another,
+        # starting one further along each time, so no compiler always follows the same one
+        keys = [(r, p, names[(i + r + p) % len(names)]) for r in range(args.rounds) for p in range(len(progs))
+                for i in range(len(names))]
+        tasks = [(n, args.runs, plan[r][p], args.timeout, args.clock_noise) for r, p, n in keys]
+        recs: dict[tuple[int, int, str], Any] = {}
+        for i, rec in tqdm(run.map(bench_task, tasks), total=len(tasks), desc="benchmarking", file=sys.stderr):
+            recs[keys[i]] = rec
+    report: dict[str, Any] = {"programs": {}, "bands": {}, "load": {}, "dropped": {}, "peak_bandwidth": peak}
+    for p, prog in enumerate(progs):
+        name = files[p].name
+        rounds = [{n: recs[r, p, n] for n in names} for r in range(args.rounds)]
+        row, info = score_program(prog, names, rounds,
+                                  floor_bytes(prog) / peak * 1e3, args.clock_noise)
+        if isinstance(info, str):
+            report["dropped"][name] = info
+        else:
+            report["programs"][name], report["bands"][name], report["load"][name] = row, info["band"], info["load"]
+    kept = report["programs"]
+    report["submissions"] = {n: {"score": statistics.fmean(kept[p][n]["score"] for p in kept) if kept else 0.0}
+                             for n in names}
     write_bench(out, report)
-    print(f"benchmarked {len(names)} compilers on {len(progs)} programs: {out / 'bench.json'}, {out / 'summary.md'}")
+    print(f"benchmarked {len(names)} compilers on {len(kept)} programs ({len(report['dropped'])} dropped): "
+          f"{out / 'bench.json'}, {out / 'summary.md'}")
     return 0
 
 
@@ -139,16 +274,23 @@ def write_bench(out: Path, report: dict[str, Any]) -> None:
     _write_csv(out / "programs.csv", ["program", "name", "median_ms", "status", "score", "note"], rows)
     _write_csv(out / "submissions.csv", ["name", "score"],
                [[n, f"{report['submissions'][n]['score']:.2f}"] for n in names])
-    md = ["# Benchmark", "", "Score per program: 100 for the fastest correct compiler, 0 for the slowest, linear in "
-          "time; wrong, failed and timed-out runs score 0. The total is the mean over programs.", "",
+    md = ["# Benchmark", "", "Score per program: among the correct compilers whose timings the grader's clock "
+          "confirms, 100 for the fastest median over rounds, 0 for the slowest, linear in time; times within the "
+          "program's tie band (twice the run-to-run spread, at least "
+          f"{100 * MIN_BAND:g}%) of a faster one score as it. Wrong, failed, dishonest and timed-out runs score 0. "
+          "The total is the mean over programs.", "",
           "| compiler | score |", "|---|---|"]
-    md += [f"| {n} | {report['submissions'][n]['score']:.1f} |"
+    md += [f"| {_cell(n)} | {report['submissions'][n]['score']:.1f} |"
            for n in sorted(names, key=lambda n: -report["submissions"][n]["score"])]
-    md += ["", "| program | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    md += ["", "Tie band: the program's tie band. Load: how much longer than it reported the reference's runs "
+           "took on the grader's clock (the clock check allows that much more for every compiler).", "",
+           "| program | tie band | load | " + " | ".join(map(_cell, names)) + " |",
+           "|---|---|---|" + "---|" * len(names)]
     for p, row in report["programs"].items():
         cells = [f"{r['median_ms']:.4g} ms ({r['score']:.0f})" if r["status"] == "ok" else r["status"]
                  for r in (row[n] for n in names)]
-        md.append(f"| {p} | " + " | ".join(cells) + " |")
+        md.append(f"| {p} | {100 * report['bands'][p]:.2g}% | {report['load'][p]:.2g} | " + " | ".join(cells) + " |")
+    if report["dropped"]:
+        md += ["", "## Programs left out (they score no one)", "", "| program | why |", "|---|---|"]
+        md += [f"| {p} | {_cell(why)} |" for p, why in report["dropped"].items()]
     _write_text(out / "summary.md", "\n".join(md) + "\n")
-
-

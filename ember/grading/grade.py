@@ -1,14 +1,10 @@
-"""Grading a course: `ember grade` (students' tests against students' compilers) and
-`ember bench` (a fixed suite of programs timed through every compiler). docs/grading.md says
-how a course uses them; sandbox.py how untrusted compilers are contained.
-
-A submission is a folder holding an executable `compiler` that follows the protocol (spec 9
-and 10) and, optionally, an executable `build` run once first. The reference compiler (Ember)
-takes part as the submission `reference`; it is trusted and runs as the grader.
-"""
+"""`ember grade`: every student's tests (read under caps, validated in a limited child, in both
+of spec 8's precision modes) against every compiler (submissions.py), run where cluster.py says.
+docs/grading.md says how a course uses it; sandbox.py how untrusted compilers are contained."""
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import multiprocessing
 import os
@@ -16,78 +12,21 @@ import re
 import resource
 import stat
 import sys
-from concurrent.futures import ThreadPoolExecutor, as_completed
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
 from .. import backends, protocol
 from ..text import EirError, Program, parse_bytes
 from . import course, similarity, week
+from .cluster import Context, Runner
 from .reports import _cell, _write_csv, _write_json, _write_text, prepare_out
-from .sandbox import Limits, Result, Sandbox
-
-REFERENCE = "reference"
-
-
-def _fail(msg: str, status: int) -> int:
-    print(msg, file=sys.stderr)
-    return status
-
-EXPECT_LINE = re.compile(rb"^[ \t]*expect\b.*$", re.MULTILINE)
-
-
-@dataclass
-class Submission:
-    name: str
-    folder: Path | None              # the private copy (None: the reference)
-    build_error: str | None = None   # set when its build failed: every test then fails with it
-
-    def command(self) -> list[str]:
-        if self.folder is None:
-            return [sys.executable, "-m", "ember", "run"]
-        return [str(self.folder / "compiler")]
-
-
-def without_expects(source: bytes) -> bytes:
-    """The test as a compiler sees it: `expect` lines blanked, so line numbers stay the same."""
-    return EXPECT_LINE.sub(b"", source)
-
-
-def load_submissions(sources: list[course.Source], sandbox: Sandbox, ref: str | None, timeout: float,
-                     progress: Callable[[str], None]) -> list[Submission]:
-    """The reference, then each submission copied (or checked out: course.copy_in) and built."""
-    subs = [Submission(REFERENCE, None)]
-    for src in sources:
-        if src.name == REFERENCE:
-            raise ValueError(f"{src.path}: the name '{REFERENCE}' is kept for Ember itself")
-        try:
-            copy = course.copy_in(sandbox, src, ref)
-        except (OSError, ValueError) as e:
-            subs.append(Submission(src.name, None, build_error=src.problem or f"cannot be copied: {e}"))
-            continue
-        sub = Submission(src.name, copy)
-        if (copy / "build").is_file():
-            progress(f"building {src.name}")
-            r = sandbox.run([str(copy / "build")], submission=copy, wall=timeout, build=True)
-            if r.failure():
-                log = (r.stdout + r.stderr).strip().splitlines()[-5:]
-                sub.build_error = f"build {r.failure()}" + ("\n" + "\n".join(log) if log else "")
-        if sub.build_error is None and not ((copy / "compiler").is_file() and os.access(copy / "compiler", os.X_OK)):
-            sub.build_error = "no executable named 'compiler' in the submission"
-        subs.append(sub)
-    return subs
-
-
-def run_compiler(sandbox: Sandbox, sub: Submission, test: Path, extra: list[str], wall: float,
-                 source: bytes | None = None) -> Result:
-    """sub's compiler on a copy of the test (source: its bytes as the grader read them, else read from test)."""
-    files = {test.name: without_expects(test.read_bytes() if source is None else source)}
-    return sandbox.run(sub.command() + ["{dir}/" + test.name] + extra, files=files,
-                       submission=sub.folder, wall=wall, trusted=sub.folder is None)
-
+from .sandbox import Result, Sandbox, level
+from .submissions import Submission, _fail, run_compiler
 
 TOLERANCE = re.compile(r"#\s*tolerance:\s*atol=(\S+)\s+rtol=(\S+)")
 
@@ -125,6 +64,20 @@ class Test:
     valid: bool = True
     reason: str | None = None
     broken_by: list[str] = field(default_factory=list)
+
+    def __getstate__(self) -> dict[str, Any]:   # sent to a cluster's worker: nodes do not pickle, it parses again
+        return {**self.__dict__, "prog": None}
+
+    def program(self) -> Program:
+        """The test parsed once in this process (a worker's copy of a Test comes without it)."""
+        if self.prog is None:
+            self.prog = _parse_once(self.source, self.key)
+        return self.prog
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_once(source: bytes, key: str) -> Program:
+    return parse_bytes(source, key)
 
 
 def find_tests(folder: Path, max_bytes: int) -> list[Test]:
@@ -249,7 +202,7 @@ def validate_limited(t: Test, memory: int, seconds: float) -> None:
     else:
         t.valid, t.reason = False, f"stopped the validation (exit status {child.exitcode})"
     if t.valid and t.want is None:
-        t.prog = parse_bytes(t.source, t.key)
+        t.program()
 
 
 def _validate_child(t: Test, memory: int, seconds: float, conn: Any) -> None:
@@ -275,8 +228,12 @@ def grade_one(sandbox: Sandbox, sub: Submission, t: Test, timeout: float) -> str
             return None
         return (f"expected exit status 2 and '{t.path.name}:{t.want[0]}: ...' first on stderr (the path as given), "
                 f"got {r.failure() or 'success'}")
-    assert t.prog is not None
-    return judge(t.prog, r)
+    return judge(t.program(), r)
+
+
+def grade_task(sandbox: Sandbox, subs: dict[str, Submission], name: str, t: Test, timeout: float) -> str | None:
+    """grade_one as a task of cluster.Runner."""
+    return grade_one(sandbox, subs[name], t, timeout)
 
 
 def cmd_grade(args: argparse.Namespace) -> int:
@@ -295,43 +252,52 @@ def cmd_grade(args: argparse.Namespace) -> int:
         return _fail(f"ember grade: no tests in {tests_dir} (one subfolder of .eir files per author)", 2)
     out = prepare_out(out)
     jobs = args.jobs or os.cpu_count() or 1
-    sandbox = Sandbox([tests_dir, *hide, out], jobs, Limits(wall=args.timeout), allow_ember=args.allow_ember)
-    if sandbox.level != "namespaces":
-        print(f"ember grade: containment is '{sandbox.level}' here (see docs/grading.md)", file=sys.stderr)
-    try:
-        from tqdm import tqdm
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            memory = int(args.validate_mib * 2**20)
-            checks = pool.map(lambda t: validate_limited(t, memory, args.validate_timeout), tests)
-            list(tqdm(checks, total=len(tests), desc="validating tests", file=sys.stderr))
-        subs = load_submissions(sources, sandbox, args.ref, args.build_timeout, lambda m: print(m, file=sys.stderr))
-        valid = [t for t in tests if t.valid]
-        failures: dict[str, dict[str, str]] = {s.name: {} for s in subs}
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(grade_one, sandbox, s, t, args.timeout): (s, t) for s in subs for t in valid}
-            for f in tqdm(as_completed(futures), total=len(futures), desc="grading", file=sys.stderr):
-                s, t = futures[f]
-                problem = f.result()
-                if problem is not None:
-                    failures[s.name][t.key] = problem
-                    t.broken_by.append(s.name)
-    finally:
-        sandbox.close()
+    ctx = Context(tuple(sources), args.ref, args.build_timeout, tuple(str(p) for p in (tests_dir, *hide, out)),
+                  args.timeout, jobs, allow_ember=args.allow_ember)
+    if level() != "namespaces":
+        print(f"ember grade: containment is '{level()}' here (see docs/grading.md)", file=sys.stderr)
+    from tqdm import tqdm
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        memory = int(args.validate_mib * 2**20)
+        checks = pool.map(lambda t: validate_limited(t, memory, args.validate_timeout), tests)
+        list(tqdm(checks, total=len(tests), desc="validating tests", file=sys.stderr))
+    valid = [t for t in tests if t.valid]
+    with Runner(ctx, jobs, args.scheduler, args.workers, progress=lambda m: print(m, file=sys.stderr)) as runner:
+        names = runner.names
+        failures: dict[str, dict[str, str]] = {n: {} for n in names}
+        tasks = [(n, t, args.timeout) for n in names for t in valid]
+        for i, problem in tqdm(runner.map(grade_task, tasks), total=len(tasks), desc="grading", file=sys.stderr):
+            n, t, _ = tasks[i]
+            if problem is not None:
+                failures[n][t.key] = problem
+                t.broken_by.append(n)
     report = {
         "tests": {t.key: {"valid": t.valid, "reason": t.reason, "broken_by": sorted(t.broken_by)} for t in tests},
-        "submissions": {s.name: {"passed": len(valid) - len(failures[s.name]), "failed": len(failures[s.name]),
-                                 "rate": (len(valid) - len(failures[s.name])) / len(valid) if valid else 0.0,
-                                 "failures": dict(sorted(failures[s.name].items()))} for s in subs}}
-    if args.similarity is not None:  # the submissions' folders as handed in (a collection's: the private copy)
-        handed_in = {src.name: src.path for src in sources if src.path is not None and src.path.is_dir()}
-        folders = {s.name: handed_in.get(s.name, s.folder) for s in subs if s.name != REFERENCE and s.folder}
-        report["similarity"] = similarity.report(folders, Path(__file__).resolve().parents[1], args.similarity, base)
+        "submissions": {n: {"passed": len(valid) - len(failures[n]), "failed": len(failures[n]),
+                            "rate": (len(valid) - len(failures[n])) / len(valid) if valid else 0.0,
+                            "failures": dict(sorted(failures[n].items()))} for n in names}}
+    if args.similarity is not None:
+        report["similarity"] = _similarity(sources, args.similarity, base)
     write_grade(out, report)
     if args.compare_to:
         week.write_changes(out, Path(args.compare_to), report)
-    print(f"graded {len(subs)} compilers on {len(valid)} valid tests ({len(tests) - len(valid)} invalid): "
+    print(f"graded {len(names)} compilers on {len(valid)} valid tests ({len(tests) - len(valid)} invalid): "
           f"{out / 'grade.json'}, {out / 'summary.md'}")
     return 0
+
+
+def _similarity(sources: list[course.Source], threshold: float, base: Path | None) -> dict[str, Any]:
+    """The similarity report over the submissions as handed in: a folder as it is, a collection's
+    commit checked out from its bundle (never the built copy)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folders = {}
+        for src in sources:
+            if src.path is not None and src.commit is None and src.path.is_dir():
+                folders[src.name] = src.path
+            elif src.path is not None and src.commit is not None:
+                course.checkout(src.path, src.commit, Path(tmp) / src.name)
+                folders[src.name] = Path(tmp) / src.name
+        return similarity.report(folders, Path(__file__).resolve().parents[1], threshold, base)
 
 
 def write_grade(out: Path, report: dict[str, Any]) -> None:

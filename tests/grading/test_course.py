@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -212,7 +213,7 @@ def test_state_writable_by_others_is_refused(tmp_path: Path, capsys: pytest.Capt
 
 NEG = "ember 1\nx = param i32[3]\ny = neg x\nreturn y\ninput x = [1, 2, -3]\nexpect y = [-1, -2, 3]\n"
 BENCH = '[ "$2" = --bench ] && echo "# bench runs=$3 median_ms=0.5"; true\n'
-RIGHT = "#!/bin/sh\necho 'y = [-1, -2, 3]'\n" + BENCH
+RIGHT = '#!/bin/sh\nexec python3 -m ember run --backend c "$@"\n'   # graded with --allow-ember; benchmarks honestly
 WRONG = "#!/bin/sh\necho 'y = [1, 2, 3]'\n" + BENCH
 
 
@@ -229,7 +230,7 @@ def test_grade_publish_and_regrade_from_a_collection(tmp_path: Path, capsys: pyt
     collect(tmp_path, "2027-03-13T09:00", out="w1")
     tag(a, files={"compiler": WRONG})  # after the collection: grading uses the collected commit
     grade = ["grade", "--tests", str(tests), "--roster", str(tmp_path / "roster.csv"), "--collection",
-             str(tmp_path / "w1"), "--timeout", "60", "--jobs", "2"]
+             str(tmp_path / "w1"), "--timeout", "60", "--jobs", "2", "--allow-ember"]
     assert main([*grade, "--out", str(tmp_path / "g1")]) == 0
     report = json.loads((tmp_path / "g1" / "grade.json").read_text())
     assert report["tests"]["staff/secret.eir"]["valid"] is False
@@ -256,13 +257,17 @@ def test_grade_publish_and_regrade_from_a_collection(tmp_path: Path, capsys: pyt
     assert "| staff/secret.eir |" in (tmp_path / "pub" / "bc.md").read_text()
     suite = tmp_path / "suite"
     suite.mkdir()
-    (suite / "neg.eir").write_text(NEG.replace("expect y = [-1, -2, 3]\n", ""))
+    # a program long enough to time (the grader drops one whose runs it cannot judge), reseeded by it
+    (suite / "neg.eir").write_text("ember 1\nx = param i32[262144]\ny = neg x\ns = sum y axes=[0]\nreturn s\n"
+                                   "input x = rand seed=1 lo=-9 hi=9\n")
     assert main(["bench", "--suite", str(suite), "--roster", str(tmp_path / "roster.csv"), "--collection",
-                 str(tmp_path / "w1"), "--out", str(tmp_path / "b1"), "--runs", "1"]) == 0
-    assert json.loads((tmp_path / "b1" / "bench.json").read_text())["programs"]["neg.eir"]["bc"]["status"] == "wrong"
+                 str(tmp_path / "w1"), "--out", str(tmp_path / "b1"), "--runs", "1", "--rounds", "1",
+                 "--allow-ember"]) == 0
+    bench = json.loads((tmp_path / "b1" / "bench.json").read_text())["programs"]["neg.eir"]
+    assert bench["bc"]["status"] == "wrong" and bench["alice"]["status"] == "ok", bench
     assert main([*publish, "--bench", str(tmp_path / "b1")]) == 0
     alice = (tmp_path / "pub" / "alice.md").read_text()
-    assert "## Benchmark" in alice and "| neg.eir | 0.5 | ok |" in alice
+    assert "## Benchmark" in alice and re.search(r"\| neg\.eir \| [0-9.e+-]+ \| ok \|", alice), alice
 
 
 def test_a_hanging_fetch_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,5 @@
 """Grading: values read back into their dtype (spec 9), --bench (spec 10), `ember grade` and
-`ember bench` with correct, wrong, crashing, hanging, flooding and hostile submissions."""
+`ember bench`'s command line with correct, wrong, crashing, hanging, flooding and hostile submissions."""
 from __future__ import annotations
 
 import hashlib
@@ -14,7 +14,6 @@ import pytest
 from ember import data
 from ember import dtype as dt
 from ember.cli import main
-from ember.grading.bench import linear_scores
 from ember.grading.sandbox import BLOCK_UIDS, BLOCKS, UID_BASE
 
 HERE = Path(__file__).parents[1]
@@ -58,12 +57,6 @@ def test_unknown_backend_is_one_usage_error(capsys: pytest.CaptureFixture[str]) 
     assert main(["test", str(HERE / "eir" / "unary"), "--backend", "tpu"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
     assert main(["test", str(HERE / "eir" / "unary"), "--compiler", "/no/such/compiler"]) == 2
-
-
-def test_linear_scores() -> None:
-    assert linear_scores({"a": 1.0, "b": 3.0, "c": 2.0, "d": None}) == {"a": 100.0, "b": 0.0, "c": 50.0, "d": 0.0}
-    assert linear_scores({"a": 2.0, "b": 2.0}) == {"a": 100.0, "b": 100.0}
-    assert linear_scores({"a": 19.321, "b": 19.324, "c": 38.6}) == {"a": 100.0, "b": 100.0, "c": 0.0}  # a tie
 
 
 def _compiler(folder: Path, name: str, body: str, build: str | None = None) -> None:
@@ -133,30 +126,6 @@ def test_grade_contains_misbehaving_compilers(course: Path, capsys: pytest.Captu
     if os.geteuid() == 0:  # no process of a sandbox user outlives the grading
         uids = subprocess.run(["ps", "-eo", "uid="], capture_output=True, text=True).stdout.split()
         assert not [u for u in map(int, uids) if UID_BASE <= u < UID_BASE + BLOCKS * BLOCK_UIDS]
-
-
-def test_bench_scores_and_honesty(course: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    suite = course / "suite"
-    suite.mkdir()
-    (suite / "sum.eir").write_text("ember 1\nx = param f32[256,256]\ns = sum x axes=[1]\nreturn s\ninput x = rand seed=1\n")
-    subs = course / "benchsubs"
-    _compiler(subs, "good", GOOD)
-    _compiler(subs, "wrong", 'python3 -m ember run --backend c "$@" | sed "s/\\[/[1/"')
-    # right answers, but claims 1 microsecond while each run sleeps 0.2 s
-    liar = ('python3 -m ember run --backend c "$1" | grep -v "^#"; '
-            'n=$3; i=0; while [ $i -lt $n ]; do sleep 0.2; i=$((i+1)); done; echo "# bench runs=$n median_ms=0.001"')
-    _compiler(subs, "liar", liar)
-    out = course / "bout"
-    code = main(["bench", "--suite", str(suite), "--submissions", str(subs), "--out", str(out), "--runs", "2",
-                 "--timeout", "60", "--allow-ember"])
-    assert code == 0
-    report = json.loads((out / "bench.json").read_text())
-    row = report["programs"]["sum.eir"]
-    assert row["reference"]["status"] == row["good"]["status"] == "ok", row
-    assert row["wrong"]["status"] == "wrong" and row["wrong"]["score"] == 0.0, row
-    assert row["liar"]["status"] == "error" and "dishonest" in row["liar"]["note"], row
-    assert max(row["reference"]["score"], row["good"]["score"]) == pytest.approx(100.0), row
-    assert set(report["submissions"]) == {"reference", "good", "wrong", "liar"}
 
 
 def test_bad_folders_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,8 +15,8 @@ from typing import Iterator
 import pytest
 
 from ember.grading.course import Source
-from ember.grading.grade import load_submissions
 from ember.grading.sandbox import EMBER, Limits, Sandbox, _rmtree, level
+from ember.grading.submissions import load_submissions
 
 contained = pytest.mark.skipif(level() != "namespaces", reason="needs root with util-linux unshare (as the course "
                                "machine and CI have)")

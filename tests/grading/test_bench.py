@@ -1,0 +1,160 @@
+"""`ember bench` against forged timings and answers, and its scores under a competing load.
+The compilers are Python scripts (tests/grading/fakes.py) on a small CPU program; each forger is
+written as a student would, and docs/grading.md ("Threat model: benchmarks") lists which test
+checks which guarantee."""
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ember.cli import main
+from ember.grading import bench
+from ember.text import parse
+
+from .fakes import SUM, fake
+
+FLOOR_MS = 0.012   # between the skimp's median (a few us) and the reference's (about 0.03 ms)
+PEAK = bench.floor_bytes(parse(SUM)) / (FLOOR_MS * 1e-3)
+FORGERS = ["zero", "nan", "inf", "negative", "tiny", "skip", "liar", "skimp", "athome", "stale", "fakerest"]
+
+
+def run_bench(tmp: Path, subs: Path, *extra: str, rounds: int = 2, suite: dict[str, str] | None = None) -> dict:
+    (tmp / "suite").mkdir()
+    for name, text in (suite or {"sum.eir": SUM}).items():
+        (tmp / "suite" / name).write_text(text)
+    out = tmp / "out"
+    code = main(["bench", "--suite", str(tmp / "suite"), "--submissions", str(subs), "--out", str(out),
+                 "--runs", "5", "--rounds", str(rounds), "--clock-noise", "0.25", "--timeout", "120", *extra])
+    assert code == 0
+    report = json.loads((out / "bench.json").read_text())
+    report["summary"] = (out / "summary.md").read_text()
+    return report
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("hostile")
+    token = secrets.token_hex(4)
+    fake(tmp / "subs", "honest")
+    for mode in FORGERS:
+        fake(tmp / "subs", mode, mode, work=3 if mode == "liar" else 1, token=token)
+    report = run_bench(tmp, tmp / "subs", "--peak-bandwidth", str(PEAK), rounds=1)  # 2 runs: enough to catch each
+    stale = Path(f"/tmp/ember-test-stale-{token}")
+    report["stale_kept"] = stale.is_dir() and any(stale.iterdir())  # /tmp shared between runs
+    subprocess.run(["rm", "-rf", str(stale)])
+    return report
+
+
+def _row(report: dict[str, Any]) -> dict[str, Any]:
+    assert not report["dropped"], report["dropped"]
+    return report["programs"]["sum.eir"]
+
+
+def test_honest_compilers_score_and_forgers_move_nothing(hostile: dict[str, Any]) -> None:
+    row = _row(hostile)
+    # with a private /tmp per run (the sandbox's namespaces level) stale keeps nothing, so it is honest
+    honest = {"reference", "honest"} | (set() if hostile["stale_kept"] else {"stale"})
+    assert {n for n, r in row.items() if r["status"] == "ok"} == honest, row
+    assert row["reference"]["score"] == 100.0 and row["honest"]["score"] < 100.0  # the reference is faster
+    for n in set(FORGERS) - honest:
+        assert row[n]["score"] == 0.0 and hostile["submissions"][n]["score"] == 0.0, (n, row[n])
+
+
+@pytest.mark.parametrize("mode", ["zero", "nan", "inf", "negative"])
+def test_medians_at_or_below_zero_or_not_finite_are_rejected(hostile: dict[str, Any], mode: str) -> None:
+    r = _row(hostile)[mode]
+    assert r["status"] == "error" and ("median_ms=0" in r["note"] or "finite" in r["note"]), r
+
+
+def test_median_below_the_physical_floor_is_rejected(hostile: dict[str, Any]) -> None:
+    # skimp does a hundredth of the work and times it honestly: only the floor can tell
+    r = _row(hostile)["skimp"]
+    assert r["status"] == "error" and "physical floor" in r["note"], r
+    r = _row(hostile)["tiny"]  # 1e-6 ms and no runs at all
+    assert r["status"] == "error" and ("physical floor" in r["note"] or "cannot be checked" in r["note"]), r
+
+
+def test_reports_below_the_graders_clock_are_dishonest(hostile: dict[str, Any]) -> None:
+    r = _row(hostile)["liar"]  # does every run, reports a tenth of its time
+    assert r["status"] == "error" and "dishonest" in r["note"] and "took" in r["note"], r
+
+
+def test_reports_of_runs_not_done_are_dishonest(hostile: dict[str, Any]) -> None:
+    r = _row(hostile)["skip"]  # right answers, a plausible median, and no timed runs
+    assert r["status"] == "error" and "dishonest" in r["note"] and "would take" in r["note"], r
+
+
+def test_answers_computed_at_home_are_wrong(hostile: dict[str, Any]) -> None:
+    r = _row(hostile)["athome"]  # the answer for the suite's own seed, by the file's shape
+    assert r["status"] == "wrong", r
+
+
+def test_answers_kept_from_an_earlier_run_are_wrong(hostile: dict[str, Any]) -> None:
+    r = _row(hostile)["stale"]  # one answer per program text without its seeds, kept in /tmp
+    if hostile["stale_kept"]:  # (with a private /tmp per run it could keep nothing: then it is honest)
+        assert r["status"] == "wrong", r
+
+
+def test_results_of_the_timed_run_are_checked(hostile: dict[str, Any]) -> None:
+    r = _row(hostile)["fakerest"]  # right at --bench N1, anything at --bench N2
+    assert r["status"] == "wrong" and "--bench 5 " not in r["note"], r
+
+
+def test_summary_states_the_band(hostile: dict[str, Any]) -> None:
+    band = hostile["bands"]["sum.eir"]
+    assert band >= bench.MIN_BAND and f"| sum.eir | {100 * band:.2g}% |" in hostile["summary"]
+
+
+def test_reseed_gives_fresh_seeds_and_keeps_lines() -> None:
+    text = SUM.replace("hi=1000", "hi=1000 # seed=7 in a comment stays")
+    prog = parse(text)
+    a, b = bench.reseed(text, prog), bench.reseed(text, prog)
+    assert a != b and len(a.splitlines()) == len(text.splitlines()) and "# seed=7 in a comment stays" in a
+    assert parse(a).inputs["x"].rand.seed != prog.inputs["x"].rand.seed  # type: ignore[union-attr]
+
+
+def test_linear_scores_tie_within_the_band() -> None:
+    assert bench.linear_scores({"a": 1.0, "b": 3.0, "c": 2.0, "d": None}) == {"a": 100.0, "b": 0.0, "c": 50.0, "d": 0.0}
+    assert bench.linear_scores({"a": 19.321, "b": 19.324, "c": 38.6}) == {"a": 100.0, "b": 100.0, "c": 0.0}
+    assert bench.linear_scores({"a": 0.614, "b": 0.647}, band=0.06) == {"a": 100.0, "b": 100.0}  # issue 28's 0 and 100
+    assert bench.linear_scores({"a": 0.614, "b": 0.647}, band=0.01) == {"a": 100.0, "b": 0.0}
+
+
+def test_programs_the_reference_cannot_run_score_no_one(tmp_path: Path) -> None:
+    subs = tmp_path / "subs"
+    (subs / "benchonly").mkdir(parents=True)  # the issue's forger: a bench line and nothing else
+    (subs / "benchonly" / "compiler").write_text('#!/bin/sh\necho "# bench runs=$3 median_ms=0.001"\n')
+    (subs / "benchonly" / "compiler").chmod(0o755)
+    cases = [("slow.eir", SUM.replace("262144", "67108864"), "4", "timed out"),  # the reference times out
+             ("fixed.eir", "ember 1\nx = param i32[2]\ny = neg x\nreturn y\ninput x = [1, 2]\n", "120",
+              "every seed")]  # no seed for the grader to choose
+    for name, text, timeout, why in cases:
+        (tmp_path / name).mkdir()
+        report = run_bench(tmp_path / name, subs, "--timeout", timeout, rounds=1, suite={name: text})
+        assert report["programs"] == {} and why in report["dropped"][name], report["dropped"]
+        assert report["submissions"] == {"reference": {"score": 0.0}, "benchonly": {"score": 0.0}}
+        assert "Programs left out" in report["summary"]
+
+
+def test_one_compiler_twice_under_load_scores_equal(tmp_path: Path) -> None:
+    for name in ("twin1", "twin2"):
+        fake(tmp_path / "subs", name)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a competing load on the 2 cores
+    try:
+        report = run_bench(tmp_path, tmp_path / "subs", rounds=3)
+    finally:
+        busy.kill()
+        busy.wait()
+    row = _row(report)  # the reference is not flagged, and the program is not dropped
+    assert all(r["status"] == "ok" for r in row.values()), row
+    assert abs(row["twin1"]["score"] - row["twin2"]["score"]) <= 5, row
+    # alone on the curve, the twins' measured times would score 0 and 100 without the band
+    band = report["bands"]["sum.eir"]
+    twins = {n: row[n]["median_ms"] for n in ("twin1", "twin2")}
+    assert bench.linear_scores(twins, band) == {"twin1": 100.0, "twin2": 100.0}, (twins, band)
