@@ -8,6 +8,7 @@ needed; compare with EMBER_PROFILE=1 on one.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -65,7 +66,7 @@ def main() -> None:
         print(f"{ms:7.3f}  {name:8s} {out:30s} {what:11s} {nbytes / 1e6:8.1f} {flops / 1e9:8.1f} {reads:5d}")
     for k in sched.kernels:
         if k.name in args.show.split(","):
-            print(cuda.render(type(sched)(sched.inputs, sched.outputs, [k])))
+            print(cuda.render(dataclasses.replace(sched, kernels=[k])))
 
 
 if __name__ == "__main__":

@@ -273,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="the .eir file")
     p.add_argument("--backend", choices=[n for n, b in backends.BACKENDS.items() if b.module],
                    help="which source (default: cuda with a GPU, else c)")
-    from .backend.cuda import ARCHS
+    from .target import ARCHS
     p.add_argument("--arch", choices=ARCHS, default=None,
                    help="the GPU the CUDA source is for (default: this machine's GPU, else sm_86)")
     p.set_defaults(fn=cmd_source)

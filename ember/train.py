@@ -341,11 +341,12 @@ def dry_run(args: argparse.Namespace) -> int:
     times["graph"] = clock.perf_counter() - t
     t = clock.perf_counter()
     if device == "cuda":
-        arch = cuda.target_arch()
+        gpu = cuda.device_target()
+        arch = gpu.arch
         sched = cuda.prepare(outputs, arch)
         times["schedule"] = clock.perf_counter() - t
         t = clock.perf_counter()
-        units = cuda.render_units(sched.kernels)
+        units = cuda.render_units(sched.kernels, gpu)
         times["codegen"] = clock.perf_counter() - t
         t = clock.perf_counter()
         try:

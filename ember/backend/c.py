@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import debug
+from .. import debug, target
 from ..compiler import pipeline
 from ..compiler.lower import Kernel
 from ..compiler.schedule import Schedule
@@ -288,7 +288,7 @@ compile = cached(CProgram)
 
 def prepare(outputs: list[Node]) -> Schedule:
     """The program's kernels, scheduled (short reductions may nest) and optimized for the CPU."""
-    return pipeline.compile_schedule(outputs, "c", nest=NEST)
+    return pipeline.compile_schedule(outputs, target.cpu(), nest=NEST)
 
 
 def source(outputs: list[Node]) -> str:

@@ -14,6 +14,7 @@ Source generation needs no GPU (CI compiles every kernel with nvcc); running nee
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import hashlib
 import itertools
@@ -26,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .. import data, debug
+from .. import data, debug, target
 from .. import dtype as dt
 from ..compiler import batch, contraction, pipeline, schedule
 from ..compiler.lower import Kernel
@@ -34,6 +35,7 @@ from ..compiler.rewrite import substitute
 from ..compiler.schedule import Schedule
 from ..dtype import DType
 from ..ir import Node, Op, toposort
+from ..target import Target
 from . import cache_dir, cached, flash, mma, search
 from . import run_values as shared_run_values
 from .render import HALF_HELPERS, CLike, KernelWriter, Scope
@@ -144,6 +146,10 @@ class CUDARenderer(CLike):
     store_rounded = True
     math32 = {Op.SQRT: "sqrtf", Op.EXP2: "exp2f", Op.LOG2: "log2f", Op.SIN: "sinf", Op.TRUNC: "truncf"}
 
+    def __init__(self, gpu: Target) -> None:
+        super().__init__()
+        self.gpu = gpu
+
     def alu(self, n: Node, a: list[str], no_overflow: bool = False) -> str:
         if n.op is Op.MAX and n.dtype.is_int:  # see ember_imax in the prelude: a ptxas miscompile
             return f"ember_imax<{n.dtype.c_name}>({a[0]}, {a[1]})"
@@ -216,7 +222,7 @@ class CUDARenderer(CLike):
                            for b in k.args)
         body = ["  int ember_block = blockIdx.x;"]
         for m in k.batch:
-            blocks = launch_config(m)[0][0]
+            blocks = launch_config(m, self.gpu)[0][0]
             args = ", ".join(f"b{b.id}" for b in m.args)
             body += [f"  if (ember_block < {blocks}) {{ {prefix}{m.name}({args}, ember_block); return; }}",
                      f"  ember_block -= {blocks};"]
@@ -273,15 +279,15 @@ def check_grids(kernels: list[Kernel], configs: list[tuple[tuple[int, int, int],
                                f"allows {GRID_YZ} along y and z ({what} too many: split the batch)")
 
 
-def launch_config(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
-    """(grid, threads per block, dynamic shared memory bytes), from the plan optimize made."""
+def launch_config(k: Kernel, gpu: Target) -> tuple[tuple[int, int, int], int, int]:
+    """(grid, threads per block, dynamic shared memory bytes), from the plan optimize made for gpu."""
     if k.contraction is not None:
         c, p = k.contraction
-        return mma.grid(c, p), mma.threads(p), contraction.smem_bytes(p)
+        return mma.grid(c, p, gpu.sms), mma.threads(p), contraction.smem_bytes(p)
     if k.fused is not None:
-        return flash.launch(k)
+        return flash.launch(k, gpu.sms)
     if k.batch is not None:   # every member's blocks, one after the other
-        return (sum(launch_config(m)[0][0] for m in k.batch), 1, 1), BLOCK, 0
+        return (sum(launch_config(m, gpu)[0][0] for m in k.batch), 1, 1), BLOCK, 0
     if k.rows is not None:
         return (max(1, math.prod(r.arg[1] for r in k.rows)), 1, 1), block_size(k), 0
     return (max(1, -(-batch.threads(k) // BLOCK)), 1, 1), BLOCK, 0
@@ -431,9 +437,9 @@ def _bitcast_helpers(pairs: set[tuple[DType, DType]]) -> str:
                    for s, d in sorted(pairs, key=lambda p: (p[0].name, p[1].name)))
 
 
-def _source(kernels: list[Kernel], prefix: str = "") -> str:
+def _source(kernels: list[Kernel], gpu: Target, prefix: str = "") -> str:
     """One CUDA source for these kernels: the prelude, the helpers they use, the kernels."""
-    r = CUDARenderer()
+    r = CUDARenderer(gpu)
     bodies = [r.render_kernel(k, prefix) for k in kernels]
     helpers = mma.helpers(kernels) + flash.helpers(kernels) + _bitcast_helpers(r.bitcasts)
     return PRELUDE + helpers + "\n" + "\n".join(bodies)
@@ -441,25 +447,27 @@ def _source(kernels: list[Kernel], prefix: str = "") -> str:
 
 def render(sched: Schedule, prefix: str = "") -> str:
     """The program's kernels as one CUDA source (kernel names get the prefix)."""
-    return _source(sched.kernels, prefix)
+    assert sched.target is not None
+    return _source(sched.kernels, sched.target, prefix)
 
 
-def render_units(kernels: list[Kernel]) -> list[tuple[str, list[Kernel]]]:
+def render_units(kernels: list[Kernel], gpu: Target) -> list[tuple[str, list[Kernel]]]:
     """The kernels as independent sources (each with the prelude and the helpers it uses), one
     per core but at least 8 kernels each, to compile in parallel."""
     parts = max(1, min(os.cpu_count() or 1, len(kernels) // 8))
     size = -(-len(kernels) // parts) if kernels else 1
     groups = [kernels[i:i + size] for i in range(0, max(len(kernels), 1), size)]
-    return [(_source(group), group) for group in groups]
+    return [(_source(group, gpu), group) for group in groups]
 
 
 def prepare(outputs: list[Node], arch: str | None = None) -> Schedule:
-    """The program's kernels, scheduled and optimized for arch (default: the GPU's)."""
-    return pipeline.compile_schedule(outputs, "cuda", arch or target_arch())
+    """The program's kernels, scheduled and optimized for arch (default: this GPU, as it describes
+    itself, else DEFAULT_ARCH's table entry)."""
+    return pipeline.compile_schedule(outputs, target.gpu(arch) if arch else device_target())
 
 
 def source(outputs: list[Node], arch: str | None = None) -> str:
-    """The program's CUDA source for arch (default: the GPU's, else DEFAULT_ARCH)."""
+    """The program's CUDA source for arch (default: the GPU's, else target.DEFAULT_ARCH)."""
     return render(prepare(outputs, arch))
 
 
@@ -522,21 +530,29 @@ def _device() -> tuple[Any, str] | None:
         return None
 
 
-DEFAULT_ARCH = "sm_86"  # the course's grading GPUs (RTX 3080), for source printed without a GPU
-ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a")
-
-
-def target_arch() -> str:
-    dev = None if os.environ.get("EMBER_NO_CUDA") else _device()
-    return dev[1] if dev else DEFAULT_ARCH
 
 
 @functools.lru_cache(maxsize=None)
-def device_name() -> str:
-    """GPU 0's name (searched plans are stored per device)."""
+def device_target() -> Target:
+    """This process's GPU as its attributes describe it, over the table's entry for its
+    architecture (the rates stay the table's); the table's DEFAULT_ARCH without a GPU."""
+    dev = None if os.environ.get("EMBER_NO_CUDA") else _device()
+    if dev is None:
+        return target.gpu(target.DEFAULT_ARCH)
     from cuda.bindings import driver as cu
-    raw = _check(cu.cuDeviceGetName(64, _check(cu.cuDeviceGet(_ORDINAL))))
-    return bytes(raw).split(b"\0")[0].decode()
+    device = _check(cu.cuDeviceGet(_ORDINAL))
+    name = bytes(_check(cu.cuDeviceGetName(64, device))).split(b"\0")[0].decode()
+    attr = cu.CUdevice_attribute
+
+    def get(what: str) -> int:
+        return int(_check(cu.cuDeviceGetAttribute(getattr(attr, f"CU_DEVICE_ATTRIBUTE_{what}"), device)))
+    # an architecture the table lacks: sm_86's rates, and mma.sync only on 8.x (newer ones untried)
+    base = target.GPUS.get(dev[1]) or dataclasses.replace(
+        target.gpu("sm_86"), tensor_cores=("mma.sync",) if dev[1][3] == "8" and len(dev[1]) == 5 else ())
+    return dataclasses.replace(
+        base, arch=dev[1], name=name, sms=get("MULTIPROCESSOR_COUNT"), regs_sm=get("MAX_REGISTERS_PER_MULTIPROCESSOR"),
+        smem_block=get("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"), smem_sm=get("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"),
+        threads_sm=get("MAX_THREADS_PER_MULTIPROCESSOR"), l2=get("L2_CACHE_SIZE"))
 
 
 def _allow_smem(fn: Any, smem: int) -> None:
@@ -559,12 +575,12 @@ def _launch_args(k: Kernel, ptr: dict[int, int]) -> tuple[list, np.ndarray]:
     return args, np.array(addrs, dtype=np.uint64)
 
 
-def time_kernel(k: Kernel, arch: str) -> float:
+def time_kernel(k: Kernel, gpu: Target) -> float:
     """Seconds one launch of kernel k alone takes on zeroed buffers (for the plan search)."""
     from cuda.bindings import driver as cu
-    module = _check(cu.cuModuleLoadData(compile_cubin(_source([k]), arch)))
+    module = _check(cu.cuModuleLoadData(compile_cubin(_source([k], gpu), gpu.arch)))
     fn = _check(cu.cuModuleGetFunction(module, k.name.encode()))
-    (gx, gy, gz), block, smem = launch_config(k)
+    (gx, gy, gz), block, smem = launch_config(k, gpu)
     _allow_smem(fn, smem)
     bufs = {b.id: b for b in k.args}
     ptr = {i: int(_check(cu.cuMemAlloc(max(1, b.nbytes)))) for i, b in bufs.items()}
@@ -642,8 +658,10 @@ class CUDAProgram:
         t0 = time.perf_counter()
         self.sched = prepare(outputs, plan_arch)
         if plan_arch is None:  # stored plans, or a search when EMBER_SEARCH=1
-            search.choose(self.sched.kernels, dev[1], device_name(), lambda k: time_kernel(k, dev[1]))
-        units = render_units(self.sched.kernels)
+            search.choose(self.sched.kernels, device_target(), lambda k: time_kernel(k, device_target()))
+        gpu = self.sched.target
+        assert gpu is not None
+        units = render_units(self.sched.kernels, gpu)
         self.source = "\n".join(src for src, _ in units)
         t1 = time.perf_counter()
         # NVRTC releases the GIL: units compile in parallel (a GPT step's 250 kernels, 12 s as one
@@ -654,7 +672,7 @@ class CUDAProgram:
         function = {k.name: _check(cu.cuModuleGetFunction(m, k.name.encode()))
                     for m, (_, ks) in zip(self.modules, units) for k in ks}
         self.functions = [function[k.name] for k in self.sched.kernels]
-        self.configs = [launch_config(k) for k in self.sched.kernels]
+        self.configs = [launch_config(k, gpu) for k in self.sched.kernels]
         check_grids(self.sched.kernels, self.configs)
         self.start_runs()
         for fn, (_, _, smem) in zip(self.functions, self.configs):

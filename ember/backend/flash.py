@@ -48,7 +48,6 @@ from __future__ import annotations
 import math
 import os
 
-from ..compiler.contraction import SMS
 from ..compiler.lower import Kernel
 from .render import CLike, KernelWriter
 
@@ -1123,12 +1122,12 @@ def smem_bytes(k: Kernel) -> int:
     return (own + 4 * tile) * d * 2 + 1024 * k.hopper
 
 
-def launch(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
+def launch(k: Kernel, sms: int) -> tuple[tuple[int, int, int], int, int]:
     kind, _, _, n, t_len, s_len, d = _sizes(k)
     rows, _, threads = _plan(k)
     blocks = -(-(s_len if kind == "attention_dkdv" else t_len) // rows)
     if kind == "attention" and ws_heads(k) is not None:   # persistent: a block per SM at most
-        return (min(blocks * n, SMS), 1, 1), threads, smem_bytes(k)
+        return (min(blocks * n, sms), 1, 1), threads, smem_bytes(k)
     return (blocks, n, 1), threads, smem_bytes(k)
 
 

@@ -12,7 +12,7 @@ The kernel a GpuPlan describes (see compiler/contraction.py):
 """
 from __future__ import annotations
 
-from ..compiler.contraction import SMS, Contraction, GpuPlan, Operand
+from ..compiler.contraction import Contraction, GpuPlan, Operand
 from ..compiler.lower import Kernel
 from .render import CLike, ElementWriter, KernelWriter, operand_bases
 
@@ -170,9 +170,9 @@ def threads(p: GpuPlan) -> int:
     return p.threads
 
 
-def grid(c: Contraction, p: GpuPlan) -> tuple[int, int, int]:
+def grid(c: Contraction, p: GpuPlan, sms: int) -> tuple[int, int, int]:
     if p.tma:   # persistent blocks, one per SM at most
-        return min(c.tiles(p.block_m, p.block_n), SMS), 1, 1
+        return min(c.tiles(p.block_m, p.block_n), sms), 1, 1
     m, n, _ = c.mnk
     return -(-n // p.block_n), -(-m // p.block_m), c.batch_size
 

@@ -14,33 +14,35 @@ then its compiler and runtime.
 from __future__ import annotations
 
 from ..ir import Node
-from . import attention, autodiff, contraction, store
+from ..target import Target
+from . import attention, autodiff, store
 from .batch import batch_small
 from .optimize import optimize
 from .schedule import Schedule, schedule
 from .split import split_large_reductions
 
 
-def compile_schedule(outputs: list[Node], target: str, arch: str = "", nest: int = 0) -> Schedule:
-    """target: "c" or "cuda"; arch: the GPU architecture (sm_86, sm_90a...); nest: the C
-    backend's allowance for short reductions inside others (lower.Lowerer). A program compiled
-    before, in this process or another, is loaded from the disk cache (store.py)."""
-    k = store.key(outputs, target, arch, nest)
+def compile_schedule(outputs: list[Node], target: Target, nest: int = 0) -> Schedule:
+    """target: the CPU or GPU compiled for (ember/target.py); nest: the C backend's allowance for
+    short reductions inside others (lower.Lowerer). A program compiled before, in this process or
+    another, is loaded from the disk cache (store.py)."""
+    k = store.key(outputs, target, nest)
     sched = store.load(k)
     if sched is None:
-        sched = _compile(outputs, target, arch, nest)
+        sched = _compile(outputs, target, nest)
         store.save(k, sched)
     return sched
 
 
-def _compile(outputs: list[Node], target: str, arch: str, nest: int) -> Schedule:
-    if target == "cuda" and contraction.tensor_cores(arch):   # flash attention (mma.sync)
+def _compile(outputs: list[Node], target: Target, nest: int) -> Schedule:
+    if target.mma_sync:   # flash attention
         outputs = attention.fuse(outputs)
     graph = autodiff.expand_grads(outputs)   # gradients first: their reductions are split too
-    if target == "cuda":
-        graph = split_large_reductions(graph)
+    if target.kind == "cuda":
+        graph = split_large_reductions(graph, target)
     sched = schedule(graph, nest=nest)
-    optimize(sched, target=target, arch=arch)
-    if target == "cuda":
+    optimize(sched, target)
+    if target.kind == "cuda":
         batch_small(sched)
+    sched.target = target
     return sched

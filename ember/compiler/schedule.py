@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from .. import debug
 from ..ir import ELEMENTWISE, Node, Op, toposort
+from ..target import Target
 from . import autodiff, simplify
 from .lower import Buffer, Kernel, gathered_operands, lower_kernel, recompute_problems, recomputed_operands
 
@@ -26,6 +27,7 @@ class Schedule:
     kernels: list[Kernel]
     temps: list[Buffer] = field(default_factory=list)
     slots: dict[int, int] = field(default_factory=dict)   # temp buffer id -> memory slot
+    target: Target | None = None         # what it was compiled for (pipeline.py)
 
     @property
     def buffers(self) -> list[Buffer]:

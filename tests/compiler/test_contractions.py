@@ -8,6 +8,7 @@ exact in f32, so tensor cores (exact products, f32 sums) and the reference (prod
 the dtype) agree to the last bit, and a wrong fragment or a wrong edge shows as a mismatch."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from ember.backend import cuda, run_values
 from ember.compiler import contraction, optimize
 from ember.compiler.schedule import schedule
 from ember.ir import Node, Op
+from ember.target import cpu, gpu
 
 from .cuda_compile import COMPILER, compile_cuda
 from .randprog import compare
@@ -105,7 +107,9 @@ GPU_CASES = CASES + ["f32"]   # f32 on FMA register tiles
 
 def _kernels(outputs: list[Node], arch: str = "sm_90", target: str = "cuda") -> list:
     sched = schedule(outputs)
-    optimize.optimize(sched, target=target, arch=arch)
+    # sm_75: a GPU without the tensor-core instructions the plans use (ldmatrix, cp.async)
+    turing = dataclasses.replace(gpu("sm_86"), arch="sm_75", tensor_cores=())
+    optimize.optimize(sched, (turing if arch == "sm_75" else gpu(arch)) if target == "cuda" else cpu())
     return sched.kernels
 
 
@@ -191,7 +195,7 @@ def test_search_keeps_the_fastest_plan_and_reuses_it(tmp_path: Path, monkeypatch
     monkeypatch.setenv("EMBER_CACHE", str(tmp_path))
     monkeypatch.setenv("EMBER_SEARCH", "1")
     (k,) = _kernels(case("bf16_aligned")[0], arch="sm_90a")
-    plans = search.candidates(k.contraction[0], "sm_90a")
+    plans = search.candidates(k.contraction[0], gpu("sm_90a"))
     assert plans[0] == k.contraction[1] and len(plans) == len(set(plans)) > 4  # the heuristic's first
     assert all(contraction.smem_bytes(p) <= 227 * 1024 for p in plans)
     fastest = plans[3]
@@ -200,14 +204,15 @@ def test_search_keeps_the_fastest_plan_and_reuses_it(tmp_path: Path, monkeypatch
     def timer(kernel):  # a fake GPU: one plan is fastest
         timed.append(kernel.contraction[1])
         return 1.0 if kernel.contraction[1] == fastest else 2.0
-    search.choose([k], "sm_90a", "Fake GPU", timer)
+    fake, other_gpu = (dataclasses.replace(gpu("sm_90a"), name=n) for n in ("Fake GPU", "Other GPU"))
+    search.choose([k], fake, timer)
     assert k.contraction[1] == fastest and timed == plans
     monkeypatch.delenv("EMBER_SEARCH")
     (again,) = _kernels(case("bf16_aligned")[0], arch="sm_90a")
-    search.choose([again], "sm_90a", "Fake GPU", lambda kernel: pytest.fail("searched again"))
+    search.choose([again], fake, lambda kernel: pytest.fail("searched again"))
     assert again.contraction[1] == fastest
     (other,) = _kernels(case("bf16_aligned")[0], arch="sm_90a")
-    search.choose([other], "sm_90a", "Other GPU", timer)  # no search, nothing stored: the heuristic's plan
+    search.choose([other], other_gpu, timer)  # no search, nothing stored: the heuristic's plan
     assert other.contraction[1] == plans[0]
 
 
@@ -305,8 +310,7 @@ def test_tma_store_where_the_output_allows() -> None:
     (4-byte elements, an odd row, a decoded range) keep the stores from registers. A plan with
     the store gives up slots to fit the output tile in shared memory."""
     from ember.backend import mma
-    from ember.compiler.contraction import SMEM_LIMIT
-    room = SMEM_LIMIT["sm_90a"] * 1024
+    room = gpu("sm_90a").smem_block
 
     def plan_of(name: str) -> tuple:
         (k,) = [k for k in _kernels(case(name)[0], arch="sm_90a") if k.contraction]

@@ -9,6 +9,7 @@ import pytest
 from ember import text
 from ember.backend import c, cuda
 from ember.compiler import pipeline, store
+from ember.target import cpu
 
 EIR = Path(__file__).parents[1] / "eir"
 PROGRAMS = ["compositions/softmax.eir", "compositions/layernorm.eir", "compositions/batched_matmul_transposed.eir",
@@ -46,9 +47,9 @@ def test_loaded_flash_attention_renders_the_same_source(cache: Path) -> None:
 
 def test_loaded_schedule_takes_the_callers_params(monkeypatch: pytest.MonkeyPatch) -> None:
     outputs = _outputs("compositions/softmax.eir")
-    first = pipeline.compile_schedule(outputs, "c")
+    first = pipeline.compile_schedule(outputs, cpu())
     monkeypatch.setattr(pipeline, "_compile", lambda *a: pytest.fail("compiled again"))
-    again = pipeline.compile_schedule(outputs, "c")
+    again = pipeline.compile_schedule(outputs, cpu())
     assert again is not first and list(again.inputs) == list(first.inputs)   # the same param nodes
     assert [b.node for b in again.outputs] == [b.node for b in first.outputs]
 
