@@ -157,7 +157,7 @@ def plot(history: dict, path: Path) -> str:
 
 
 def train(argv: list[str] | None = None) -> int:
-    from .cli import HelpWithDefaults
+    from .commands import HelpWithDefaults
     ap = argparse.ArgumentParser(prog="ember train", description="Train a small byte-level GPT on real text.",
                                  formatter_class=HelpWithDefaults)
     ap.add_argument("--data", help="a text file or folder (default: the Python standard library's sources)")
@@ -443,7 +443,7 @@ class Run:
 
 
 def sample(argv: list[str] | None = None) -> int:
-    from .cli import HelpWithDefaults
+    from .commands import HelpWithDefaults
     ap = argparse.ArgumentParser(prog="ember sample", description="Generate text from a checkpoint of ember train.",
                                  formatter_class=HelpWithDefaults)
     ap.add_argument("--ckpt", default="runs/gpt/ckpt.safetensors", help="the checkpoint to load")

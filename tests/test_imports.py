@@ -10,15 +10,15 @@ FRONTEND = {"ember.tensor", "ember.nn", "ember.functional", "ember.distributed",
             "ember.cli", "ember.grading"}
 
 
-def _module(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def _module(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
     """Each ember module -> the ember modules it imports anywhere in its body (a package's
     own __init__ counts as the package)."""
-    modules = {_module(p): p for p in root.rglob("*.py")}
+    modules = {_module(p, root): p for p in root.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]

@@ -427,7 +427,7 @@ def _source(kernels: list[Kernel], gpu: Target, prefix: str = "") -> str:
     """One CUDA source for these kernels: the prelude, the helpers they use, the kernels."""
     r = CUDARenderer(gpu)
     bodies = [r.render_kernel(k, prefix) for k in kernels]
-    helpers = mma.helpers(kernels) + flash.helpers(kernels) + _bitcast_helpers(r.bitcasts)
+    helpers = mma.helpers(kernels, flash.tma_ranks(kernels)) + flash.helpers(kernels) + _bitcast_helpers(r.bitcasts)
     return PRELUDE + helpers + "\n" + "\n".join(bodies)
 
 

@@ -49,6 +49,7 @@ import math
 import os
 
 from ..compiler.lower import Kernel
+from .mma import wgmma_helper  # mma.helpers brings the descriptors and fences
 from .render import CLike, KernelWriter
 
 THREADS = 128
@@ -950,6 +951,11 @@ EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap*
 """
 
 
+def tma_ranks(kernels: list[Kernel]) -> set[int]:
+    """The warp-specialized forward copies q, k and v as 4-d tensors (mma.helpers writes the copy)."""
+    return {4 for k in kernels if k.fused is not None and ws_heads(k) is not None}
+
+
 def _hopper_helpers(kernels: list[Kernel]) -> str:
     """The wgmma instructions sm_90a's flash kernels use, as the templates ember_wgmma_s<N, BF16>
     (scores: N columns, both operands from shared memory) and ember_wgmma_pv<D, BF16> (A in
@@ -957,7 +963,6 @@ def _hopper_helpers(kernels: list[Kernel]) -> str:
     hopper = [k for k in kernels if k.hopper and k.fused is not None]
     if not hopper:
         return ""
-    from .mma import _wgmma_helper  # mma.helpers brings the descriptors and fences
     scores, products = set(), set()
     for k in hopper:
         d = _sizes(k)[6]
@@ -969,13 +974,13 @@ def _hopper_helpers(kernels: list[Kernel]) -> str:
            "template <int N, bool BF16> EMBER_D void ember_wgmma_pv(float* d, const unsigned* a, "
            "unsigned long long db);\n")
     for dtype, n in sorted(scores):
-        out += _wgmma_helper(dtype, n, 0, 0, f"ember_wgmma_s_{dtype}_n{n}")
+        out += wgmma_helper(dtype, n, 0, 0, f"ember_wgmma_s_{dtype}_n{n}")
         out += (f"template <> __device__ inline void ember_wgmma_s<{n}, {str(dtype == 'bf16').lower()}>(float* d, "
                 f"unsigned long long da, unsigned long long db, int acc) {{\n"
                 f"  ember_wgmma_s_{dtype}_n{n}(d, da, db, acc);\n}}\n")
     for dtype, d in sorted(products):
         # p (registers) times v (shared memory, contiguous along d: read transposed)
-        out += _wgmma_helper(dtype, d, 0, 1, f"ember_wgmma_rs_{dtype}_n{d}", a_in_registers=True)
+        out += wgmma_helper(dtype, d, 0, 1, f"ember_wgmma_rs_{dtype}_n{d}", a_in_registers=True)
         out += (f"template <> __device__ inline void ember_wgmma_pv<{d}, {str(dtype == 'bf16').lower()}>(float* d, "
                 f"const unsigned* a, unsigned long long db) {{ ember_wgmma_rs_{dtype}_n{d}(d, a, db); }}\n")
     return out + HOPPER

@@ -125,7 +125,7 @@ def _tma_store_helper(rank: int) -> str:
             f'               :: "l"(map), "r"(ember_smem_addr(src)), {ins} : "memory");\n}}\n')
 
 
-def _wgmma_helper(kind: str, n: int, trans_a: int, trans_b: int, name: str = "", a_in_registers: bool = False) -> str:
+def wgmma_helper(kind: str, n: int, trans_a: int, trans_b: int, name: str = "", a_in_registers: bool = False) -> str:
     """name(d, a, descB), by default ember_wgmma_<kind>_n<n>_<ta><tb>: d[n/2] += A (64x16) * B
     (16xn). A comes from shared memory by its descriptor, or (a_in_registers, flash.py) from four
     registers in mma.sync's A fragment layout, which wgmma cannot transpose."""
@@ -147,8 +147,9 @@ def _wgmma_helper(kind: str, n: int, trans_a: int, trans_b: int, name: str = "",
             f'    : {cons}\n    : {reads}, "l"(db), "r"(acc));\n}}\n')
 
 
-def helpers(kernels: list[Kernel]) -> str:
-    """The device functions the tensor-core kernels among these use."""
+def helpers(kernels: list[Kernel], tma_ranks: set[int]) -> str:
+    """The device functions the tensor-core kernels among these use; tma_ranks: the ranks of the
+    tensor maps other kernels copy with (flash.tma_ranks)."""
     plans = [k.contraction for k in kernels if k.contraction is not None]
     if not plans and not any(k.fused is not None for k in kernels):   # flash.py uses them too
         return ""
@@ -156,10 +157,8 @@ def helpers(kernels: list[Kernel]) -> str:
     hopper = sorted({(c.dtype.name, p.block_n, int(not c.a.k_major), int(not c.b.k_major))
                      for c, p in plans if p.instruction == "wgmma"})
     if hopper or any(k.hopper for k in kernels):   # flash.py's sm_90a forward needs the descriptors too
-        out += HOPPER_HELPERS + "".join(_wgmma_helper(*h) for h in hopper)
-        from . import flash  # its warp-specialized forward copies q, k and v as 4-d tensors
-        ranks = {len(_tma_box(c, op, p)[0]) for c, p in plans if p.tma for op in (c.a, c.b)}
-        ranks |= {4 for k in kernels if k.fused is not None and flash.ws_heads(k) is not None}
+        out += HOPPER_HELPERS + "".join(wgmma_helper(*h) for h in hopper)
+        ranks = {len(_tma_box(c, op, p)[0]) for c, p in plans if p.tma for op in (c.a, c.b)} | tma_ranks
         out += "".join(_tma_helper(rank) for rank in sorted(ranks))
         out += "".join(_tma_store_helper(rank) for rank in sorted({len(_tma_out_box(c)[0]) for c, p in plans
                                                                    if p.tma_store}))

@@ -16,12 +16,13 @@ transposed as in x @ W.T), else "mn-major" when its i (or j) stride is 1.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import dataclass
 
 from .. import dtype as dt
-from ..ir import Node, Op, toposort
+from ..ir import MOVEMENT, Node, Op, toposort
 from ..target import Target
 from . import symbolic as sym
 from .lower import Kernel, free_ranges
@@ -345,3 +346,41 @@ def plan(c: Contraction, gpu: Target) -> GpuPlan | None:
     if m <= 64 or n <= 64:
         return GpuPlan("mma.sync", 64, 64, 32, 2, 2, stages)
     return GpuPlan("mma.sync", 128, 128, 32, 2, 2, stages)
+
+
+def gathered_operands(k: Kernel) -> set[Node]:
+    """Operands of a sum of products that reach their buffer through index arithmetic no
+    stride describes (a permute and reshape that merge axes: attention's heads put back side by
+    side, read as (c // 64, c % 64)), or through overlapping windows (a convolution's input at
+    h + kh: two ranges with one stride) or a permute (its weight, wanted with the channels
+    innermost) that the contraction paths cannot read in place. A contiguous copy (for a
+    convolution, the im2col buffer) costs one pass over memory and lets the tensor-core and
+    packed paths take the product."""
+    @functools.cache
+    def direct() -> bool:  # the tensor-core and packed paths read the windows in place (asked once)
+        return find(k, (dt.f16, dt.bf16, dt.f32, dt.f64)) is not None
+
+    found: set[Node] = set()
+    for red, t in k.reduces.items():
+        body = red.srcs[0]
+        if t.op is not Op.SUM or t.srcs[0].op is not Op.MUL or body.op is not Op.MUL:
+            continue
+        for x, ld in zip(t.srcs[0].srcs, body.srcs):
+            while x.op is Op.EXPAND or x.op is Op.CAST:
+                x = x.srcs[0]
+            if ld.op is Op.CAST:
+                ld = ld.srcs[0]
+            if ld.op is not Op.LOAD or x.op not in MOVEMENT:
+                continue
+            terms, _ = sym.linear(ld.srcs[1])
+            if any(term.op is not Op.RANGE for term in terms):
+                found.add(x)
+            elif (len(set(terms.values())) < len(terms) or _permuted(x)) and not direct():
+                found.add(x)
+    return found
+
+
+def _permuted(x: Node) -> bool:
+    while x.op is Op.RESHAPE:
+        x = x.srcs[0]
+    return x.op is Op.PERMUTE

@@ -15,7 +15,8 @@ from .. import debug
 from ..ir import ELEMENTWISE, Node, Op, toposort
 from ..target import Target
 from . import autodiff, simplify
-from .lower import Buffer, Kernel, gathered_operands, lower_kernel, recompute_problems, recomputed_operands
+from .contraction import gathered_operands
+from .lower import Buffer, Kernel, lower_kernel, recompute_problems, recomputed_operands
 
 LANES = 64  # with nesting on, values recomputed along an output range this short are left to lanes
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import cli, protocol
+from .. import commands, protocol
 from ..text import EirError, Program, parse_file
 from .reports import _cell, _write_csv, _write_json, _write_text
 from .sandbox import Limits, Result, Sandbox
@@ -138,7 +138,7 @@ def validate(t: Test) -> None:
         if not prog.expects:
             t.valid, t.reason = False, "has no expect line, so it checks nothing"
             return
-    problem, _ = cli._test_one(str(t.path), "ref", None, 0)
+    problem, _ = commands.test_one(str(t.path), "ref", None, 0)
     if problem is not None:
         t.valid, t.reason = False, f"fails on the reference evaluator: {problem}"
 
