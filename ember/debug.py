@@ -26,6 +26,25 @@ def graph(at: int, title: str, outputs: list[Node]) -> None:
         log(at, f"--- graph {title}\n" + "\n".join(print_graph(outputs)))
 
 
+def plans(at: int, title: str, kernels: list) -> None:
+    """Each kernel's plan: its family's value (a flash plan, a contraction's tiling), else the
+    loop shape optimize gave it."""
+    if level() < at:
+        return
+    out = [f"--- plans {title}"]
+    for k in kernels:
+        if k.plan is not None or k.contraction:
+            what = k.plan if k.plan is not None else k.contraction[1]
+        elif k.batch:
+            what = f"batch of {len(k.batch)}: {', '.join(m.name for m in k.batch)}"
+        else:
+            shape = f"block per row {[r.arg[0] for r in k.rows]}" if k.rows else "thread per output"
+            what = shape + (f", thread tile {[r.arg for r in k.threads]}" if k.threads else "") + (
+                f", lanes {sorted(r.arg[0] for r in k.lanes)}" if k.lanes else "") + (", atomic" if k.atomic else "")
+        out.append(f"{k.name} {k.kind}: {what}")
+    log(at, "\n".join(out))
+
+
 def kernels(at: int, title: str, kernels: list) -> None:
     """Each kernel's loops and its expression, one SSA line per node (kernel-level IR)."""
     if level() < at:

@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import dtype as dt
 from ..compiler import batch, contraction
+from ..compiler.attention import FlashPlan
 from ..compiler.lower import Kernel
 from ..compiler.rewrite import substitute
 from ..compiler.schedule import Schedule
@@ -29,6 +30,9 @@ from . import flash, mma
 from .render import HALF_HELPERS, CLike, KernelWriter, Scope, include
 
 BLOCK = 256
+# the plan families that render and launch by their plan's type: the module of each (render,
+# launch, helpers); the others still branch on Kernel's fields below
+FAMILIES = {FlashPlan: flash}
 ROW_CACHE_REGS = 32   # registers a thread may keep of its row (finish): 1024-thread blocks have 64
 
 PRELUDE = include("prelude.cuh") + HALF_HELPERS + include("prelude_ops.cuh")
@@ -100,10 +104,10 @@ class CUDARenderer(CLike):
     def render_kernel(self, k: Kernel, prefix: str = "") -> str:
         if k.batch is not None:
             return self.render_batch(k, prefix)
+        if type(k.plan) in FAMILIES:
+            return FAMILIES[type(k.plan)].render(self, k, prefix)
         if k.contraction is not None:
             return mma.render(self, k, *k.contraction, prefix)
-        if k.fused is not None:
-            return flash.render(self, k, prefix)
         return CUDAKernelWriter(self, k, prefix).write()
 
     def render_batch(self, k: Kernel, prefix: str) -> str:
@@ -174,11 +178,11 @@ def check_grids(kernels: list[Kernel], configs: list[tuple[tuple[int, int, int],
 
 def launch_config(k: Kernel, gpu: Target) -> tuple[tuple[int, int, int], int, int]:
     """(grid, threads per block, dynamic shared memory bytes), from the plan optimize made for gpu."""
+    if type(k.plan) in FAMILIES:
+        return FAMILIES[type(k.plan)].launch(k, gpu.sms)
     if k.contraction is not None:
         c, p = k.contraction
         return mma.grid(c, p, gpu.sms), mma.threads(p), contraction.smem_bytes(p)
-    if k.fused is not None:
-        return flash.launch(k, gpu.sms)
     if k.batch is not None:   # every member's blocks, one after the other
         return (sum(launch_config(m, gpu)[0][0] for m in k.batch), 1, 1), BLOCK, 0
     if k.rows is not None:

@@ -1,7 +1,7 @@
 """CUDA rendering of the flash-attention kernels that compiler/attention.py puts in the graph.
 
 Three kernels on `mma.sync.m16n8k16` (sm_80 and later; f16 or bf16 operands, f32 accumulators),
-4 warps per block; block and tile sizes per head size are in TILES below:
+4 warps per block; block and tile sizes per head size are in compiler/attention.py's TILES:
 - forward: a block per 128 query rows (two 16-row tiles per warp); tiles of 64 keys and values
   (32 for D = 128) arrive by `cp.async` into a double buffer while the warps compute s = q k^T,
   update the running max and sum per row (the 4 threads of a row combine with shuffles),
@@ -17,7 +17,7 @@ Three kernels on `mma.sync.m16n8k16` (sm_80 and later; f16 or bf16 operands, f32
   with no transpose), then adds p^T do to dv and ds^T q to dk.
 Shared-memory tiles are rows of D 16-bit values in 16-byte chunks, the chunk index XORed with
 the row (eight rows one `ldmatrix` reads fall in eight bank groups).
-On sm_90a (`Kernel.hopper`) every product is wgmma (`EmberWg<true>`): scores from tiles in the
+On sm_90a (`FlashPlan.wgmma`) every product is wgmma (`EmberWg<true>`): scores from tiles in the
 128-byte-swizzled layout (`ember_hswz`), and p (or ds) kept in registers as the A operand of
 the product that follows, the other operand read transposed. The three kernels are the ones
 above with HOPPER set: the forward with two warpgroups of 64 rows (128 a block; tiles of 128
@@ -46,13 +46,11 @@ masked: skipping per warp inside a tile made ptxas keep a divergent copy of the 
 from __future__ import annotations
 
 import math
-import os
 
+from ..compiler.attention import FlashPlan
 from ..compiler.lower import Kernel
 from .mma import wgmma_helper  # mma.helpers brings the descriptors and fences
 from .render import CLike, KernelWriter, include
-
-THREADS = 128
 
 # the device code (backend/include/): the tile loads, online softmax and the three mma.sync
 # kernels; their f32 variants on CUDA cores; the sm_90a kernels on wgmma and TMA, after the
@@ -70,7 +68,7 @@ def _hopper_helpers(kernels: list[Kernel]) -> str:
     """The wgmma instructions sm_90a's flash kernels use, as the templates ember_wgmma_s<N, BF16>
     (scores: N columns, both operands from shared memory) and ember_wgmma_pv<D, BF16> (A in
     registers, B transposed), and the EmberWg<true> that does the kernels' products with them."""
-    hopper = [k for k in kernels if k.hopper and k.fused is not None]
+    hopper = [k for k in kernels if _wgmma(k)]
     if not hopper:
         return ""
     scores, products = set(), set()
@@ -114,56 +112,26 @@ def _sizes(k: Kernel) -> tuple[str, bool, float, int, int, int, int]:
     return kind, causal, c, n, t_len, node.srcs[1].shape[1], d
 
 
-# kind -> head size -> (rows a block owns, rows of each tile streamed past them), the templates'
-# ROWS and TILE: the forward's block is 2 tiles of 16 query rows per warp, so each K fragment
-# loaded serves both; D = 128 streams shorter tiles where the accumulators would not fit in
-# registers otherwise
-TILES = {"attention": {64: (128, 64), 128: (128, 32)},
-         "attention_dq": {64: (64, 64), 128: (64, 64)},
-         "attention_dkdv": {64: (64, 64), 128: (64, 32)}}
-
-
-HOPPER_ROWS, HOPPER_THREADS = 128, 256   # sm_90a's forward: two warpgroups of 64 rows
-HOPPER_TILE = {64: 128, 128: 64}   # its keys per tile, by head size (D = 128: 160 KB of tiles at 128, one block an SM)
-
-
-# f32 operands (CUDA cores): kind -> head size -> (rows a block owns, rows of each tile streamed
-# past them); the forward's threads hold two rows each, the backward's one; 32 KB of tiles
-TILES32 = {"attention": {64: (64, 32), 128: (32, 16)},
-           "attention_dq": {64: (32, 32), 128: (16, 16)},
-           "attention_dkdv": {64: (32, 32), 128: (16, 16)}}
-
-
-# the warp-specialized kernels (ember_flash_*_ws, sm_90a): 128 rows a block, tiles of this many
-# rows streamed past them (the forward's keys; the backward's keys for dq, queries for dk|dv)
-WS_TILE = {"attention": 128, "attention_dq": 64, "attention_dkdv": 64}
-WS_STAGES, WS_THREADS = 2, 384
-# which of a kernel's sources it copies once (its block's rows) and which it streams by tiles
+# the warp-specialized kernels' slots, and which of a kernel's sources it copies once (its block's
+# rows) and which it streams by tiles (their sizes: compiler/attention.py's flash_plan)
+WS_STAGES = 2
 WS_OWN = {"attention": (0,), "attention_dq": (0, 4), "attention_dkdv": (1, 2)}
 WS_TILED = {"attention": (1, 2), "attention_dq": (1, 2), "attention_dkdv": (0, 4)}
 
 
-def ws_heads(k: Kernel) -> int | None:
-    """The heads H the warp-specialized kernels see q, k, v (and do) in (each a [N / H, H, rows,
-    D] tensor for TMA), or None where they do not apply: only sm_90a's f16/bf16 kernels, and only
-    when every operand's batch axis splits by one H (a View's own heads, or 1)."""
-    if not k.hopper or _f32(k) or os.environ.get("EMBER_FLASH_WS") == "0":   # 0: the cp.async kernels
-        return None
-    assert k.fused is not None
-    heads = {v.heads for v in k.fused[2][:3] if v is not None and v.heads > 1}
-    return heads.pop() if len(heads) <= 1 and heads else 1 if not heads else None
-
-
 def _plan(k: Kernel) -> tuple[int, int, int]:
-    """(rows a block owns, rows a tile streams, threads a block)."""
-    kind, _, _, _, _, _, d = _sizes(k)
-    if _f32(k):
-        return (*TILES32[kind][d], THREADS)
-    if ws_heads(k) is not None:
-        return HOPPER_ROWS, WS_TILE[kind], WS_THREADS
-    if k.hopper and kind == "attention":
-        return HOPPER_ROWS, HOPPER_TILE[d], HOPPER_THREADS
-    return (*TILES[kind][d], THREADS)
+    """(rows a block owns, rows a tile streams, threads a block): the plan optimize chose."""
+    assert isinstance(k.plan, FlashPlan)
+    return k.plan.rows, k.plan.tile, k.plan.threads
+
+
+def ws_heads(k: Kernel) -> int | None:
+    """The heads the warp-specialized kernels see q, k, v in, or None for the cp.async kernels."""
+    return k.plan.heads or None if isinstance(k.plan, FlashPlan) else None
+
+
+def _wgmma(k: Kernel) -> bool:
+    return isinstance(k.plan, FlashPlan) and k.plan.wgmma
 
 
 def _ws_sources(k: Kernel) -> list[int]:
@@ -231,7 +199,7 @@ def smem_bytes(k: Kernel) -> int:
     own = (1 if kind == "attention" else 2) * rows
     if ws_heads(k) is not None:
         return (own + 2 * WS_STAGES * tile) * d * 2 + 1024
-    return (own + 4 * tile) * d * 2 + 1024 * k.hopper
+    return (own + 4 * tile) * d * 2 + 1024 * _wgmma(k)
 
 
 def launch(k: Kernel, sms: int) -> tuple[tuple[int, int, int], int, int]:
@@ -279,7 +247,7 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
                 "  const int nb = blockIdx.y;\n"
                 f"  {fn}_ws<{d}, {tile}, {WS_STAGES}, {str(causal).lower()}, {str(bf16).lower()}>(b{k.out.id}, "
                 f"{', '.join('&' + m for m in maps)}, {rest}{heads}, {t_len}, {s_len}, {c!r}f{extra});\n}}\n")
-    flags = str(causal).lower() if _f32(k) else f"{str(causal).lower()}, {str(bf16).lower()}, {str(k.hopper).lower()}"
+    flags = str(causal).lower() if _f32(k) else f"{str(causal).lower()}, {str(bf16).lower()}, {str(_wgmma(k)).lower()}"
     return (f"extern \"C\" __global__ void __launch_bounds__({threads}) {signature} {{\n"
             "  const int nb = blockIdx.y;\n"
             f"  {fn}<{d}, {rows}, {tile}, {flags}>(b{k.out.id}, {call}, {t_len}, "

@@ -12,6 +12,7 @@ The kernel a GpuPlan describes (see compiler/contraction.py):
 """
 from __future__ import annotations
 
+from ..compiler.attention import FlashPlan
 from ..compiler.contraction import Contraction, GpuPlan, Operand
 from ..compiler.lower import Kernel
 from .render import CLike, ElementWriter, KernelWriter, include, operand_bases
@@ -80,7 +81,8 @@ def helpers(kernels: list[Kernel], tma_ranks: set[int]) -> str:
     out = HELPERS
     hopper = sorted({(c.dtype.name, p.block_n, int(not c.a.k_major), int(not c.b.k_major))
                      for c, p in plans if p.instruction == "wgmma"})
-    if hopper or any(k.hopper for k in kernels):   # flash.py's sm_90a forward needs the descriptors too
+    # flash.py's sm_90a kernels need the descriptors too
+    if hopper or any(isinstance(k.plan, FlashPlan) and k.plan.wgmma for k in kernels):
         out += HOPPER_HELPERS + "".join(wgmma_helper(*h) for h in hopper)
         ranks = {len(_tma_box(c, op, p)[0]) for c, p in plans if p.tma for op in (c.a, c.b)} | tma_ranks
         out += "".join(_tma_helper(rank) for rank in sorted(ranks))

@@ -83,7 +83,7 @@ class Kernel:
     fused: "tuple[Node, list[Buffer], list[View | None]] | None" = None   # a FUSED node, its sources' buffers
                                         # and how q, k, v lie in theirs (None: in order) (attention.py)
     batch: "list[Kernel] | None" = None   # GPU: small kernels run as one launch, block by block (batch.py)
-    hopper: bool = False               # GPU: a kernel rendered whole gets its sm_90a variant (flash.py)
+    plan: object | None = None         # GPU: its plan family's value (attention.FlashPlan), set by optimize
 
     @property
     def value(self) -> Node:

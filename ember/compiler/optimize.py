@@ -18,7 +18,7 @@ import math
 from .. import dtype as dt
 from ..ir import Node, Op, toposort
 from ..target import Target
-from . import contraction, online
+from . import attention, contraction, online
 from . import symbolic as sym
 from .lower import Kernel, Stage, enclosing_reduces, free_ranges, index_of, selector
 from .rewrite import substitute
@@ -326,7 +326,7 @@ def optimize(sched: Schedule, target: Target) -> None:
 def _optimize(sched: Schedule, target: Target) -> None:
     for k in sched.kernels:
         if k.fused is not None:   # rendered whole (backend/flash.py)
-            k.hopper = target.wgmma and k.fused[0].srcs[0].dtype is not dt.f32
+            k.plan = attention.flash_plan(k, target)
             continue
         if target.kind == "cpu":
             if not cpu_packed(k):

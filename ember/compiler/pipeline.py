@@ -13,6 +13,9 @@ then its compiler and runtime.
 """
 from __future__ import annotations
 
+import os
+
+from .. import debug
 from ..ir import Node
 from ..target import Target
 from . import attention, autodiff, store
@@ -26,11 +29,12 @@ def compile_schedule(outputs: list[Node], target: Target, nest: int = 0) -> Sche
     """target: the CPU or GPU compiled for (ember/target.py); nest: the C backend's allowance for
     short reductions inside others (lower.Lowerer). A program compiled before, in this process or
     another, is loaded from the disk cache (store.py)."""
-    k = store.key(outputs, target, nest)
+    k = store.key(outputs, target, nest, os.environ.get("EMBER_FLASH_WS"))   # the flash plans read it
     sched = store.load(k)
     if sched is None:
         sched = _compile(outputs, target, nest)
         store.save(k, sched)
+    debug.plans(2, f"for {target.arch}", sched.kernels)
     return sched
 
 
