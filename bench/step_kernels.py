@@ -54,7 +54,7 @@ def main() -> None:
         nbytes = sum(b.nbytes for b in k.args)
         flops = 0
         if k.contraction:
-            c = k.contraction[0]
+            c = k.contraction
             m, n, kk = c.mnk
             flops = 2 * m * n * kk * c.batch_size
         ms = max(nbytes / BANDWIDTH, flops / TENSOR_FLOPS) * 1e3

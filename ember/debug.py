@@ -33,8 +33,8 @@ def plans(at: int, title: str, kernels: list) -> None:
         return
     out = [f"--- plans {title}"]
     for k in kernels:
-        if k.plan is not None or k.contraction:
-            what = k.plan if k.plan is not None else k.contraction[1]
+        if k.plan is not None:
+            what = k.plan
         elif k.batch:
             what = f"batch of {len(k.batch)}: {', '.join(m.name for m in k.batch)}"
         else:
@@ -53,8 +53,8 @@ def kernels(at: int, title: str, kernels: list) -> None:
     out = [f"--- kernels {title}"]
     for k in kernels:
         plan = f" rows={[r.arg[0] for r in k.rows]}" if getattr(k, "rows", None) else ""
-        if getattr(k, "contraction", None):
-            plan += f" [{k.contraction[1]}]"
+        if getattr(k, "plan", None) is not None:
+            plan += f" [{k.plan}]"
         out.append(f"{k.name}: ranges {[r.arg for r in k.ranges]} lanes {sorted(r.arg[0] for r in k.lanes)}{plan}")
         names: dict = {}
         for i, n in enumerate(toposort([k.store])):

@@ -88,7 +88,7 @@ def _short_loops(k: Kernel) -> bool:
 class CRenderer(CLike):
     def render_kernel(self, k: Kernel, prefix: str = "") -> str:
         if k.contraction is not None:
-            return packed.render(self, k, *k.contraction)
+            return packed.render(self, k, k.contraction, k.plan)
         text = super().render_kernel(k, prefix)
         if k.lanes and _short_loops(k):
             # GCC 12.2's loop vectorizer (-O2 and -O3) miscompiles lane loops (unrolled register

@@ -34,6 +34,7 @@ import numpy as np
 
 from .. import data, debug, target
 from ..compiler import pipeline, schedule
+from ..compiler.contraction import GpuPlan
 from ..compiler.lower import Kernel
 from ..compiler.schedule import Schedule
 from ..dtype import DType
@@ -157,7 +158,7 @@ def _launch_args(k: Kernel, ptr: dict[int, int]) -> tuple[list, np.ndarray]:
     tensor maps (all kept alive by the caller), and the array of their addresses."""
     args: list = [np.array([ptr[b.id]], dtype=np.uint64) for b in k.args]
     addrs = [a.ctypes.data for a in args]
-    maps = mma.tensor_maps(k, ptr) if k.contraction is not None and k.contraction[1].tma else \
+    maps = mma.tensor_maps(k, ptr) if isinstance(k.plan, GpuPlan) and k.plan.tma else \
         flash.tensor_maps(k, ptr) if k.fused is not None and flash.ws_heads(k) is not None else []
     args += maps
     addrs += [m.getPtr() for m in maps]

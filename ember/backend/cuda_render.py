@@ -18,8 +18,9 @@ import os
 from typing import Any
 
 from .. import dtype as dt
-from ..compiler import batch, contraction
+from ..compiler import batch
 from ..compiler.attention import FlashPlan
+from ..compiler.contraction import GpuPlan
 from ..compiler.lower import Kernel
 from ..compiler.rewrite import substitute
 from ..compiler.schedule import Schedule
@@ -32,7 +33,7 @@ from .render import HALF_HELPERS, CLike, KernelWriter, Scope, include
 BLOCK = 256
 # the plan families that render and launch by their plan's type: the module of each (render,
 # launch, helpers); the others still branch on Kernel's fields below
-FAMILIES = {FlashPlan: flash}
+FAMILIES = {FlashPlan: flash, GpuPlan: mma}
 ROW_CACHE_REGS = 32   # registers a thread may keep of its row (finish): 1024-thread blocks have 64
 
 PRELUDE = include("prelude.cuh") + HALF_HELPERS + include("prelude_ops.cuh")
@@ -106,8 +107,6 @@ class CUDARenderer(CLike):
             return self.render_batch(k, prefix)
         if type(k.plan) in FAMILIES:
             return FAMILIES[type(k.plan)].render(self, k, prefix)
-        if k.contraction is not None:
-            return mma.render(self, k, *k.contraction, prefix)
         return CUDAKernelWriter(self, k, prefix).write()
 
     def render_batch(self, k: Kernel, prefix: str) -> str:
@@ -180,9 +179,6 @@ def launch_config(k: Kernel, gpu: Target) -> tuple[tuple[int, int, int], int, in
     """(grid, threads per block, dynamic shared memory bytes), from the plan optimize made for gpu."""
     if type(k.plan) in FAMILIES:
         return FAMILIES[type(k.plan)].launch(k, gpu.sms)
-    if k.contraction is not None:
-        c, p = k.contraction
-        return mma.grid(c, p, gpu.sms), mma.threads(p), contraction.smem_bytes(p)
     if k.batch is not None:   # every member's blocks, one after the other
         return (sum(launch_config(m, gpu)[0][0] for m in k.batch), 1, 1), BLOCK, 0
     if k.rows is not None:

@@ -13,7 +13,7 @@ The kernel a GpuPlan describes (see compiler/contraction.py):
 from __future__ import annotations
 
 from ..compiler.attention import FlashPlan
-from ..compiler.contraction import Contraction, GpuPlan, Operand
+from ..compiler.contraction import Contraction, GpuPlan, Operand, smem_bytes
 from ..compiler.lower import Kernel
 from .render import CLike, ElementWriter, KernelWriter, include, operand_bases
 
@@ -75,7 +75,7 @@ def wgmma_helper(kind: str, n: int, trans_a: int, trans_b: int, name: str = "", 
 def helpers(kernels: list[Kernel], tma_ranks: set[int]) -> str:
     """The device functions the tensor-core kernels among these use; tma_ranks: the ranks of the
     tensor maps other kernels copy with (flash.tma_ranks)."""
-    plans = [k.contraction for k in kernels if k.contraction is not None]
+    plans = [(k.contraction, k.plan) for k in kernels if k.contraction is not None]
     if not plans and not any(k.fused is not None for k in kernels):   # flash.py uses them too
         return ""
     out = HELPERS
@@ -89,10 +89,6 @@ def helpers(kernels: list[Kernel], tma_ranks: set[int]) -> str:
         out += "".join(_tma_store_helper(rank) for rank in sorted({len(_tma_out_box(c)[0]) for c, p in plans
                                                                    if p.tma_store}))
     return out
-
-
-def threads(p: GpuPlan) -> int:
-    return p.threads
 
 
 def grid(c: Contraction, p: GpuPlan, sms: int) -> tuple[int, int, int]:
@@ -348,8 +344,8 @@ def tensor_maps(k: Kernel, ptr: dict[int, int]) -> list:
     """The CUtensorMaps of a TMA kernel's operands for buffers at ptr (kernel parameters after
     the buffers: encoded again for every new set of buffers, as a captured graph keeps them)."""
     from cuda.bindings import driver as cu
-    assert k.contraction is not None
-    c, p = k.contraction
+    c, p = k.contraction, k.plan
+    assert c is not None and isinstance(p, GpuPlan)
     kinds = {"bf16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
              "f16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}
     maps = []
@@ -499,7 +495,15 @@ def _tma_store_epilogue(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix:
             "if ((threadIdx.x & 127) == 0) {", *stores, "  ember_bulk_commit();", "}"]
 
 
-def render(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str) -> str:
+def launch(k: Kernel, sms: int) -> tuple[tuple[int, int, int], int, int]:
+    c, p = k.contraction, k.plan
+    assert c is not None and isinstance(p, GpuPlan)
+    return grid(c, p, sms), p.threads, smem_bytes(p)
+
+
+def render(r: CLike, k: Kernel, prefix: str = "") -> str:
+    c, p = k.contraction, k.plan
+    assert c is not None and isinstance(p, GpuPlan)
     if p.tma:
         return _render_hopper(r, k, c, p, prefix)
     m, n, kk = c.mnk

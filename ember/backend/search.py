@@ -83,22 +83,22 @@ def choose(kernels: list[Kernel], gpu: Target, timer: Any) -> None:
     searching = os.environ.get("EMBER_SEARCH") == "1"
     budget = float(os.environ.get("EMBER_SEARCH_SECONDS", "60"))
     for k in kernels:
-        if k.contraction is None or not isinstance(k.contraction[1], GpuPlan):
+        if k.contraction is None or not isinstance(k.plan, GpuPlan):
             continue
-        c, heuristic = k.contraction
+        c, heuristic = k.contraction, k.plan
         key = structure(c, gpu.arch)
         stored = known(gpu.name, key)
         if stored is not None or not searching:
-            k.contraction = (c, contraction.fed(stored, c, gpu) if stored else heuristic)
+            k.plan = contraction.fed(stored, c, gpu) if stored else heuristic
             continue
         start, times = time.perf_counter(), {}
         for plan in candidates(c, gpu):
             if time.perf_counter() - start > budget:
                 break
-            k.contraction = (c, plan)
+            k.plan = plan
             times[plan] = timer(k)
         best = min(times, key=times.get)
-        k.contraction = (c, best)
+        k.plan = best
         _store(gpu.name, key, best)
         print(f"ember search: {k.name} ({key}): {best} at {times[best] * 1e3:.3f} ms, "
               f"heuristic {times.get(heuristic, float('nan')) * 1e3:.3f} ms; {len(times)} plans in "

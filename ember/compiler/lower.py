@@ -75,7 +75,7 @@ class Kernel:
     threads: list[Node] | None = None  # GPU: output ranges decoded from the thread index (a tile)
     stages: list["Stage"] = field(default_factory=list)    # loads copied to a local/shared array (optimize)
     problems: set[Node] = field(default_factory=set)       # reductions lowering found need a buffer
-    contraction: tuple | None = None   # (Contraction, its plan): tensor cores or packed panels, see contraction.py
+    contraction: object | None = None  # its contraction.Contraction (the plan: a GpuPlan or PackedPlan)
     origin: dict[Node, Node] = field(default_factory=dict)  # kernel node -> tensor node (lowering)
     atomic: bool = False               # GPU: the store adds into a zeroed output (a scatter, optimize.py)
     visited: frozenset = frozenset()   # the tensor nodes its lowering went through (schedule.py's cache)
@@ -83,7 +83,7 @@ class Kernel:
     fused: "tuple[Node, list[Buffer], list[View | None]] | None" = None   # a FUSED node, its sources' buffers
                                         # and how q, k, v lie in theirs (None: in order) (attention.py)
     batch: "list[Kernel] | None" = None   # GPU: small kernels run as one launch, block by block (batch.py)
-    plan: object | None = None         # GPU: its plan family's value (attention.FlashPlan), set by optimize
+    plan: object | None = None         # its plan family's value (FlashPlan, GpuPlan, PackedPlan), set by optimize
 
     @property
     def value(self) -> Node:

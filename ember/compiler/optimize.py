@@ -237,7 +237,7 @@ def cpu_packed(k: Kernel) -> bool:
     m, n, kk = c.mnk
     if math.prod(r.arg[1] for r in k.ranges) * kk < 1 << 18 or m < 4 or n < 8:
         return False
-    k.contraction = (c, contraction.PackedPlan())
+    k.contraction, k.plan = c, contraction.PackedPlan()
     return True
 
 
@@ -250,7 +250,7 @@ def gpu_contraction(k: Kernel, gpu: Target) -> bool:
     p = None if c is None else contraction.plan(c, gpu)
     if p is None:
         return False
-    k.contraction = (c, p)
+    k.contraction, k.plan = c, p
     return True
 
 

@@ -160,7 +160,7 @@ def test_a_long_contraction_with_few_tiles_is_split_over_k(monkeypatch: pytest.M
         return a, b, ir.reduce(Op.SUM, ir.binary(Op.MUL, ir.expand(a, (k, m, n)), ir.expand(b, (k, m, n))), (0,))
 
     *_, dw = weight_grad(16384, 768, 768)   # GPT-2's attention projection: 18 tiles of 128 x 256
-    (c,) = [k.contraction[0] for k in cuda.prepare([dw], "sm_90a").kernels if k.contraction]
+    (c,) = [k.contraction for k in cuda.prepare([dw], "sm_90a").kernels if k.contraction]
     assert c.batch_size == 16 and c.mnk == (768, 768, 1024) and c.dtype is dt.bf16
     monkeypatch.setattr(split, "MIN_SPLIT_K", 64)   # the value, at a size the reference evaluates
     a, b, dw = weight_grad(512, 32, 16)

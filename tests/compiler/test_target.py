@@ -40,7 +40,7 @@ def test_the_plans_read_the_target() -> None:
     shared memory gets smaller tiles and 3 stages)."""
     a, b = ir.param("a", dt.bf16, (1024, 1024, 1)), ir.param("b", dt.bf16, (1, 1024, 1024))
     out = ir.reduce(Op.SUM, ir.binary(Op.MUL, ir.expand(a, (1024, 1024, 1024)), ir.expand(b, (1024, 1024, 1024))), (1,))
-    (c,) = [k.contraction[0] for k in cuda.prepare([out], "sm_90a").kernels if k.contraction]
+    (c,) = [k.contraction for k in cuda.prepare([out], "sm_90a").kernels if k.contraction]
     h200 = gpu("sm_90a")
     assert (contraction.plan(c, h200).block_m, contraction.plan(c, h200).block_n) == (64, 128)   # none of 128 x 256 .. 64 x 128 fills 132
     few = dataclasses.replace(h200, sms=16)
