@@ -283,7 +283,7 @@ class CProgram:
                          f"{list(k.out.node.shape)}  reads {len(k.reads)}")
 
 
-compile = cached(CProgram)
+program = cached(CProgram)
 
 
 def prepare(outputs: list[Node]) -> Schedule:
@@ -296,4 +296,4 @@ def source(outputs: list[Node]) -> str:
 
 
 def run_values(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
-    return shared_run_values(compile(outputs), inputs)
+    return shared_run_values(program(outputs), inputs)

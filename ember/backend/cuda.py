@@ -617,7 +617,7 @@ def run_device(outputs: list[Node], values: dict[Node, "np.ndarray | DeviceArray
                average: tuple[int, ...] = (), donate: tuple[tuple[int, Node], ...] = ()) -> list[DeviceArray]:
     """Run the program on values that may already be on the GPU; the results stay there.
     average, donate: as CUDAProgram.run_device."""
-    return compile(outputs).run_device(values, average, donate)
+    return program(outputs).run_device(values, average, donate)
 
 
 class _Profile:
@@ -670,8 +670,8 @@ class _Profile:
 PROFILE = _Profile()
 
 
-compile = cached(CUDAProgram)
+program = cached(CUDAProgram)
 
 
 def run_values(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
-    return shared_run_values(compile(outputs), inputs)
+    return shared_run_values(program(outputs), inputs)
