@@ -85,3 +85,31 @@ def _over(sched: object, usage: dict[str, tuple[int, int]], limits: Target) -> l
             over.append(f"{k.name}: {threads} threads x {regs} registers, {static} + {dynamic} bytes of shared memory")
     return over
 
+
+
+def test_the_device_describes_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a GPU, the target is the device's attributes over its architecture's table entry (the
+    driver faked here: an H100 PCIe-like sm_90a with 114 SMs); without one, the table's sm_86."""
+    pytest.importorskip("cuda.bindings")
+    from cuda.bindings import driver as cu
+    attr = cu.CUdevice_attribute
+    values = {attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: 114, attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: 50 << 20,
+              attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 232448,
+              attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: 233472,
+              attr.CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: 65536,
+              attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: 2048}
+    monkeypatch.setattr(cu, "cuDeviceGet", lambda i: (cu.CUresult.CUDA_SUCCESS, 0))
+    monkeypatch.setattr(cu, "cuDeviceGetName", lambda n, d: (cu.CUresult.CUDA_SUCCESS, b"NVIDIA H100 PCIe\0"))
+    monkeypatch.setattr(cu, "cuDeviceGetAttribute", lambda a, d: (cu.CUresult.CUDA_SUCCESS, values[a]))
+    monkeypatch.delenv("EMBER_NO_CUDA", raising=False)
+    monkeypatch.setattr(cuda, "_device", lambda: (None, "sm_90a"))
+    cuda.device_target.cache_clear()
+    try:
+        h100 = cuda.device_target()
+        assert (h100.name, h100.arch, h100.sms, h100.smem_block) == ("NVIDIA H100 PCIe", "sm_90a", 114, 232448)
+        assert h100.wgmma and h100.flops_bf16 == gpu("sm_90a").flops_bf16   # the rates stay the table's
+        monkeypatch.setattr(cuda, "_device", lambda: None)
+        cuda.device_target.cache_clear()
+        assert cuda.device_target() == gpu("sm_86")
+    finally:
+        cuda.device_target.cache_clear()
