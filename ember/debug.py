@@ -35,8 +35,8 @@ def plans(at: int, title: str, kernels: list) -> None:
     for k in kernels:
         if k.plan is not None:
             what = k.plan
-        elif k.batch:
-            what = f"batch of {len(k.batch)}: {', '.join(m.name for m in k.batch)}"
+        elif k.members:
+            what = f"{len(k.members)} kernels in one launch: {', '.join(m.name for m in k.members)}"
         else:
             shape = f"block per row {[r.arg[0] for r in k.rows]}" if k.rows else "thread per output"
             what = shape + (f", thread tile {[r.arg for r in k.threads]}" if k.threads else "") + (

@@ -490,8 +490,8 @@ class CUDAProgram:
         group = AVERAGING[0]
         if group is None:
             raise RuntimeError("distributed.init() has not been called in this process")
-        # each output's writer (one each; a batch writes its members')
-        done_at = {m.out.id: i for i, k in enumerate(self.sched.kernels) for m in k.batch or [k]}
+        # each output's writer (one each; a merged kernel writes its members')
+        done_at = {m.out.id: i for i, k in enumerate(self.sched.kernels) for m in k.members or [k]}
         outs = [self.sched.outputs[i] for i in average]
         plan = group.buckets([done_at[b.id] for b in outs], [b.nbytes for b in outs])
         after: dict[int, list[Callable]] = {}

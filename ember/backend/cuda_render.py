@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 from .. import dtype as dt
-from ..compiler import batch
+from ..compiler import merge
 from ..compiler.attention import FlashPlan
 from ..compiler.contraction import GpuPlan
 from ..compiler.lower import Kernel
@@ -103,21 +103,21 @@ class CUDARenderer(CLike):
         return ["__syncthreads();"]
 
     def render_kernel(self, k: Kernel, prefix: str = "") -> str:
-        if k.batch is not None:
-            return self.render_batch(k, prefix)
+        if k.members is not None:
+            return self.render_merged(k, prefix)
         if type(k.plan) in FAMILIES:
             return FAMILIES[type(k.plan)].render(self, k, prefix)
         return CUDAKernelWriter(self, k, prefix).write()
 
-    def render_batch(self, k: Kernel, prefix: str) -> str:
+    def render_merged(self, k: Kernel, prefix: str) -> str:
         """The members as device functions, and the kernel that gives each its blocks."""
-        assert k.batch is not None
-        members = "".join(CUDAKernelWriter(self, m, prefix, member=True).write() for m in k.batch)
-        written = {m.out.id for m in k.batch}
+        assert k.members is not None
+        members = "".join(CUDAKernelWriter(self, m, prefix, member=True).write() for m in k.members)
+        written = {m.out.id for m in k.members}
         params = ", ".join(f"{'' if b.id in written else 'const '}{self.stype(b.dtype)}* {self.restrict} b{b.id}"
                            for b in k.args)
         body = ["  int ember_block = blockIdx.x;"]
-        for m in k.batch:
+        for m in k.members:
             blocks = launch_config(m, self.gpu)[0][0]
             args = ", ".join(f"b{b.id}" for b in m.args)
             body += [f"  if (ember_block < {blocks}) {{ {prefix}{m.name}({args}, ember_block); return; }}",
@@ -179,18 +179,18 @@ def launch_config(k: Kernel, gpu: Target) -> tuple[tuple[int, int, int], int, in
     """(grid, threads per block, dynamic shared memory bytes), from the plan optimize made for gpu."""
     if type(k.plan) in FAMILIES:
         return FAMILIES[type(k.plan)].launch(k, gpu.sms)
-    if k.batch is not None:   # every member's blocks, one after the other
-        return (sum(launch_config(m, gpu)[0][0] for m in k.batch), 1, 1), BLOCK, 0
+    if k.members is not None:   # every member's blocks, one after the other
+        return (sum(launch_config(m, gpu)[0][0] for m in k.members), 1, 1), BLOCK, 0
     if k.rows is not None:
         return (max(1, math.prod(r.arg[1] for r in k.rows)), 1, 1), block_size(k), 0
-    return (max(1, -(-batch.threads(k) // BLOCK)), 1, 1), BLOCK, 0
+    return (max(1, -(-merge.threads(k) // BLOCK)), 1, 1), BLOCK, 0
 
 
 class CUDAKernelWriter(KernelWriter):
     vector_bytes = 16
 
     def __init__(self, r: CLike, k: Kernel, prefix: str = "", member: bool = False):
-        """member: a batch's member (batch.py), a device function given its block index."""
+        """member: a merged kernel's member (merge.py), a device function given its block index."""
         super().__init__(r, k, prefix)
         self.block_scope: Scope | None = None
         self.member = member

@@ -82,7 +82,7 @@ class Kernel:
     online: "object | None" = None      # CPU: a max and its exponential sums in one loop (online.py)
     fused: "tuple[Node, list[Buffer], list[View | None]] | None" = None   # a FUSED node, its sources' buffers
                                         # and how q, k, v lie in theirs (None: in order) (attention.py)
-    batch: "list[Kernel] | None" = None   # GPU: small kernels run as one launch, block by block (batch.py)
+    members: "list[Kernel] | None" = None   # GPU: small kernels run as one launch, block by block (merge.py)
     plan: object | None = None         # its plan family's value (FlashPlan, GpuPlan, PackedPlan), set by optimize
 
     @property
@@ -91,9 +91,9 @@ class Kernel:
 
     @property
     def kind(self) -> str:
-        """"contraction", "attention" (a flash kernel), "batch", "reduce" or "map", for reports."""
-        if self.contraction or self.fused or self.batch:
-            return "contraction" if self.contraction else "attention" if self.fused else "batch"
+        """"contraction", "attention" (a flash kernel), "merged", "reduce" or "map", for reports."""
+        if self.contraction or self.fused or self.members:
+            return "contraction" if self.contraction else "attention" if self.fused else "merged"
         # the kernel graph's, not `reduces` (optimize drops that bookkeeping when it splits ranges)
         return "reduce" if any(n.op is Op.REDUCE for n in toposort([self.store])) else "map"
 

@@ -6,7 +6,7 @@
 3. the target's rewrite of the tensor graph (CUDA: long reductions in two stages, split.py);
 4. simplification, fusion and lowering into kernels (schedule.py, simplify.py, lower.py);
 5. optimization: the parallel loop, lanes, contraction plans, online reductions (optimize.py);
-6. CUDA: small kernels moved to the end and launched together (batch.py).
+6. CUDA: small kernels moved to the end and launched together (merge.py).
 
 What follows is the backend's: placement and linearization into C-like text (backend/render.py),
 then its compiler and runtime.
@@ -19,7 +19,7 @@ from .. import debug
 from ..ir import Node
 from ..target import Target
 from . import attention, autodiff, store
-from .batch import batch_small
+from .merge import merge_small
 from .optimize import optimize
 from .schedule import Schedule, schedule
 from .split import split_large_reductions
@@ -47,6 +47,6 @@ def _compile(outputs: list[Node], target: Target, nest: int) -> Schedule:
     sched = schedule(graph, nest=nest)
     optimize(sched, target)
     if target.kind == "cuda":
-        batch_small(sched)
+        merge_small(sched)
     sched.target = target
     return sched

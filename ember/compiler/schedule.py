@@ -174,7 +174,7 @@ def donatable(sched: Schedule, pairs: list[tuple[Buffer, Buffer]]) -> list[bool]
     the input runs before the output's writer, or is the writer and reads the input only at the
     element it stores, each element read by the thread that then overwrites it (a map: never a
     reduction, tile or template over it). The kernels are indexed once for all the pairs."""
-    members = [(i, m) for i, k in enumerate(sched.kernels) for m in k.batch or [k]]   # a batch's run at once
+    members = [(i, m) for i, k in enumerate(sched.kernels) for m in k.members or [k]]   # a merged kernel's run at once
     writer: dict[int, tuple[int, Kernel]] = {}
     readers: dict[int, list[tuple[int, Kernel]]] = {}
     for i, m in members:
@@ -191,7 +191,7 @@ def donatable(sched: Schedule, pairs: list[tuple[Buffer, Buffer]]) -> list[bool]
             return False
         if all(b.id != inp.id for b in w.reads):
             return True
-        if w.contraction or w.fused or w.atomic or w.stages or w.batch:
+        if w.contraction or w.fused or w.atomic or w.stages or w.members:
             return False
         index = w.store.srcs[1]
         return all(n.srcs[1] is index for n in toposort([w.store]) if n.op is Op.LOAD and n.srcs[0].arg == inp.id)

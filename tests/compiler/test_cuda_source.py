@@ -88,9 +88,9 @@ def test_program_units_compile_on_their_own(tmp_path: Path, monkeypatch: pytest.
     """CUDAProgram compiles its kernels as several units at once: each unit stands alone."""
     import os
 
-    from ember.compiler import batch
+    from ember.compiler import merge
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
-    monkeypatch.setattr(batch, "SMALL_THREADS", 0)   # the corpus's kernels would be a few batches
+    monkeypatch.setattr(merge, "SMALL_THREADS", 0)   # the corpus's kernels would be a few merged ones
     programs = [text.parse_file(str(p)).output_nodes for p in CORPUS[:40]]
     outputs = [o for outputs in programs for o in outputs]
     kernels = cuda.prepare(outputs, "sm_86").kernels
@@ -179,8 +179,8 @@ def test_small_kernels_run_as_batches() -> None:
     from .test_gpu_plans import small_batches
     two_a, b1, c_sum, after, big = outputs = small_batches()
     kernels = cuda.prepare(outputs, "sm_90a").kernels
-    writes = [[m.out.node for m in k.batch or [k]] for k in kernels]
-    assert writes == [[big], [two_a, b1, c_sum], [after]] and kernels[1].batch and kernels[2].batch is None
+    writes = [[m.out.node for m in k.members or [k]] for k in kernels]
+    assert writes == [[big], [two_a, b1, c_sum], [after]] and kernels[1].members and kernels[2].members is None
     assert cuda.launch_config(kernels[1], gpu("sm_90a"))[0] == (1 + 3 + 1, 1, 1)   # 768 / 4, 3000 / 4 and 5 threads
     assert cuda.render(cuda.prepare(outputs, "sm_90a")).count("int ember_block = blockIdx.x;") == 1
 
