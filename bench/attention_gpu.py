@@ -61,7 +61,7 @@ def attention(q: ir.Node, k: ir.Node, v: ir.Node, causal: bool) -> ir.Node:
 
 def fused_ms(prog: cuda.CUDAProgram) -> float:
     """Milliseconds of the program's flash kernels alone."""
-    return sum(cuda.time_kernel(k, cuda.target_arch()) for k in prog.sched.kernels if k.fused is not None) * 1e3
+    return sum(cuda.time_kernel(k, cuda.device_target()) for k in prog.sched.kernels if k.fused is not None) * 1e3
 
 
 def main() -> None:

@@ -62,7 +62,7 @@ def conv_forward(n: int, c: int, o: int, h: int, dtype: str) -> str:
     flops = 2.0 * n * h * h * o * c * 9
     size = 2 if dtype == "bfloat16" else 4
     floor = (n * c * h * h + o * c * 9 + n * o * h * h) * size / 4.0e12
-    plan = next((str(k.contraction[1]) for k in prog.sched.kernels if k.contraction), "no contraction plan")
+    plan = next((str(k.plan) for k in prog.sched.kernels if k.contraction), "no contraction plan")
     ok = "" if err < 2e-2 else f"  WRONG (relative error {err:.2e})"
     return (f"{dtype:8} {n:3}x{c:3}x{h:2}x{h:2} -> {o:3}  {len(prog.sched.kernels):4} {ember_s * 1e6:9.1f} "
             f"{torch_s * 1e6:9.1f} {torch_s / ember_s:6.2f} {flops / ember_s / 1e12:7.1f} "

@@ -61,7 +61,7 @@ def fake_driver() -> None:
         prog._launch_list = lambda ptr: []
         prog._issue = lambda launches, stream, after=None: None
         return prog
-    cuda.compile = cuda.cached(program)
+    cuda.program = cuda.cached(program)
 
 
 def step_ms(args: argparse.Namespace, profile: cProfile.Profile | None) -> tuple[float, int, int]:
@@ -98,7 +98,7 @@ def step_ms(args: argparse.Namespace, profile: cProfile.Profile | None) -> tuple
         ms = median_ms(lambda: step(T.Tensor(tokens), T.Tensor(tokens)), profile=profile)
     finally:
         T.execute = real
-    prog = max(cuda.compile.programs.values(), key=lambda p: len(p.sched.kernels))
+    prog = max(cuda.program.programs.values(), key=lambda p: len(p.sched.kernels))
     made = len(prog.sched.outputs) - len(next(iter(prog._donatable.values()), []))
     return ms, len(prog.sched.inputs), made
 

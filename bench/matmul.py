@@ -91,8 +91,8 @@ def main() -> None:
         t0 = time.perf_counter()
         cuda.CUDAProgram(outputs)
         cached = time.perf_counter() - t0
-        tc = prog.sched.kernels[0].contraction
-        plan = str(tc[1]) if tc else "no tensor cores"
+        tc = prog.sched.kernels[0].plan
+        plan = str(tc) if tc else "no tensor cores"
         g = torch.Generator(device="cuda").manual_seed(0)
         ta = torch.randn(params[0].shape, device="cuda", generator=g).to(TORCH_DT[dname])
         tb = torch.randn(params[1].shape, device="cuda", generator=g).to(TORCH_DT[dname])

@@ -8,6 +8,7 @@ needed; compare with EMBER_PROFILE=1 on one.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -53,7 +54,7 @@ def main() -> None:
         nbytes = sum(b.nbytes for b in k.args)
         flops = 0
         if k.contraction:
-            c = k.contraction[0]
+            c = k.contraction
             m, n, kk = c.mnk
             flops = 2 * m * n * kk * c.batch_size
         ms = max(nbytes / BANDWIDTH, flops / TENSOR_FLOPS) * 1e3
@@ -65,7 +66,7 @@ def main() -> None:
         print(f"{ms:7.3f}  {name:8s} {out:30s} {what:11s} {nbytes / 1e6:8.1f} {flops / 1e9:8.1f} {reads:5d}")
     for k in sched.kernels:
         if k.name in args.show.split(","):
-            print(cuda.render(type(sched)(sched.inputs, sched.outputs, [k])))
+            print(cuda.render(dataclasses.replace(sched, kernels=[k])))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ class BackendError(Exception):
 class Backend:
     """One target: its name, the frontend's device names for it, and for a compiled target the
     module that generates, builds and runs its code (ember.backend.c or ember.backend.cuda:
-    available, prepare, source, compile, run_values; a module with run_device keeps values in
+    available, prepare, source, program, run_values; a module with run_device keeps values in
     its device's memory between programs)."""
     name: str
     devices: tuple[str, ...]
@@ -129,7 +129,7 @@ def bench_program(prog: Program, backend: str, runs: int) -> tuple[list[np.ndarr
     else:
         from .backend import timed_values
         try:
-            values, times = timed_values(compiler.compile(outputs), inputs, runs)
+            values, times = timed_values(compiler.program(outputs), inputs, runs)
         except (RuntimeError, NotImplementedError) as e:   # C's CompileError is a RuntimeError
             raise BackendError(str(e)) from None
     return values, statistics.median(times)

@@ -9,16 +9,15 @@ import argparse
 import os
 import shlex
 import shutil
-import subprocess
 import sys
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import backends
 from .backend import CacheError
 from .backends import BackendError
-from .protocol import bench_median, check_inputs, compare, expected_error, parse_output, reported_error
+from .commands import HelpWithDefaults, internal_error, test_one
+from .protocol import check_inputs
 from .text import EirError, format_text, parse_file
 
 
@@ -26,11 +25,6 @@ def _fail(msg: str, status: int) -> int:
     print(msg, file=sys.stderr)
     return status
 
-
-def _internal(path: str, e: BaseException) -> str:
-    if os.environ.get("EMBER_DEBUG"):
-        traceback.print_exc()
-    return f"{path}: internal error: {type(e).__name__}: {e} (EMBER_DEBUG=1 shows the traceback)"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -48,7 +42,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (BackendError, CacheError) as e:
         return _fail(f"{args.file}: {e}", 3)
     except Exception as e:  # a bug in Ember: one line, never a partial result
-        return _fail(_internal(args.file, e), 3)
+        return _fail(internal_error(args.file, e), 3)
     lines = backends.output_lines(prog, values)
     if median is not None:
         lines.append(f"# bench runs={args.bench} median_ms={median:.6g}")
@@ -88,7 +82,7 @@ def cmd_source(args: argparse.Namespace) -> int:
     except (BackendError, CacheError) as e:
         return _fail(f"{args.file}: {e}", 3)
     except Exception as e:
-        return _fail(_internal(args.file, e), 3)
+        return _fail(internal_error(args.file, e), 3)
     return 0
 
 
@@ -104,78 +98,6 @@ def _files(paths: list[str]) -> list[str]:
     return found
 
 
-def _first_line(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.readline()
-    except OSError:
-        return b""
-
-
-def _check_error_test(path: str, want: tuple[int, str], compiler: list[str] | None, timeout: float) -> str | None:
-    line, words = want
-    if compiler is None:
-        try:
-            check_inputs(parse_file(path))
-        except EirError as e:
-            if e.line == line and words in e.msg:
-                return None
-            return f"{path}: expected the error '{words}' on line {line}, got: {e}"
-        return f"{path}: expected the error '{words}' on line {line}, but the program is valid"
-    try:
-        proc = subprocess.run(compiler + [path], capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return f"{path}: timed out after {timeout:g} s"
-    if reported_error(proc.returncode, proc.stderr, line, path):
-        return None
-    first = (proc.stderr.strip().splitlines() or [""])[0]
-    got = f"got status {proc.returncode}: {first[:120]}"
-    return f"{path}: expected exit status 2 and '{path}:{line}: ...' on stderr, {got}"
-
-
-def _test_one(path: str, backend: str | None, compiler: list[str] | None, timeout: float,
-              bench: int | None = None) -> tuple[str | None, float | None]:
-    """(None if the test file passes, else the failure line; the median ms with bench)."""
-    want = expected_error(_first_line(path))
-    if want is not None:
-        return _check_error_test(path, want, compiler, timeout), None
-    try:
-        prog = parse_file(path)
-        check_inputs(prog)
-    except EirError as e:
-        return str(e), None
-    median = None
-    try:
-        if compiler is None:
-            if bench is None:
-                values = backends.run_program(prog, backend or backends.default())
-            else:
-                values, median = backends.bench_program(prog, backend or backends.default(), bench)
-            got = dict(zip(prog.outputs, values))
-        else:
-            cmd = compiler + [path] + (["--bench", str(bench)] if bench is not None else [])
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-            except subprocess.TimeoutExpired:
-                return f"{path}: timed out after {timeout:g} s", None
-            except OSError as e:
-                return f"{path}: cannot start the compiler: {e}", None
-            if proc.returncode != 0:
-                first = (proc.stderr.strip().splitlines() or ["(no message)"])[0]
-                return f"{path}: the compiler exited with status {proc.returncode}: {first}", None
-            got = parse_output(proc.stdout, prog)
-            if bench is not None:
-                median = bench_median(proc.stdout)
-                if median is None:
-                    return f"{path}: no '# bench runs=N median_ms=X' line (spec 10)", None
-        problem = compare(prog, got)
-    except (BackendError, CacheError) as e:
-        return f"{path}: {e}", None
-    except ValueError as e:
-        return f"{path}: {e}", None
-    except Exception as e:
-        return _internal(path, e), None
-    return (None if problem is None else f"{path}: {problem}"), median
 
 
 def _usage_problem(args: argparse.Namespace) -> str | None:
@@ -211,7 +133,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     compiler = shlex.split(args.compiler) if args.compiler else None
     jobs = args.jobs or os.cpu_count() or 1
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = list(pool.map(lambda f: _test_one(f, args.backend, compiler, args.timeout, args.bench), files))
+        results = list(pool.map(lambda f: test_one(f, args.backend, compiler, args.timeout, args.bench), files))
     failed = [r for r, _ in results if r is not None]
     for line in failed:
         print(f"FAIL {line}")
@@ -231,18 +153,6 @@ def _positive(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of runs >= 1, got '{text}'")
     return n
-
-
-class HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
-    """Every option's help ends with its default; an unset one reads 'off'."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if "default" in text or action.default is argparse.SUPPRESS or not action.option_strings or action.required:
-            return text
-        if action.default is None or action.default is False:
-            return text + " (default: off)"
-        return super()._get_help_string(action) or text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -282,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="the .eir file")
     p.add_argument("--backend", choices=[n for n, b in backends.BACKENDS.items() if b.module],
                    help="which source (default: cuda with a GPU, else c)")
-    from .backend.cuda import ARCHS
+    from .target import ARCHS
     p.add_argument("--arch", choices=ARCHS, default=None,
                    help="the GPU the CUDA source is for (default: this machine's GPU, else sm_86)")
     p.set_defaults(fn=cmd_source)
@@ -315,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, KeyError, OSError, BackendError) as e:
             return _fail(f"ember {argv[0]}: {type(e).__name__}: {e}", 3)
         except Exception as e:
-            return _fail(_internal(f"ember {argv[0]}", e), 3)
+            return _fail(internal_error(f"ember {argv[0]}", e), 3)
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)

@@ -215,6 +215,10 @@ class Group:
         _check((self.cu.cuStreamWaitEvent(self.stream, self.forked, 0)[0], None))
         self._collective("ncclAllReduce", arrays, _AVG)
 
+    def buckets(self, done_at: Sequence[int], nbytes: Sequence[int]) -> list[tuple[int, list[int]]]:
+        """The all-reduces of outputs finished at these launches (backend/cuda.py's averaging)."""
+        return bucket_plan(done_at, nbytes, BUCKET_BYTES)
+
     def join(self, stream: Any) -> None:
         """Work enqueued on `stream` from now on waits for the all-reduces started so far."""
         from .backend.cuda import _check
@@ -241,6 +245,8 @@ def init(launch: Launch | None = None) -> Group | None:
         return None
     if _GROUP is None:
         _GROUP = Group(launch)
+        from .backend import cuda
+        cuda.AVERAGING[0] = _GROUP   # the runtime averages through it, without importing this module
     return _GROUP
 
 

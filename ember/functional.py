@@ -10,7 +10,7 @@ import numpy as np
 
 from . import dtype as dt
 from . import ir
-from .tensor import ShapeError, Tensor, cat, einsum, where
+from .tensor import ShapeError, Tensor, cat, einsum, rand, where
 
 # ---------------------------------------------------------------------------- activations
 
@@ -244,10 +244,10 @@ def pad(x: Tensor, pad: Any, mode: str = "constant", value: float = 0.0) -> Tens
 
 
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
-    from .nn import Dropout
-    d = Dropout(p)
-    d.training = training
-    return d(x)
+    if not training or p == 0:
+        return x
+    keep = rand(x.shape) >= p
+    return where(keep, x * (1 / (1 - p)), 0.0)
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,

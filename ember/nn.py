@@ -351,10 +351,8 @@ class Dropout(Module):
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0:
-            return x
-        keep = T.rand(x.shape) >= self.p
-        return T.where(keep, x * (1 / (1 - self.p)), 0.0)
+        from .functional import dropout
+        return dropout(x, self.p, self.training)
 
 
 def clip_grad_norm_(parameters: Any, max_norm: float, eps: float = 1e-6) -> Tensor:

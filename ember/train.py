@@ -157,7 +157,7 @@ def plot(history: dict, path: Path) -> str:
 
 
 def train(argv: list[str] | None = None) -> int:
-    from .cli import HelpWithDefaults
+    from .commands import HelpWithDefaults
     ap = argparse.ArgumentParser(prog="ember train", description="Train a small byte-level GPT on real text.",
                                  formatter_class=HelpWithDefaults)
     ap.add_argument("--data", help="a text file or folder (default: the Python standard library's sources)")
@@ -341,11 +341,12 @@ def dry_run(args: argparse.Namespace) -> int:
     times["graph"] = clock.perf_counter() - t
     t = clock.perf_counter()
     if device == "cuda":
-        arch = cuda.target_arch()
+        gpu = cuda.device_target()
+        arch = gpu.arch
         sched = cuda.prepare(outputs, arch)
         times["schedule"] = clock.perf_counter() - t
         t = clock.perf_counter()
-        units = cuda.render_units(sched.kernels)
+        units = cuda.render_units(sched.kernels, gpu)
         times["codegen"] = clock.perf_counter() - t
         t = clock.perf_counter()
         try:
@@ -442,7 +443,7 @@ class Run:
 
 
 def sample(argv: list[str] | None = None) -> int:
-    from .cli import HelpWithDefaults
+    from .commands import HelpWithDefaults
     ap = argparse.ArgumentParser(prog="ember sample", description="Generate text from a checkpoint of ember train.",
                                  formatter_class=HelpWithDefaults)
     ap.add_argument("--ckpt", default="runs/gpt/ckpt.safetensors", help="the checkpoint to load")

@@ -63,17 +63,17 @@ def cache_write(path: Path, data: bytes) -> None:
         os.replace(tmp, target)
 
 
-def cached(build: Callable[[list[Node]], Any]) -> Callable[[list[Node]], Any]:
+def cached(make: Callable[[list[Node]], Any]) -> Callable[[list[Node]], Any]:
     """One compiled program per list of output nodes (nodes are hash-consed: equal graphs hit)."""
     programs: dict[tuple[Node, ...], Any] = {}
 
-    def compile(outputs: list[Node]) -> Any:
+    def program(outputs: list[Node]) -> Any:
         key = tuple(outputs)
         if key not in programs:
-            programs[key] = build(outputs)
+            programs[key] = make(outputs)
         return programs[key]
-    compile.programs = programs  # type: ignore[attr-defined]
-    return compile
+    program.programs = programs  # type: ignore[attr-defined]
+    return program
 
 
 def run_values(program: Any, inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:

@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import debug
+from .. import debug, target
 from ..compiler import pipeline
 from ..compiler.lower import Kernel
 from ..compiler.schedule import Schedule
@@ -88,7 +88,7 @@ def _short_loops(k: Kernel) -> bool:
 class CRenderer(CLike):
     def render_kernel(self, k: Kernel, prefix: str = "") -> str:
         if k.contraction is not None:
-            return packed.render(self, k, *k.contraction)
+            return packed.render(self, k, k.contraction, k.plan)
         text = super().render_kernel(k, prefix)
         if k.lanes and _short_loops(k):
             # GCC 12.2's loop vectorizer (-O2 and -O3) miscompiles lane loops (unrolled register
@@ -283,12 +283,12 @@ class CProgram:
                          f"{list(k.out.node.shape)}  reads {len(k.reads)}")
 
 
-compile = cached(CProgram)
+program = cached(CProgram)
 
 
 def prepare(outputs: list[Node]) -> Schedule:
     """The program's kernels, scheduled (short reductions may nest) and optimized for the CPU."""
-    return pipeline.compile_schedule(outputs, "c", nest=NEST)
+    return pipeline.compile_schedule(outputs, target.cpu(), nest=NEST)
 
 
 def source(outputs: list[Node]) -> str:
@@ -296,4 +296,4 @@ def source(outputs: list[Node]) -> str:
 
 
 def run_values(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
-    return shared_run_values(compile(outputs), inputs)
+    return shared_run_values(program(outputs), inputs)

@@ -10,10 +10,16 @@ Two kernel shapes, chosen per kernel from its reductions:
   combined with warp shuffles and shared memory; the remaining output ranges are strided over
   the threads (softmax, layernorm, row sums).
 Source generation needs no GPU (CI compiles every kernel with nvcc); running needs cuda-python.
+The renderer is cuda_render.py; this module is the backend's face (prepare, source) and its
+runtime: NVRTC, the device's target, the memory pool, DeviceArray, graphs, the profiler, and the
+data-parallel all-reduces, which distributed.py plugs in (set_averaging) so that this layer
+never imports the frontend.
 """
+
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import hashlib
 import itertools
@@ -26,444 +32,36 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .. import data, debug
-from .. import dtype as dt
-from ..compiler import batch, contraction, pipeline, schedule
+from .. import data, debug, target
+from ..compiler import pipeline, schedule
+from ..compiler.contraction import GpuPlan
 from ..compiler.lower import Kernel
-from ..compiler.rewrite import substitute
 from ..compiler.schedule import Schedule
 from ..dtype import DType
-from ..ir import Node, Op, toposort
+from ..ir import Node
+from ..target import Target
 from . import cache_dir, cache_read, cache_write, cached, flash, mma, search
 from . import run_values as shared_run_values
-from .render import HALF_HELPERS, CLike, KernelWriter, Scope
+from .cuda_render import BLOCK, PRELUDE, CUDARenderer, _source, check_grids, launch_config, render, render_units
 
-BLOCK = 256
-ROW_CACHE_REGS = 32   # registers a thread may keep of its row (finish): 1024-thread blocks have 64
+__all__ = ["BLOCK", "PRELUDE", "CUDARenderer", "check_grids", "launch_config", "render", "render_units"]
 GRAPHS = os.environ.get("EMBER_CUDA_GRAPHS", "1") != "0"  # replay device runs as CUDA graphs
 LAST_REPLAY = [0.0]   # time.perf_counter() of the latest graph replay's launch (bench/train_gpu.py)
-
-PRELUDE = r"""
-#ifndef INFINITY
-#define INFINITY __int_as_float(0x7f800000)
-#endif
-#ifndef NAN
-#define NAN __int_as_float(0x7fffffff)
-#endif
-#define EMBER_D __device__ static inline
-#define ember_as_float __uint_as_float
-#define ember_as_uint __float_as_uint
-/* the hardware's conversion (round to nearest even, subnormals and overflow as IEEE says); NaN
-   kept as the C backend writes it, sign and quiet bit. The branchy software version made the
-   epilogue of an f16 matmul cost half its time. */
-EMBER_D unsigned short ember_f32_to_f16_bits(float f) {
-  if (f != f) return (unsigned short)(((__float_as_uint(f) >> 16) & 0x8000u) | 0x7e00u);
-  unsigned r;   /* the paired form: one F2FP (see ember_round_bf16_op) */
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(0.f), "f"(f));
-  return (unsigned short)r;
-}
-/* 2^x as the hardware's approximation alone (MUFU.EX2, 2 ulp): exp2f adds a test and two
-   multiplies for subnormal results, a third of a softmax's instructions. For results rounded to
-   f16 or bf16 (and flash attention's weights): a result below 2^-126 becomes 0. */
-EMBER_D float ember_ex2(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
-/* a / b for a result rounded to f16 or bf16: (a s) times the hardware's 1 / (b s) (MUFU.RCP,
-   1 ulp; the quotient within 2 ulp of f32, far below half a 16-bit ulp), where the IEEE
-   division took 9 instructions an element. Branch-free, so the reciprocal of a row's sum is
-   computed once. s = 1 unless 1 / b would leave the normal range: 2^-4 for |b| >= 2^126,
-   2^24 for a subnormal b. 0, inf and NaN come out as the division's. */
-EMBER_D float ember_rcp(float b) {
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
-  return r;
-}
-EMBER_D float ember_div16(float a, float b) {
-  const float s = fabsf(b) >= 0x1p126f ? 0x1p-4f : fabsf(b) < 0x1p-126f ? 0x1p24f : 1.f;
-  return (a * s) * ember_rcp(b * s);
-}
-""" + HALF_HELPERS + r"""
-/* An op's result to bf16 and back, without the NaN test a cast needs: the GPU's arithmetic makes
-   only the canonical NaN, which cvt keeps (0x7fff). The paired conversion puts f, rounded, in
-   the upper half and 0 in the lower: the rounded value's f32 bits in one F2FP instruction. The
-   single conversion (F2F) is a slow instruction on Hopper, and bf16 softmax was bound by them. */
-EMBER_D float ember_round_bf16_op(float f) {
-  unsigned r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(f), "f"(0.f));
-  return __uint_as_float(r);
-}
-/* an op's result as bf16 bits: the conversion of ember_round_bf16_op, in the lower half */
-EMBER_D unsigned short ember_bf16_bits_op(float f) {
-  unsigned r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(0.f), "f"(f));
-  return (unsigned short)r;
-}
-/* bf16 a * b + c, rounded once, for operands that hold bf16 values (their upper halves are
-   them): the hardware's bf16 fma at full rate, where rounding an f32 result is one of Hopper's
-   slow conversions. add is fma(a, 1, b), sub fma(b, -1, a), mul fma(a, b, -0): each rounded
-   once, as the spec says (an f32 sub rounded to bf16 rounds twice). No subnormal is flushed. */
-EMBER_D float ember_bf16_fma(float a, float b, float c) {
-  unsigned short r;
-  asm("fma.rn.bf16 %0, %1, %2, %3;" : "=h"(r) : "h"((unsigned short)(__float_as_uint(a) >> 16)),
-      "h"((unsigned short)(__float_as_uint(b) >> 16)), "h"((unsigned short)(__float_as_uint(c) >> 16)));
-  return __uint_as_float((unsigned)r << 16);
-}
-/* block-wide reductions: every thread of the block gets the result */
-EMBER_D float ember_add(float a, float b) { return a + b; }
-EMBER_D double ember_add(double a, double b) { return a + b; }
-template <typename T> EMBER_D T ember_add(T a, T b) { return (T)((unsigned long long)a + (unsigned long long)b); }
-EMBER_D float ember_max2(float a, float b) { return ember_max_float(a, b); }
-EMBER_D double ember_max2(double a, double b) { return ember_max_double(a, b); }
-/* Integer max without a compare-select. ptxas of CUDA 13.0 (sm_90, -O1 and above) merges chains
-   of integer max into the 3-input VIMNMX3 and drops the negation of an operand: max(a, -b, c)
-   comes out as max(a, b, c) (issue 14; tests/tools/ptxas_probe.py shows it). No VIMNMX3 is
-   formed from this form; integer max is rare in these kernels, so its few extra instructions
-   cost nothing measurable. */
-template <typename T> EMBER_D T ember_imax(T a, T b) { return (T)(a ^ ((a ^ b) & -(T)(a < b))); }
-template <typename T> EMBER_D T ember_max2(T a, T b) { return ember_imax(a, b); }
-EMBER_D float ember_shfl(float v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
-EMBER_D double ember_shfl(double v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
-template <typename T> EMBER_D T ember_shfl(T v, int o) { return (T)__shfl_xor_sync(0xffffffffu, (long long)v, o); }
-template <typename T, int MAX> EMBER_D T ember_block_reduce(T v) {
-  __shared__ T part[32];
-  for (int o = 16; o > 0; o >>= 1) { T w = ember_shfl(v, o); v = MAX ? ember_max2(v, w) : ember_add(v, w); }
-  __syncthreads();  /* part[] may still be read by the previous reduction */
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = part[0];
-  for (int w = 1; w < (int)(blockDim.x >> 5); w++) v = MAX ? ember_max2(v, part[w]) : ember_add(v, part[w]);
-  return v;
-}
-"""
-
-
-class CUDARenderer(CLike):
-    restrict = "__restrict__"
-    store_rounded = True
-    math32 = {Op.SQRT: "sqrtf", Op.EXP2: "exp2f", Op.LOG2: "log2f", Op.SIN: "sinf", Op.TRUNC: "truncf"}
-
-    def alu(self, n: Node, a: list[str], no_overflow: bool = False) -> str:
-        if n.op is Op.MAX and n.dtype.is_int:  # see ember_imax in the prelude: a ptxas miscompile
-            return f"ember_imax<{n.dtype.c_name}>({a[0]}, {a[1]})"
-        if n.dtype is dt.bf16 and n.op in BF16_FMA:   # rounded by the instruction itself
-            return BF16_FMA[n.op].format(*a)
-        if n.dtype in (dt.bf16, dt.f16) and n.op in (Op.EXP2, Op.DIV):   # 16-bit results: see the prelude
-            return f"ember_ex2({a[0]})" if n.op is Op.EXP2 else f"ember_div16({a[0]}, {a[1]})"
-        return super().alu(n, a, no_overflow)
-
-    def round_result(self, d: DType, expr: str) -> str:
-        if d is dt.bf16 and _call_of(expr, "ember_bf16_fma"):
-            return expr
-        return f"ember_round_bf16_op({expr})" if d is dt.bf16 else self.round_to(d, expr)
-
-    def store_value(self, v: str, d: DType) -> str:
-        # an op's result rounded where it is stored (a contraction's epilogue): converted once,
-        # not rounded, widened and converted again (the same bits: its NaN is the canonical one)
-        if d is dt.bf16 and _call_of(v, "ember_round_bf16_op"):
-            return f"ember_bf16_bits_op{v[len('ember_round_bf16_op'):]}"
-        if d is dt.bf16 and _call_of(v, "ember_bf16_fma"):   # a bf16 value already: its upper half
-            return f"((unsigned short)(__float_as_uint({v}) >> 16))"
-        return super().store_value(v, d)
-
-    def cast(self, x: str, src: DType, d: DType) -> str:
-        if d.is_float and src.is_int and src.bits < 32:
-            # through int: NVVM of CUDA 13.0 dropped the 8-bit sign extension of some lanes of a
-            # 16-byte i8 load before `cvt.rn.f32.s16` (i8 sums cast to f32 came out wrong; the
-            # PTX already was). From int it emits cvt.s32.s8, right in every lane (issue 14).
-            x = f"((int)({x}))"
-        return super().cast(x, src, d)
-
-    def acc_ctype(self, op: Op, d: DType) -> str:
-        # 8- and 16-bit integer maxima accumulate in int: NVVM of CUDA 13.0 dropped the sign
-        # extension of an i8 sum before the 16-bit compare it made of an i8 max (a max over
-        # iota + x came out wrong: tests/compiler/toolchain/nvvm13_i8_max.eir). In int it keeps it.
-        return "int" if op is Op.RMAX and d.is_int and d.bits < 32 else self.ctype(d)
-
-    def combine(self, op: Op, d: DType, acc: str, v: str) -> str:
-        if op is Op.RMAX and d.is_int:
-            t = self.acc_ctype(op, d)
-            return f"ember_imax<{t}>({acc}, ({t})({v}))"
-        return super().combine(op, d, acc, v)
-
-    def loop_header(self, r: Node, var: str, lane: bool, parallel: bool, uneven: bool = False) -> list[str]:
-        return (["#pragma unroll"] if lane else []) + [f"for ({r.dtype.c_name} {var} = 0; {var} < {r.arg[1]}; {var}++)"]
-
-    def stage_open(self, name: str, ctype: str, size: int, count: int, var: str) -> tuple[list[str], list[str]]:
-        # the block fills shared memory together; the barrier first: others may still read the last tile
-        return ([f"__shared__ {ctype} {name}[{size}];", "__syncthreads();"],
-                [f"for (int {var} = threadIdx.x; {var} < {count}; {var} += blockDim.x)"])
-
-    def stage_close(self) -> list[str]:
-        return ["__syncthreads();"]
-
-    def render_kernel(self, k: Kernel, prefix: str = "") -> str:
-        if k.batch is not None:
-            return self.render_batch(k, prefix)
-        if k.contraction is not None:
-            return mma.render(self, k, *k.contraction, prefix)
-        if k.fused is not None:
-            return flash.render(self, k, prefix)
-        return CUDAKernelWriter(self, k, prefix).write()
-
-    def render_batch(self, k: Kernel, prefix: str) -> str:
-        """The members as device functions, and the kernel that gives each its blocks."""
-        assert k.batch is not None
-        members = "".join(CUDAKernelWriter(self, m, prefix, member=True).write() for m in k.batch)
-        written = {m.out.id for m in k.batch}
-        params = ", ".join(f"{'' if b.id in written else 'const '}{self.stype(b.dtype)}* {self.restrict} b{b.id}"
-                           for b in k.args)
-        body = ["  int ember_block = blockIdx.x;"]
-        for m in k.batch:
-            blocks = launch_config(m)[0][0]
-            args = ", ".join(f"b{b.id}" for b in m.args)
-            body += [f"  if (ember_block < {blocks}) {{ {prefix}{m.name}({args}, ember_block); return; }}",
-                     f"  ember_block -= {blocks};"]
-        return (members + f"extern \"C\" __global__ void __launch_bounds__({BLOCK}) {prefix}{k.name}({params}) {{\n"
-                + "\n".join(body[:-1]) + "\n}\n")
-
-
-BF16_FMA = {Op.ADD: "ember_bf16_fma({0}, 1.0f, {1})", Op.SUB: "ember_bf16_fma({1}, -1.0f, {0})",
-            Op.MUL: "ember_bf16_fma({0}, {1}, -0.0f)"}
-
-
-def _call_of(expr: str, fn: str) -> bool:
-    """Whether expr is one call of fn."""
-    return expr.startswith(fn + "(") and _one_call(expr[len(fn):])
-
-
-def _one_call(args: str) -> bool:
-    """Whether args, "(...)", is one parenthesized group (its first "(" closes at the end)."""
-    depth = 0
-    for i, ch in enumerate(args):
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if depth == 0:
-            return i == len(args) - 1
-    return False
-
-
-def block_size(k: Kernel) -> int:
-    """Threads per block. Blocks that share long row reductions get 1024 threads: fewer rows in
-    flight, so a row read again by a later pass of the kernel is still in L2."""
-    if k.threads is not None:
-        return math.prod(r.arg[1] for r in k.threads)
-    if k.rows is not None:
-        reduces = [n for n in toposort([k.store]) if n.op is Op.REDUCE]
-        longest = max((math.prod(r.arg[1] for r in n.arg[1]) for n in reduces), default=0)
-        if longest >= 8192:
-            return 1024
-        # a short row (layernorm's 768, in 192 vectors): threads with two steps or more each,
-        # and more rows in flight (256 threads left a quarter idle, at 2.5 TB/s)
-        steps = max((math.prod(r.arg[1] for r in n.arg[1] if r not in k.lanes) for n in reduces), default=0)
-        return min(BLOCK, max(64, 1 << max(0, (steps // 2).bit_length() - 1)))
-    return BLOCK
-
-
-GRID_YZ = 65535   # the most blocks a grid has along y and along z (x: 2^31 - 1)
-
-
-def check_grids(kernels: list[Kernel], configs: list[tuple[tuple[int, int, int], int, int]]) -> None:
-    """One clear error, before any launch, where a kernel's grid passes the GPU's limits (a batch
-    of over 65535 products or attention heads), not the driver's CUDA_ERROR_INVALID_VALUE later."""
-    for k, ((gx, gy, gz), _, _) in zip(kernels, configs):
-        if gy > GRID_YZ or gz > GRID_YZ or gx >= 2 ** 31:
-            what = "attention heads x batch" if k.fused is not None else "blocks"
-            raise RuntimeError(f"kernel {k.name} ({k.kind}) needs a grid of {gx} x {gy} x {gz} blocks; the GPU "
-                               f"allows {GRID_YZ} along y and z ({what} too many: split the batch)")
-
-
-def launch_config(k: Kernel) -> tuple[tuple[int, int, int], int, int]:
-    """(grid, threads per block, dynamic shared memory bytes), from the plan optimize made."""
-    if k.contraction is not None:
-        c, p = k.contraction
-        return mma.grid(c, p), mma.threads(p), contraction.smem_bytes(p)
-    if k.fused is not None:
-        return flash.launch(k)
-    if k.batch is not None:   # every member's blocks, one after the other
-        return (sum(launch_config(m)[0][0] for m in k.batch), 1, 1), BLOCK, 0
-    if k.rows is not None:
-        return (max(1, math.prod(r.arg[1] for r in k.rows)), 1, 1), block_size(k), 0
-    return (max(1, -(-batch.threads(k) // BLOCK)), 1, 1), BLOCK, 0
-
-
-class CUDAKernelWriter(KernelWriter):
-    vector_bytes = 16
-
-    def __init__(self, r: CLike, k: Kernel, prefix: str = "", member: bool = False):
-        """member: a batch's member (batch.py), a device function given its block index."""
-        super().__init__(r, k, prefix)
-        self.block_scope: Scope | None = None
-        self.member = member
-        self.unrolled: dict[Node, tuple[int, int]] = {}   # row range -> (steps, threads): cooperative_loop
-        self.row_reads: dict[tuple, list] = {}   # a row's part read by unrolled loops -> the reads (finish)
-
-    def signature(self) -> str:
-        if self.member:
-            return "__device__ static __forceinline__ " + super().signature()[:-1] + ", int ember_block)"
-        bounds = block_size(self.k)
-        return f"extern \"C\" __global__ void __launch_bounds__({bounds}) " + super().signature()[len("void "):]
-
-    def open_outputs(self, root: Scope) -> Scope:
-        k = self.k
-        # every buffer starts a cuMemAlloc allocation (256-byte aligned): with that known, nvcc
-        # merges a thread's consecutive loads into 16-byte ones
-        for b in [k.out, *k.reads]:
-            typ = ("" if b is k.out else "const ") + self.r.stype(b.dtype)
-            root.put(f"b{b.id} = ({typ}*)__builtin_assume_aligned(b{b.id}, 16);")
-        if k.threads is not None:  # a tile: block and thread indices, then the register lanes
-            self.decode(root, "blockIdx.x", k.rows or [])
-            self.decode(root, "threadIdx.x", k.threads)
-            root.avail = frozenset([*(k.rows or []), *k.threads])
-            self.fill_stages(None, root)
-            scope = root
-            for r in [r for r in k.ranges if r in k.lanes]:
-                scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
-            return scope
-        if k.rows is None:  # a thread per output (times its lanes)
-            outer = [r for r in k.ranges if r not in k.lanes]
-            total = math.prod(r.arg[1] for r in outer)
-            block = "ember_block" if self.member else "blockIdx.x"
-            if total >= 1 << 31:  # 64-bit indexing (symbolic.index_type)
-                root.put(f"long long gid = (long long){block} * blockDim.x + threadIdx.x;")
-            else:
-                root.put(f"int gid = {block} * blockDim.x + threadIdx.x;")
-            root.put(f"if (gid >= {total}) return;")
-            self.decode(root, "gid", outer)
-            root.avail = frozenset(outer)
-            scope = root
-            for r in [r for r in k.ranges if r in k.lanes]:
-                scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
-            return scope
-        self.decode(root, "blockIdx.x", k.rows)  # a block per row: the root scope is the block's
-        root.avail = frozenset(k.rows)
-        scope = self.block_scope = root
-        inner = [r for r in k.ranges if r not in k.rows and r not in k.lanes]
-        for i, r in enumerate(inner):
-            v = self.range_var(r)
-            t = r.dtype.c_name
-            head = self.cooperative_loop(r) if i == len(inner) - 1 else [f"for ({t} {v} = 0; {v} < {r.arg[1]}; {v}++)"]
-            scope = scope.open(frozenset([r]), head)
-        for r in [r for r in k.ranges if r in k.lanes]:   # a thread's consecutive outputs of the row
-            scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
-        return scope
-
-    def cooperative_loop(self, r: Node) -> list[str]:
-        """A block's threads striding over the row range r. When the block divides it into at
-        most 16 steps, the trip count is a constant and the loop unrolls: a thread's loads of
-        the row are in flight together (bf16 softmax had one 16-byte load per thread in flight)."""
-        v, t, n = self.range_var(r), r.dtype.c_name, r.arg[1]
-        threads = block_size(self.k)
-        if not self.member and n % threads == 0 and n // threads <= 16:
-            self.unrolled[r] = (n // threads, threads)
-            return ["#pragma unroll", f"for ({t} {v} = threadIdx.x; {v} < ({t})threadIdx.x + {n}; {v} += {threads})"]
-        return [f"for ({t} {v} = threadIdx.x; {v} < {n}; {v} += blockDim.x)"]
-
-    def stage_open(self, name: str, ctype: str, size: int, count: int, var: str) -> tuple[list[str], list[str]]:
-        """The block fills a stage with a constant trip count where its threads divide it, so
-        that the loop unrolls and a thread's loads are in flight together (a transpose's 32 x 32
-        tile took its four loads one after another)."""
-        before, header = super().stage_open(name, ctype, size, count, var)
-        threads = block_size(self.k)
-        if not self.member and count % threads == 0 and count // threads <= 16:
-            header = ["#pragma unroll", f"for (int {var} = threadIdx.x; {var} < (int)threadIdx.x + {count}; "
-                                        f"{var} += {threads})"]
-        return before, header
-
-    def vector_read(self, n: Node, scope: Scope, vec: Any) -> tuple[Scope, str]:
-        """Reads of a row by a block's unrolled loops are noted for finish (below)."""
-        outer, arr = super().vector_read(n, scope, vec)
-        loop = next(iter(outer.avail - outer.parent.avail), None) if outer.parent is not None else None
-        if loop in self.unrolled and len(n.srcs) == 2 and n.srcs[0].arg != self.k.out.id and n.dtype.itemsize >= 4:
-            trips, threads = self.unrolled[loop]
-            row = Node(Op.RANGE, loop.dtype, (), ("row", loop.arg[1]))
-            key = (n.srcs[0], trips, threads, vec.count, substitute([vec.base], {loop: row})[0])
-            j = f"(({self.range_var(loop)} - (int)threadIdx.x) / {threads}) * {vec.count}"
-            # (the declaration line, to be replaced by a read from registers, and its vectors)
-            self.row_reads.setdefault(key, []).append((outer, outer.lines[outer.cursor - 2], f"{arr}v", j, vec.type))
-        return outer, arr
-
-    def finish(self, root: Scope) -> None:
-        """A thread's share of a row that several of a block's unrolled loops read (softmax: the
-        max, the sum of exponentials, the output) is read once, by the first, into registers,
-        and the others take it from there: with the reads the same, nvcc also computes each
-        exponential once. At most ROW_CACHE_REGS registers a thread, and rows of 4-byte elements
-        only: a bf16 softmax's row cached took its kernel to 64 registers and one block an SM
-        (26% of copy on the H200, against 31% reading the row three times from L2)."""
-        regs = 0
-        for (_, trips, _, count, _), reads in self.row_reads.items():
-            parent = reads[0][0].parent
-            if len(reads) < 2 or regs + trips * count * 4 > ROW_CACHE_REGS or \
-                    any(loop.parent is not parent for loop, *_ in reads):
-                continue
-            regs += trips * count * 4
-            reads.sort(key=lambda read: parent.lines.index(read[0]))
-            cache = self.var("row")
-            (first, line, arr, j, vtype), rest = reads[0], reads[1:]
-            parent.lines.insert(parent.lines.index(first), f"{vtype} {cache}[{trips * count}];")
-            first.lines.insert(first.lines.index(line) + 1,
-                               f"for (int c = 0; c < {count}; c++) {cache}[{j} + c] = {arr}[c];")
-            for loop, line, arr, j, vtype in rest:
-                taken = ", ".join(f"{cache}[{j} + {c}]" for c in range(count))
-                loop.lines[loop.lines.index(line)] = f"const {vtype} {arr}[{count}] = {{{taken}}};"
-
-    def store_guard(self, scope: Scope) -> str:
-        return "if (threadIdx.x == 0) " if scope is self.block_scope else ""
-
-    def cooperative(self, scope: Scope) -> bool:
-        return self.block_scope is not None and scope is self.block_scope
-
-    def reduce_header(self, n: Node, r: Node, last: bool, scope: Scope) -> list[str]:
-        if last and self.cooperative(scope):
-            return self.cooperative_loop(r)
-        return super().reduce_header(n, r, last, scope)
-
-    def reduce_finish(self, n: Node, acc: str, scope: Scope) -> list[str]:
-        if not self.cooperative(scope):
-            return []
-        t = self.r.acc_ctype(n.arg[0], n.dtype)
-        return [f"{acc} = ember_block_reduce<{t}, {int(n.arg[0] is Op.RMAX)}>({acc});"]
-
-
-def _bitcast_helpers(pairs: set[tuple[DType, DType]]) -> str:
-    return "".join(f"EMBER_D {d.c_name} ember_bitcast_{s.name}_{d.name}({s.c_name} x) "
-                   f"{{ union {{ {s.c_name} a; {d.c_name} b; }} u; u.a = x; return u.b; }}\n"
-                   for s, d in sorted(pairs, key=lambda p: (p[0].name, p[1].name)))
-
-
-def _source(kernels: list[Kernel], prefix: str = "") -> str:
-    """One CUDA source for these kernels: the prelude, the helpers they use, the kernels."""
-    r = CUDARenderer()
-    bodies = [r.render_kernel(k, prefix) for k in kernels]
-    helpers = mma.helpers(kernels) + flash.helpers(kernels) + _bitcast_helpers(r.bitcasts)
-    return PRELUDE + helpers + "\n" + "\n".join(bodies)
-
-
-def render(sched: Schedule, prefix: str = "") -> str:
-    """The program's kernels as one CUDA source (kernel names get the prefix)."""
-    return _source(sched.kernels, prefix)
-
-
-def render_units(kernels: list[Kernel]) -> list[tuple[str, list[Kernel]]]:
-    """The kernels as independent sources (each with the prelude and the helpers it uses), one
-    per core but at least 8 kernels each, to compile in parallel."""
-    parts = max(1, min(os.cpu_count() or 1, len(kernels) // 8))
-    size = -(-len(kernels) // parts) if kernels else 1
-    groups = [kernels[i:i + size] for i in range(0, max(len(kernels), 1), size)]
-    return [(_source(group), group) for group in groups]
+# the data-parallel group that averages outputs (distributed.init sets it): buckets(done_at, nbytes)
+# -> [(launch, members)], all_reduce(arrays, stream), join(stream)
+AVERAGING: list[Any] = [None]
 
 
 def prepare(outputs: list[Node], arch: str | None = None) -> Schedule:
-    """The program's kernels, scheduled and optimized for arch (default: the GPU's)."""
-    return pipeline.compile_schedule(outputs, "cuda", arch or target_arch())
+    """The program's kernels, scheduled and optimized for arch (default: this GPU, as it describes
+    itself, else DEFAULT_ARCH's table entry)."""
+    return pipeline.compile_schedule(outputs, target.gpu(arch) if arch else device_target())
 
 
 def source(outputs: list[Node], arch: str | None = None) -> str:
-    """The program's CUDA source for arch (default: the GPU's, else DEFAULT_ARCH)."""
+    """The program's CUDA source for arch (default: the GPU's, else target.DEFAULT_ARCH)."""
     return render(prepare(outputs, arch))
 
-
-# ---------------------------------------------------------------------------------- runtime
 
 # The references to an input's array that run_device may write over: the leaf's (T._DATA), the
 # run's values, run_device's `given` and `held`, _donations' list and getrefcount's argument.
@@ -522,21 +120,29 @@ def _device() -> tuple[Any, str] | None:
         return None
 
 
-DEFAULT_ARCH = "sm_86"  # the course's grading GPUs (RTX 3080), for source printed without a GPU
-ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a")
-
-
-def target_arch() -> str:
-    dev = None if os.environ.get("EMBER_NO_CUDA") else _device()
-    return dev[1] if dev else DEFAULT_ARCH
 
 
 @functools.lru_cache(maxsize=None)
-def device_name() -> str:
-    """GPU 0's name (searched plans are stored per device)."""
+def device_target() -> Target:
+    """This process's GPU as its attributes describe it, over the table's entry for its
+    architecture (the rates stay the table's); the table's DEFAULT_ARCH without a GPU."""
+    dev = None if os.environ.get("EMBER_NO_CUDA") else _device()
+    if dev is None:
+        return target.gpu(target.DEFAULT_ARCH)
     from cuda.bindings import driver as cu
-    raw = _check(cu.cuDeviceGetName(64, _check(cu.cuDeviceGet(_ORDINAL))))
-    return bytes(raw).split(b"\0")[0].decode()
+    device = _check(cu.cuDeviceGet(_ORDINAL))
+    name = bytes(_check(cu.cuDeviceGetName(64, device))).split(b"\0")[0].decode()
+    attr = cu.CUdevice_attribute
+
+    def get(what: str) -> int:
+        return int(_check(cu.cuDeviceGetAttribute(getattr(attr, f"CU_DEVICE_ATTRIBUTE_{what}"), device)))
+    # an architecture the table lacks: sm_86's rates, and mma.sync only on 8.x (newer ones untried)
+    base = target.GPUS.get(dev[1]) or dataclasses.replace(
+        target.gpu("sm_86"), tensor_cores=("mma.sync",) if dev[1][3] == "8" and len(dev[1]) == 5 else ())
+    return dataclasses.replace(
+        base, arch=dev[1], name=name, sms=get("MULTIPROCESSOR_COUNT"), regs_sm=get("MAX_REGISTERS_PER_MULTIPROCESSOR"),
+        smem_block=get("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"), smem_sm=get("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"),
+        threads_sm=get("MAX_THREADS_PER_MULTIPROCESSOR"), l2=get("L2_CACHE_SIZE"))
 
 
 def _allow_smem(fn: Any, smem: int) -> None:
@@ -552,19 +158,19 @@ def _launch_args(k: Kernel, ptr: dict[int, int]) -> tuple[list, np.ndarray]:
     tensor maps (all kept alive by the caller), and the array of their addresses."""
     args: list = [np.array([ptr[b.id]], dtype=np.uint64) for b in k.args]
     addrs = [a.ctypes.data for a in args]
-    maps = mma.tensor_maps(k, ptr) if k.contraction is not None and k.contraction[1].tma else \
+    maps = mma.tensor_maps(k, ptr) if isinstance(k.plan, GpuPlan) and k.plan.tma else \
         flash.tensor_maps(k, ptr) if k.fused is not None and flash.ws_heads(k) is not None else []
     args += maps
     addrs += [m.getPtr() for m in maps]
     return args, np.array(addrs, dtype=np.uint64)
 
 
-def time_kernel(k: Kernel, arch: str) -> float:
+def time_kernel(k: Kernel, gpu: Target) -> float:
     """Seconds one launch of kernel k alone takes on zeroed buffers (for the plan search)."""
     from cuda.bindings import driver as cu
-    module = _check(cu.cuModuleLoadData(compile_cubin(_source([k]), arch)))
+    module = _check(cu.cuModuleLoadData(compile_cubin(_source([k], gpu), gpu.arch)))
     fn = _check(cu.cuModuleGetFunction(module, k.name.encode()))
-    (gx, gy, gz), block, smem = launch_config(k)
+    (gx, gy, gz), block, smem = launch_config(k, gpu)
     _allow_smem(fn, smem)
     bufs = {b.id: b for b in k.args}
     ptr = {i: int(_check(cu.cuMemAlloc(max(1, b.nbytes)))) for i, b in bufs.items()}
@@ -641,8 +247,10 @@ class CUDAProgram:
         t0 = time.perf_counter()
         self.sched = prepare(outputs, plan_arch)
         if plan_arch is None:  # stored plans, or a search when EMBER_SEARCH=1
-            search.choose(self.sched.kernels, dev[1], device_name(), lambda k: time_kernel(k, dev[1]))
-        units = render_units(self.sched.kernels)
+            search.choose(self.sched.kernels, device_target(), lambda k: time_kernel(k, device_target()))
+        gpu = self.sched.target
+        assert gpu is not None
+        units = render_units(self.sched.kernels, gpu)
         self.source = "\n".join(src for src, _ in units)
         t1 = time.perf_counter()
         # NVRTC releases the GIL: units compile in parallel (a GPT step's 250 kernels, 12 s as one
@@ -653,7 +261,7 @@ class CUDAProgram:
         function = {k.name: _check(cu.cuModuleGetFunction(m, k.name.encode()))
                     for m, (_, ks) in zip(self.modules, units) for k in ks}
         self.functions = [function[k.name] for k in self.sched.kernels]
-        self.configs = [launch_config(k) for k in self.sched.kernels]
+        self.configs = [launch_config(k, gpu) for k in self.sched.kernels]
         check_grids(self.sched.kernels, self.configs)
         self.start_runs()
         for fn, (_, _, smem) in zip(self.functions, self.configs):
@@ -878,13 +486,13 @@ class CUDAProgram:
         """The hooks that average the outputs `average` over the ranks: in buckets of about
         BUCKET_BYTES, each started right after the launch that finishes its last output, so the
         all-reduce of the last layers' gradients overlaps the backward pass of the first ones."""
-        from .. import distributed
-        group = distributed.group()
-        # each output's writer (one each; a batch writes its members')
-        done_at = {m.out.id: i for i, k in enumerate(self.sched.kernels) for m in k.batch or [k]}
+        group = AVERAGING[0]
+        if group is None:
+            raise RuntimeError("distributed.init() has not been called in this process")
+        # each output's writer (one each; a merged kernel writes its members')
+        done_at = {m.out.id: i for i, k in enumerate(self.sched.kernels) for m in k.members or [k]}
         outs = [self.sched.outputs[i] for i in average]
-        plan = distributed.bucket_plan([done_at[b.id] for b in outs], [b.nbytes for b in outs],
-                                       distributed.BUCKET_BYTES)
+        plan = group.buckets([done_at[b.id] for b in outs], [b.nbytes for b in outs])
         after: dict[int, list[Callable]] = {}
         for launch, members in plan:
             arrays = [results[average[m]] for m in members]
@@ -1008,7 +616,7 @@ def run_device(outputs: list[Node], values: dict[Node, "np.ndarray | DeviceArray
                average: tuple[int, ...] = (), donate: tuple[tuple[int, Node], ...] = ()) -> list[DeviceArray]:
     """Run the program on values that may already be on the GPU; the results stay there.
     average, donate: as CUDAProgram.run_device."""
-    return compile(outputs).run_device(values, average, donate)
+    return program(outputs).run_device(values, average, donate)
 
 
 class _Profile:
@@ -1061,8 +669,8 @@ class _Profile:
 PROFILE = _Profile()
 
 
-compile = cached(CUDAProgram)
+program = cached(CUDAProgram)
 
 
 def run_values(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
-    return shared_run_values(compile(outputs), inputs)
+    return shared_run_values(program(outputs), inputs)

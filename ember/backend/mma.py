@@ -12,90 +12,15 @@ The kernel a GpuPlan describes (see compiler/contraction.py):
 """
 from __future__ import annotations
 
-from ..compiler.contraction import SMS, Contraction, GpuPlan, Operand
+from ..compiler.attention import FlashPlan
+from ..compiler.contraction import Contraction, GpuPlan, Operand, smem_bytes
 from ..compiler.lower import Kernel
-from .render import CLike, ElementWriter, KernelWriter, operand_bases
+from .render import CLike, ElementWriter, KernelWriter, include, operand_bases
 
 CHUNK = 8  # f16/bf16 elements per 16-byte chunk
 
-HELPERS = r"""
-EMBER_D unsigned ember_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-EMBER_D void ember_cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-               :: "r"(ember_smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
-}
-EMBER_D void ember_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> EMBER_D void ember_cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
-EMBER_D void ember_ldmatrix4(unsigned* r, const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(ember_smem_addr(p)));
-}
-EMBER_D void ember_ldmatrix4_trans(unsigned* r, const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(ember_smem_addr(p)));
-}
-#define EMBER_MMA(TYPE) \
-EMBER_D void ember_mma_##TYPE(float* c, const unsigned* a, const unsigned* b) { \
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." #TYPE "." #TYPE ".f32 " \
-               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n" \
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1])); \
-}
-EMBER_MMA(bf16)
-EMBER_MMA(f16)
-"""
-
-HOPPER_HELPERS = r"""
-/* a wgmma shared-memory matrix descriptor: 128-byte swizzle, byte offsets in 16-byte units */
-EMBER_D unsigned long long ember_desc(const void* p, unsigned lbo, unsigned sbo) {
-  return (unsigned long long)((ember_smem_addr(p) & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
-         ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
-}
-EMBER_D void ember_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-EMBER_D void ember_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> EMBER_D void ember_wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
-}
-EMBER_D void ember_fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-/* mbarriers: the pipeline's "slot s is full" (its TMA copies' bytes arrived) and "slot s is free" */
-EMBER_D void ember_mbar_init(unsigned long long* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(ember_smem_addr(bar)), "r"(count));
-}
-EMBER_D void ember_mbar_wait(unsigned long long* bar, unsigned parity) {
-  unsigned done = 0;
-  while (!done)
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(ember_smem_addr(bar)), "r"(parity) : "memory");
-}
-EMBER_D void ember_mbar_arrive(unsigned long long* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(ember_smem_addr(bar)) : "memory");
-}
-/* the producer's arrival, telling the barrier how many bytes the slot's TMA copies bring */
-EMBER_D void ember_mbar_expect(unsigned long long* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-               :: "r"(ember_smem_addr(bar)), "r"(bytes) : "memory");
-}
-/* a CUtensorMap, passed by value (__grid_constant__) */
-struct __align__(64) EmberTmap { unsigned long long v[16]; };
-/* the TMA store's bulk groups, and a barrier of one warpgroup's threads (ids from 1: 0 is __syncthreads') */
-EMBER_D void ember_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-EMBER_D void ember_bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-EMBER_D void ember_bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-EMBER_D void ember_bar_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
-}
-/* arrive at named barrier id without waiting (a producer's, or the other warpgroup's turn) */
-EMBER_D void ember_bar_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
-}
-/* warpgroups trade registers: the producer needs few, the accumulators many */
-template <int N> EMBER_D void ember_setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(N));
-}
-template <int N> EMBER_D void ember_setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(N));
-}
-"""
+# cp.async, ldmatrix and mma.sync (sm_80+); wgmma descriptors, mbarriers and TMA (sm_90a)
+HELPERS, HOPPER_HELPERS = include("mma.cuh"), include("mma_hopper.cuh")
 
 
 def _tma_coordinates(rank: int) -> tuple[str, str, str]:
@@ -125,7 +50,7 @@ def _tma_store_helper(rank: int) -> str:
             f'               :: "l"(map), "r"(ember_smem_addr(src)), {ins} : "memory");\n}}\n')
 
 
-def _wgmma_helper(kind: str, n: int, trans_a: int, trans_b: int, name: str = "", a_in_registers: bool = False) -> str:
+def wgmma_helper(kind: str, n: int, trans_a: int, trans_b: int, name: str = "", a_in_registers: bool = False) -> str:
     """name(d, a, descB), by default ember_wgmma_<kind>_n<n>_<ta><tb>: d[n/2] += A (64x16) * B
     (16xn). A comes from shared memory by its descriptor, or (a_in_registers, flash.py) from four
     registers in mma.sync's A fragment layout, which wgmma cannot transpose."""
@@ -147,32 +72,28 @@ def _wgmma_helper(kind: str, n: int, trans_a: int, trans_b: int, name: str = "",
             f'    : {cons}\n    : {reads}, "l"(db), "r"(acc));\n}}\n')
 
 
-def helpers(kernels: list[Kernel]) -> str:
-    """The device functions the tensor-core kernels among these use."""
-    plans = [k.contraction for k in kernels if k.contraction is not None]
+def helpers(kernels: list[Kernel], tma_ranks: set[int]) -> str:
+    """The device functions the tensor-core kernels among these use; tma_ranks: the ranks of the
+    tensor maps other kernels copy with (flash.tma_ranks)."""
+    plans = [(k.contraction, k.plan) for k in kernels if k.contraction is not None]
     if not plans and not any(k.fused is not None for k in kernels):   # flash.py uses them too
         return ""
     out = HELPERS
     hopper = sorted({(c.dtype.name, p.block_n, int(not c.a.k_major), int(not c.b.k_major))
                      for c, p in plans if p.instruction == "wgmma"})
-    if hopper or any(k.hopper for k in kernels):   # flash.py's sm_90a forward needs the descriptors too
-        out += HOPPER_HELPERS + "".join(_wgmma_helper(*h) for h in hopper)
-        from . import flash  # its warp-specialized forward copies q, k and v as 4-d tensors
-        ranks = {len(_tma_box(c, op, p)[0]) for c, p in plans if p.tma for op in (c.a, c.b)}
-        ranks |= {4 for k in kernels if k.fused is not None and flash.ws_heads(k) is not None}
+    # flash.py's sm_90a kernels need the descriptors too
+    if hopper or any(isinstance(k.plan, FlashPlan) and k.plan.wgmma for k in kernels):
+        out += HOPPER_HELPERS + "".join(wgmma_helper(*h) for h in hopper)
+        ranks = {len(_tma_box(c, op, p)[0]) for c, p in plans if p.tma for op in (c.a, c.b)} | tma_ranks
         out += "".join(_tma_helper(rank) for rank in sorted(ranks))
         out += "".join(_tma_store_helper(rank) for rank in sorted({len(_tma_out_box(c)[0]) for c, p in plans
                                                                    if p.tma_store}))
     return out
 
 
-def threads(p: GpuPlan) -> int:
-    return p.threads
-
-
-def grid(c: Contraction, p: GpuPlan) -> tuple[int, int, int]:
+def grid(c: Contraction, p: GpuPlan, sms: int) -> tuple[int, int, int]:
     if p.tma:   # persistent blocks, one per SM at most
-        return min(c.tiles(p.block_m, p.block_n), SMS), 1, 1
+        return min(c.tiles(p.block_m, p.block_n), sms), 1, 1
     m, n, _ = c.mnk
     return -(-n // p.block_n), -(-m // p.block_m), c.batch_size
 
@@ -423,8 +344,8 @@ def tensor_maps(k: Kernel, ptr: dict[int, int]) -> list:
     """The CUtensorMaps of a TMA kernel's operands for buffers at ptr (kernel parameters after
     the buffers: encoded again for every new set of buffers, as a captured graph keeps them)."""
     from cuda.bindings import driver as cu
-    assert k.contraction is not None
-    c, p = k.contraction
+    c, p = k.contraction, k.plan
+    assert c is not None and isinstance(p, GpuPlan)
     kinds = {"bf16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
              "f16": cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}
     maps = []
@@ -574,7 +495,15 @@ def _tma_store_epilogue(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix:
             "if ((threadIdx.x & 127) == 0) {", *stores, "  ember_bulk_commit();", "}"]
 
 
-def render(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str) -> str:
+def launch(k: Kernel, sms: int) -> tuple[tuple[int, int, int], int, int]:
+    c, p = k.contraction, k.plan
+    assert c is not None and isinstance(p, GpuPlan)
+    return grid(c, p, sms), p.threads, smem_bytes(p)
+
+
+def render(r: CLike, k: Kernel, prefix: str = "") -> str:
+    c, p = k.contraction, k.plan
+    assert c is not None and isinstance(p, GpuPlan)
     if p.tma:
         return _render_hopper(r, k, c, p, prefix)
     m, n, kk = c.mnk

@@ -60,7 +60,7 @@ def compute_type(c: Contraction) -> str:
 
 
 def helpers(kernels: list[Kernel]) -> str:
-    types = sorted({compute_type(k.contraction[0]) for k in kernels if k.contraction is not None})
+    types = sorted({compute_type(k.contraction) for k in kernels if k.contraction is not None})
     if not types:
         return ""
     return HELPERS + "".join(f"EMBER_UKERNEL({t})\n" for t in types)

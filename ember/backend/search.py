@@ -22,6 +22,7 @@ from typing import Any
 from ..compiler import contraction
 from ..compiler.contraction import Contraction, GpuPlan
 from ..compiler.lower import Kernel
+from ..target import Target
 from . import cache_dir
 
 SHIPPED = Path(__file__).with_name("plans.json")
@@ -59,45 +60,46 @@ def _store(device: str, key: str, plan: GpuPlan) -> None:
     os.replace(tmp, path)
 
 
-def candidates(c: Contraction, arch: str) -> list[GpuPlan]:
-    """Plans worth timing for c on arch (the heuristic's first), within shared memory."""
+def candidates(c: Contraction, gpu: Target) -> list[GpuPlan]:
+    """Plans worth timing for c on the GPU (the heuristic's first), within shared memory."""
     if c.dtype.name == "f32":
         plans = [GpuPlan("fma", 128, 128, 8, 1, 1, s) for s in (3, 2, 4)] + [GpuPlan("fma", 64, 64, 8, 1, 1, 3)]
     else:
         plans = [GpuPlan("mma.sync", 128, 128, 32, 2, 2, s) for s in (4, 3)] + \
                 [GpuPlan("mma.sync", 64, 64, 32, 2, 2, s) for s in (4, 3)]
-        if arch == "sm_90a":
+        if gpu.wgmma:
             shapes = ((128, 256, 4), (128, 256, 3), (128, 128, 4), (128, 128, 3), (64, 256, 4))
-            plans = [contraction.fed(GpuPlan("wgmma", bm, bn, 64, bm // 64, 1, s), c) for bm, bn, s in shapes] + plans
-    first = contraction.plan(c, arch)
+            plans = [contraction.fed(GpuPlan("wgmma", bm, bn, 64, bm // 64, 1, s), c, gpu)
+                     for bm, bn, s in shapes] + plans
+    first = contraction.plan(c, gpu)
     plans = list(dict.fromkeys(([first] if first else []) + plans))   # (a TMA store makes 4 stages 3)
-    return [p for p in plans if contraction.smem_bytes(p) <= contraction.SMEM_LIMIT.get(arch, 99) * 1024]
+    return [p for p in plans if contraction.smem_bytes(p) <= gpu.smem_block]
 
 
-def choose(kernels: list[Kernel], arch: str, device: str, timer: Any) -> None:
+def choose(kernels: list[Kernel], gpu: Target, timer: Any) -> None:
     """Give each contraction kernel its stored or searched plan. timer(kernel) -> seconds."""
     if os.environ.get("EMBER_TC_PLAN"):  # a plan forced for an experiment wins
         return
     searching = os.environ.get("EMBER_SEARCH") == "1"
     budget = float(os.environ.get("EMBER_SEARCH_SECONDS", "60"))
     for k in kernels:
-        if k.contraction is None or not isinstance(k.contraction[1], GpuPlan):
+        if k.contraction is None or not isinstance(k.plan, GpuPlan):
             continue
-        c, heuristic = k.contraction
-        key = structure(c, arch)
-        stored = known(device, key)
+        c, heuristic = k.contraction, k.plan
+        key = structure(c, gpu.arch)
+        stored = known(gpu.name, key)
         if stored is not None or not searching:
-            k.contraction = (c, contraction.fed(stored, c) if stored else heuristic)
+            k.plan = contraction.fed(stored, c, gpu) if stored else heuristic
             continue
         start, times = time.perf_counter(), {}
-        for plan in candidates(c, arch):
+        for plan in candidates(c, gpu):
             if time.perf_counter() - start > budget:
                 break
-            k.contraction = (c, plan)
+            k.plan = plan
             times[plan] = timer(k)
         best = min(times, key=times.get)
-        k.contraction = (c, best)
-        _store(device, key, best)
+        k.plan = best
+        _store(gpu.name, key, best)
         print(f"ember search: {k.name} ({key}): {best} at {times[best] * 1e3:.3f} ms, "
               f"heuristic {times.get(heuristic, float('nan')) * 1e3:.3f} ms; {len(times)} plans in "
               f"{time.perf_counter() - start:.1f} s", file=sys.stderr)

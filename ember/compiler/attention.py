@@ -30,11 +30,14 @@ f32 either way.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from .. import dtype as dt
 from .. import ir
 from ..ir import Node, Op, toposort
+from ..target import Target
+from .lower import Kernel
 from .rewrite import P, RuleSet, rewrite
 
 HEAD_DIMS = (64, 128)      # head sizes the kernels are written for
@@ -275,3 +278,65 @@ def vjp(n: Node, g: Node) -> list[tuple[Node, Node]]:
     dk = ir.shrink(dkv, (0, 0, 0), (size, s_len, d))
     dv = ir.shrink(dkv, (0, 0, d), (size, s_len, 2 * d))
     return [(q, dq), (k, dk), (v, dv)]
+
+
+# ---------------------------------------------------------------- the flash kernels' plans
+
+@dataclass(frozen=True)
+class FlashPlan:
+    """A flash kernel's plan, chosen by optimize for the target (backend/flash.py renders it)."""
+    rows: int             # rows a block owns: queries (dk|dv: keys)
+    tile: int             # rows of each tile streamed past them
+    threads: int
+    wgmma: bool = False   # sm_90a: every product on wgmma (EmberWg<true>)
+    heads: int = 0        # the warp-specialized kernels (TMA): the heads q, k, v are seen in; 0: cp.async
+
+    def __str__(self) -> str:
+        how = f"warp-specialized, {self.heads} heads" if self.heads else "wgmma" if self.wgmma else "mma.sync"
+        return f"flash: {self.rows} rows, tiles of {self.tile}, {self.threads} threads, {how}"
+
+
+THREADS = 128   # 4 warps
+# kind -> head size -> (rows a block owns, rows of each tile streamed past them), the templates'
+# ROWS and TILE: the forward's block is 2 tiles of 16 query rows per warp, so each K fragment
+# loaded serves both; D = 128 streams shorter tiles where the accumulators would not fit in
+# registers otherwise
+TILES = {"attention": {64: (128, 64), 128: (128, 32)},
+         "attention_dq": {64: (64, 64), 128: (64, 64)},
+         "attention_dkdv": {64: (64, 64), 128: (64, 32)}}
+
+
+HOPPER_ROWS, HOPPER_THREADS = 128, 256   # sm_90a's forward: two warpgroups of 64 rows
+HOPPER_TILE = {64: 128, 128: 64}   # its keys per tile, by head size (D = 128: 160 KB of tiles at 128, one block an SM)
+
+
+# f32 operands (CUDA cores): kind -> head size -> (rows a block owns, rows of each tile streamed
+# past them); the forward's threads hold two rows each, the backward's one; 32 KB of tiles
+TILES32 = {"attention": {64: (64, 32), 128: (32, 16)},
+           "attention_dq": {64: (32, 32), 128: (16, 16)},
+           "attention_dkdv": {64: (32, 32), 128: (16, 16)}}
+
+
+# the warp-specialized kernels (ember_flash_*_ws, sm_90a): 128 rows a block, tiles of this many
+# rows streamed past them (the forward's keys; the backward's keys for dq, queries for dk|dv)
+WS_TILE = {"attention": 128, "attention_dq": 64, "attention_dkdv": 64}
+WS_THREADS = 384
+
+
+def flash_plan(k: Kernel, gpu: Target) -> FlashPlan:
+    """The sizes of a flash kernel (a FUSED node rendered whole) for the GPU. On sm_90a the
+    f16/bf16 kernels are warp-specialized when every operand's batch axis splits by one head
+    count H (a View's own heads, or 1; EMBER_FLASH_WS=0: never), else on wgmma."""
+    assert k.fused is not None
+    node, _, views = k.fused
+    kind, d = node.arg[0], node.srcs[0].shape[2]
+    if node.srcs[0].dtype is dt.f32:   # CUDA cores: tensor cores would round the operands
+        return FlashPlan(*TILES32[kind][d], THREADS)
+    if not gpu.wgmma:
+        return FlashPlan(*TILES[kind][d], THREADS)
+    heads = {v.heads for v in views[:3] if v is not None and v.heads > 1}
+    if len(heads) <= 1 and os.environ.get("EMBER_FLASH_WS") != "0":
+        return FlashPlan(HOPPER_ROWS, WS_TILE[kind], WS_THREADS, True, heads.pop() if heads else 1)
+    if kind == "attention":
+        return FlashPlan(HOPPER_ROWS, HOPPER_TILE[d], HOPPER_THREADS, True)
+    return FlashPlan(*TILES[kind][d], THREADS, True)

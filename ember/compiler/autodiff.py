@@ -11,6 +11,7 @@ taken, so second derivatives work wherever the rules are differentiable again.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from .. import data, ir
 from .. import dtype as dt
@@ -35,65 +36,74 @@ def _tie_share(x: Node, y: Node) -> Node:
     return ir.where(ir.binary(Op.CMPLT, y, x), full(1.0, x), half)
 
 
+def _sin(n: Node, g: Node) -> list[tuple[Node, Node]]:
+    # cos x = sin(x + pi/2), the shift in f32 at least: in bf16, x + pi/2 rounds by up to 1 at |x| ~ 256
+    s = n.srcs
+    x = s[0] if s[0].dtype.bits >= 32 else ir.unary(Op.CAST, s[0], dt.f32)
+    cos = ir.unary(Op.SIN, ir.binary(Op.ADD, x, full(math.pi / 2, x)))
+    return [(s[0], _mul(g, cos if cos.dtype is n.dtype else ir.unary(Op.CAST, cos, n.dtype)))]
+
+
+def _max(n: Node, g: Node) -> list[tuple[Node, Node]]:
+    if not n.dtype.is_float:
+        return []
+    share = _tie_share(*n.srcs)   # the second operand takes the rest: all of it when unordered (NaN)
+    return [(n.srcs[0], _mul(g, share)), (n.srcs[1], _mul(g, ir.binary(Op.SUB, full(1.0, share), share)))]
+
+
+def _where(n: Node, g: Node) -> list[tuple[Node, Node]]:
+    c, zero = n.srcs[0], full(0.0, g)
+    return [(n.srcs[1], ir.where(c, g, zero)), (n.srcs[2], ir.where(c, zero, g))]
+
+
+def _rmax(n: Node, g: Node) -> list[tuple[Node, Node]]:
+    if not n.dtype.is_float:
+        return []
+    x = n.srcs[0]   # split equally among the elements equal to the max
+    hit = ir.binary(Op.CMPEQ, x, ir.expand(n, x.shape))
+    count = ir.reduce(Op.SUM, ir.unary(Op.CAST, hit, x.dtype), n.arg)
+    return [(x, ir.where(hit, ir.expand(ir.binary(Op.DIV, g, count), x.shape), full(0.0, x)))]
+
+
+def _expanded(n: Node) -> tuple[int, ...]:
+    return tuple(d for d, (a, b) in enumerate(zip(n.srcs[0].shape, n.shape)) if a != b)
+
+
+Rule = Callable[[Node, Node], "list[tuple[Node, Node]]"]
+# op -> (n, its gradient g) -> (source, the source's gradient) for each float source; an op
+# without a rule (trunc, comparisons, integer ops, bitcasts, sources) passes no gradient
+VJP: dict[Op, Rule] = {
+    Op.NEG: lambda n, g: [(n.srcs[0], ir.unary(Op.NEG, g))],
+    Op.RECIP: lambda n, g: [(n.srcs[0], ir.unary(Op.NEG, _mul(g, _mul(n, n))))],
+    Op.SQRT: lambda n, g: [(n.srcs[0], ir.binary(Op.DIV, _mul(g, full(0.5, n)), n))],
+    Op.EXP2: lambda n, g: [(n.srcs[0], _mul(g, _mul(n, full(LN2, n))))],
+    Op.LOG2: lambda n, g: [(n.srcs[0], ir.binary(Op.DIV, g, _mul(n.srcs[0], full(LN2, n))))],
+    Op.SIN: _sin,
+    Op.CAST: lambda n, g: [(n.srcs[0], ir.unary(Op.CAST, g, n.srcs[0].dtype))] if n.srcs[0].dtype.is_float else [],
+    Op.ADD: lambda n, g: [(n.srcs[0], g), (n.srcs[1], g)],
+    Op.SUB: lambda n, g: [(n.srcs[0], g), (n.srcs[1], ir.unary(Op.NEG, g))],
+    Op.MUL: lambda n, g: [(n.srcs[0], _mul(g, n.srcs[1])), (n.srcs[1], _mul(g, n.srcs[0]))],
+    Op.DIV: lambda n, g: [(n.srcs[0], ir.binary(Op.DIV, g, n.srcs[1])),
+                          (n.srcs[1], ir.unary(Op.NEG, ir.binary(Op.DIV, _mul(g, n), n.srcs[1])))],
+    Op.MAX: _max,
+    Op.WHERE: _where,
+    Op.RESHAPE: lambda n, g: [(n.srcs[0], ir.reshape(g, n.srcs[0].shape))],
+    Op.PERMUTE: lambda n, g: [(n.srcs[0], ir.permute(g, tuple(n.arg.index(d) for d in range(len(n.arg)))))],
+    Op.EXPAND: lambda n, g: [(n.srcs[0], ir.reduce(Op.SUM, g, _expanded(n)))],
+    Op.PAD: lambda n, g: [(n.srcs[0], ir.shrink(g, n.arg[0], tuple(b + d for b, d in zip(n.arg[0], n.srcs[0].shape))))],
+    Op.SHRINK: lambda n, g: [(n.srcs[0], ir.pad(g, n.arg[0], tuple(d - e for d, e in zip(n.srcs[0].shape, n.arg[1])),
+                                                0.0))],
+    Op.FLIP: lambda n, g: [(n.srcs[0], ir.flip(g, n.arg))],
+    Op.SUM: lambda n, g: [(n.srcs[0], ir.expand(g, n.srcs[0].shape))],
+    Op.FUSED: attention.vjp,
+    Op.RMAX: _rmax,
+}
+
+
 def vjp(n: Node, g: Node) -> list[tuple[Node, Node]]:
     """(source, gradient of the source) for each float source of n, given n's gradient g."""
-    op, s = n.op, n.srcs
-    if op is Op.NEG:
-        return [(s[0], ir.unary(Op.NEG, g))]
-    if op is Op.RECIP:
-        return [(s[0], ir.unary(Op.NEG, _mul(g, _mul(n, n))))]
-    if op is Op.SQRT:
-        return [(s[0], ir.binary(Op.DIV, _mul(g, full(0.5, n)), n))]
-    if op is Op.EXP2:
-        return [(s[0], _mul(g, _mul(n, full(LN2, n))))]
-    if op is Op.LOG2:
-        return [(s[0], ir.binary(Op.DIV, g, _mul(s[0], full(LN2, n))))]
-    if op is Op.SIN:  # cos x = sin(x + pi/2), the shift in f32 at least: in bf16, x + pi/2 rounds
-        x = s[0] if s[0].dtype.bits >= 32 else ir.unary(Op.CAST, s[0], dt.f32)  # by up to 1 at |x| ~ 256
-        cos = ir.unary(Op.SIN, ir.binary(Op.ADD, x, full(math.pi / 2, x)))
-        return [(s[0], _mul(g, cos if cos.dtype is n.dtype else ir.unary(Op.CAST, cos, n.dtype)))]
-    if op is Op.CAST:
-        return [(s[0], ir.unary(Op.CAST, g, s[0].dtype))] if s[0].dtype.is_float else []
-    if op is Op.ADD:
-        return [(s[0], g), (s[1], g)]
-    if op is Op.SUB:
-        return [(s[0], g), (s[1], ir.unary(Op.NEG, g))]
-    if op is Op.MUL:
-        return [(s[0], _mul(g, s[1])), (s[1], _mul(g, s[0]))]
-    if op is Op.DIV:
-        return [(s[0], ir.binary(Op.DIV, g, s[1])), (s[1], ir.unary(Op.NEG, ir.binary(Op.DIV, _mul(g, n), s[1])))]
-    if op is Op.MAX and n.dtype.is_float:  # the second operand takes the rest: all of it when unordered (NaN)
-        share = _tie_share(s[0], s[1])
-        return [(s[0], _mul(g, share)), (s[1], _mul(g, ir.binary(Op.SUB, full(1.0, share), share)))]
-    if op is Op.WHERE:
-        zero = full(0.0, g)
-        return [(s[1], ir.where(s[0], g, zero)), (s[2], ir.where(s[0], zero, g))]
-    if op is Op.RESHAPE:
-        return [(s[0], ir.reshape(g, s[0].shape))]
-    if op is Op.PERMUTE:
-        inverse = tuple(n.arg.index(d) for d in range(len(n.arg)))
-        return [(s[0], ir.permute(g, inverse))]
-    if op is Op.EXPAND:
-        axes = tuple(d for d, (a, b) in enumerate(zip(s[0].shape, n.shape)) if a != b)
-        return [(s[0], ir.reduce(Op.SUM, g, axes))]
-    if op is Op.PAD:
-        before = n.arg[0]
-        return [(s[0], ir.shrink(g, before, tuple(b + d for b, d in zip(before, s[0].shape))))]
-    if op is Op.SHRINK:
-        start, end = n.arg
-        return [(s[0], ir.pad(g, start, tuple(d - e for d, e in zip(s[0].shape, end)), 0.0))]
-    if op is Op.FLIP:
-        return [(s[0], ir.flip(g, n.arg))]
-    if op is Op.SUM:
-        return [(s[0], ir.expand(g, s[0].shape))]
-    if op is Op.FUSED:
-        return attention.vjp(n, g)
-    if op is Op.RMAX and n.dtype.is_float:  # split equally among the elements equal to the max
-        x = s[0]
-        hit = ir.binary(Op.CMPEQ, x, ir.expand(n, x.shape))
-        count = ir.reduce(Op.SUM, ir.unary(Op.CAST, hit, x.dtype), n.arg)
-        return [(x, ir.where(hit, ir.expand(ir.binary(Op.DIV, g, count), x.shape), full(0.0, x)))]
-    return []  # trunc, comparisons, integer ops, bitcasts, sources: no gradient
+    rule = VJP.get(n.op)
+    return rule(n, g) if rule else []
 
 
 def derivative(y: Node, x: Node) -> Node:

@@ -16,17 +16,18 @@ transposed as in x @ W.T), else "mn-major" when its i (or j) stride is 1.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import dataclass
 
 from .. import dtype as dt
-from ..ir import Node, Op, toposort
+from ..ir import MOVEMENT, Node, Op, toposort
+from ..target import Target
 from . import symbolic as sym
 from .lower import Kernel, free_ranges
 
 TENSOR_CORE_DTYPES = (dt.f16, dt.bf16)
-SMS = 132   # the H200's SMs: tiles are sized to give each a block (plan; split.split_k)
 
 
 @dataclass(frozen=True)
@@ -284,11 +285,6 @@ def _operand(load: Node, strides: dict, offset: int, out: Node, kr: Node,
     return Operand(load, dict(strides), offset, k_major, aligned) if other else None
 
 
-def tensor_cores(arch: str) -> bool:
-    """Whether the GPU architecture (sm_86, sm_90a...) has mma.sync and cp.async: sm_80 and later."""
-    return int(arch[3:5]) >= 80
-
-
 def tma_ready(c: Contraction) -> bool:
     """Whether TMA can read both operands: a box per tile of a tensor of at most 5 dimensions
     (its contiguous axis, the other, the batch ranges it moves along) at 16-byte aligned strides;
@@ -297,10 +293,7 @@ def tma_ready(c: Contraction) -> bool:
         op.aligned and 2 + sum(1 for b in c.batch if op.strides.get(b)) <= 5 for op in (c.a, c.b))
 
 
-SMEM_LIMIT = {"sm_80": 163, "sm_86": 99, "sm_89": 99, "sm_90": 227, "sm_90a": 227}  # KB per block
-
-
-def fed(p: GpuPlan, c: Contraction) -> GpuPlan:
+def fed(p: GpuPlan, c: Contraction, gpu: Target) -> GpuPlan:
     """A wgmma tiling with TMA where c's operands allow it (stored plans record only tilings),
     and the TMA store where the output allows it: its tile takes block_m x block_n x 2 bytes of
     shared memory, so slots are given up (not below 3) to make room."""
@@ -311,7 +304,7 @@ def fed(p: GpuPlan, c: Contraction) -> GpuPlan:
         return fed
     # the most slots that fit, given up down to 3 (a plan of fewer keeps its own)
     stored = [dataclasses.replace(fed, stages=s, tma_store=True) for s in range(p.stages, min(p.stages, 3) - 1, -1)]
-    room = SMEM_LIMIT["sm_90a"] * 1024
+    room = gpu.smem_block
     return next((q for q in stored if smem_bytes(q) <= room), fed)
 
 
@@ -326,7 +319,7 @@ def smem_bytes(p: GpuPlan) -> int:
     return slots + 1024 + 16 * p.stages * p.tma + p.block_m * p.block_n * 2 * p.tma_store
 
 
-def plan(c: Contraction, arch: str) -> GpuPlan | None:
+def plan(c: Contraction, gpu: Target) -> GpuPlan | None:
     """Heuristic tiling, or None where tiles do not pay (a matrix-vector product)."""
     m, n, kk = c.mnk
     if m < 16 or n < 16 or kk < 16:
@@ -340,15 +333,54 @@ def plan(c: Contraction, arch: str) -> GpuPlan | None:
         return forced_plan
     if c.dtype is dt.f32:  # FMA: 8x8 outputs per thread (TF32 tensor cores would round the operands)
         return GpuPlan("fma", 64, 64, 8, 1, 1, 3) if m <= 64 or n <= 64 else GpuPlan("fma", 128, 128, 8, 1, 1, 3)
-    if arch == "sm_90a" and (m > 64 or n > 128):  # Hopper: warpgroups of 64 rows reading shared memory
+    if gpu.wgmma and (m > 64 or n > 128):  # Hopper: warpgroups of 64 rows reading shared memory
         rows = 128 if m > 64 else 64   # one warpgroup for 64 rows (a convolution's 64 output channels)
         tiles = [(r, cols) for r, cols in ((rows, 256), (rows, 128), (64, 256), (64, 128))
                  if r <= rows and (cols == 128 or n > 128)]
         # the largest tile that still gives the SMs a block each (a 7 x 7 convolution with 512
         # channels had 28 tiles of 128 x 256: 0.42-0.57 of cuDNN)
-        rows, cols = next((t for t in tiles if c.tiles(*t) >= SMS), tiles[-1])
-        return fed(GpuPlan("wgmma", rows, cols, 64, rows // 64, 1, 4), c)
-    stages = 4 if arch.startswith("sm_9") else 3   # sm_86 has 100 KB of shared memory per SM
+        rows, cols = next((t for t in tiles if c.tiles(*t) >= gpu.sms), tiles[-1])
+        return fed(GpuPlan("wgmma", rows, cols, 64, rows // 64, 1, 4), c, gpu)
+    # 4 stages where two blocks of 128 x 128 tiles in 4 (64 KB each) fit an SM (not sm_86's 100 KB)
+    stages = 4 if gpu.smem_sm >= 128 * 1024 else 3
     if m <= 64 or n <= 64:
         return GpuPlan("mma.sync", 64, 64, 32, 2, 2, stages)
     return GpuPlan("mma.sync", 128, 128, 32, 2, 2, stages)
+
+
+def gathered_operands(k: Kernel) -> set[Node]:
+    """Operands of a sum of products that reach their buffer through index arithmetic no
+    stride describes (a permute and reshape that merge axes: attention's heads put back side by
+    side, read as (c // 64, c % 64)), or through overlapping windows (a convolution's input at
+    h + kh: two ranges with one stride) or a permute (its weight, wanted with the channels
+    innermost) that the contraction paths cannot read in place. A contiguous copy (for a
+    convolution, the im2col buffer) costs one pass over memory and lets the tensor-core and
+    packed paths take the product."""
+    @functools.cache
+    def direct() -> bool:  # the tensor-core and packed paths read the windows in place (asked once)
+        return find(k, (dt.f16, dt.bf16, dt.f32, dt.f64)) is not None
+
+    found: set[Node] = set()
+    for red, t in k.reduces.items():
+        body = red.srcs[0]
+        if t.op is not Op.SUM or t.srcs[0].op is not Op.MUL or body.op is not Op.MUL:
+            continue
+        for x, ld in zip(t.srcs[0].srcs, body.srcs):
+            while x.op is Op.EXPAND or x.op is Op.CAST:
+                x = x.srcs[0]
+            if ld.op is Op.CAST:
+                ld = ld.srcs[0]
+            if ld.op is not Op.LOAD or x.op not in MOVEMENT:
+                continue
+            terms, _ = sym.linear(ld.srcs[1])
+            if any(term.op is not Op.RANGE for term in terms):
+                found.add(x)
+            elif (len(set(terms.values())) < len(terms) or _permuted(x)) and not direct():
+                found.add(x)
+    return found
+
+
+def _permuted(x: Node) -> bool:
+    while x.op is Op.RESHAPE:
+        x = x.srcs[0]
+    return x.op is Op.PERMUTE

@@ -14,13 +14,12 @@ Kernel-level nodes (all scalars, shape ()):
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 
 from .. import dtype as dt
 from ..dtype import DType
-from ..ir import MOVEMENT, Node, Op, toposort
+from ..ir import Node, Op, toposort
 from . import symbolic as sym
 from .rewrite import substitute
 
@@ -76,15 +75,15 @@ class Kernel:
     threads: list[Node] | None = None  # GPU: output ranges decoded from the thread index (a tile)
     stages: list["Stage"] = field(default_factory=list)    # loads copied to a local/shared array (optimize)
     problems: set[Node] = field(default_factory=set)       # reductions lowering found need a buffer
-    contraction: tuple | None = None   # (Contraction, its plan): tensor cores or packed panels, see contraction.py
+    contraction: object | None = None  # its contraction.Contraction (the plan: a GpuPlan or PackedPlan)
     origin: dict[Node, Node] = field(default_factory=dict)  # kernel node -> tensor node (lowering)
     atomic: bool = False               # GPU: the store adds into a zeroed output (a scatter, optimize.py)
     visited: frozenset = frozenset()   # the tensor nodes its lowering went through (schedule.py's cache)
     online: "object | None" = None      # CPU: a max and its exponential sums in one loop (online.py)
     fused: "tuple[Node, list[Buffer], list[View | None]] | None" = None   # a FUSED node, its sources' buffers
                                         # and how q, k, v lie in theirs (None: in order) (attention.py)
-    batch: "list[Kernel] | None" = None   # GPU: small kernels run as one launch, block by block (batch.py)
-    hopper: bool = False               # GPU: a kernel rendered whole gets its sm_90a variant (flash.py)
+    members: "list[Kernel] | None" = None   # GPU: small kernels run as one launch, block by block (merge.py)
+    plan: object | None = None         # its plan family's value (FlashPlan, GpuPlan, PackedPlan), set by optimize
 
     @property
     def value(self) -> Node:
@@ -92,9 +91,9 @@ class Kernel:
 
     @property
     def kind(self) -> str:
-        """"contraction", "attention" (a flash kernel), "batch", "reduce" or "map", for reports."""
-        if self.contraction or self.fused or self.batch:
-            return "contraction" if self.contraction else "attention" if self.fused else "batch"
+        """"contraction", "attention" (a flash kernel), "merged", "reduce" or "map", for reports."""
+        if self.contraction or self.fused or self.members:
+            return "contraction" if self.contraction else "attention" if self.fused else "merged"
         # the kernel graph's, not `reduces` (optimize drops that bookkeeping when it splits ranges)
         return "reduce" if any(n.op is Op.REDUCE for n in toposort([self.store])) else "map"
 
@@ -544,46 +543,6 @@ def recomputed_operands(k: Kernel, lanes: int = 0) -> set[Node]:
         inner.add(x)
         stack.extend(x.srcs)
     return found - inner
-
-
-def gathered_operands(k: Kernel) -> set[Node]:
-    """Operands of a sum of products that reach their buffer through index arithmetic no
-    stride describes (a permute and reshape that merge axes: attention's heads put back side by
-    side, read as (c // 64, c % 64)), or through overlapping windows (a convolution's input at
-    h + kh: two ranges with one stride) or a permute (its weight, wanted with the channels
-    innermost) that the contraction paths cannot read in place. A contiguous copy (for a
-    convolution, the im2col buffer) costs one pass over memory and lets the tensor-core and
-    packed paths take the product."""
-    from . import contraction  # it builds on this module
-
-    @functools.cache
-    def direct() -> bool:  # the tensor-core and packed paths read the windows in place (asked once)
-        return contraction.find(k, (dt.f16, dt.bf16, dt.f32, dt.f64)) is not None
-
-    found: set[Node] = set()
-    for red, t in k.reduces.items():
-        body = red.srcs[0]
-        if t.op is not Op.SUM or t.srcs[0].op is not Op.MUL or body.op is not Op.MUL:
-            continue
-        for x, ld in zip(t.srcs[0].srcs, body.srcs):
-            while x.op is Op.EXPAND or x.op is Op.CAST:
-                x = x.srcs[0]
-            if ld.op is Op.CAST:
-                ld = ld.srcs[0]
-            if ld.op is not Op.LOAD or x.op not in MOVEMENT:
-                continue
-            terms, _ = sym.linear(ld.srcs[1])
-            if any(term.op is not Op.RANGE for term in terms):
-                found.add(x)
-            elif (len(set(terms.values())) < len(terms) or _permuted(x)) and not direct():
-                found.add(x)
-    return found
-
-
-def _permuted(x: Node) -> bool:
-    while x.op is Op.RESHAPE:
-        x = x.srcs[0]
-    return x.op is Op.PERMUTE
 
 
 def recompute_problems(k: Kernel, nest: int = 0) -> set[Node]:

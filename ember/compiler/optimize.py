@@ -17,7 +17,8 @@ import math
 
 from .. import dtype as dt
 from ..ir import Node, Op, toposort
-from . import contraction, online
+from ..target import Target
+from . import attention, contraction, online
 from . import symbolic as sym
 from .lower import Kernel, Stage, enclosing_reduces, free_ranges, index_of, selector
 from .rewrite import substitute
@@ -143,7 +144,7 @@ def cpu_lanes(k: Kernel) -> None:
             return
 
 
-def block_rows(k: Kernel) -> list[Node] | None:
+def block_rows(k: Kernel, gpu: Target) -> list[Node] | None:
     """GPU: the output ranges a block owns when every outermost reduction reads a contiguous
     axis (its threads then share each reduction); None for a thread per output."""
     reduces = [n for n in toposort([k.store]) if n.op is Op.REDUCE]
@@ -152,7 +153,7 @@ def block_rows(k: Kernel) -> list[Node] | None:
     deps = free_ranges(k.store)
     nested = enclosing_reduces(k.store)
     top = [n for n in reduces if n not in nested]
-    if math.prod(r.arg[1] for r in k.ranges) >= GPU_MIN_THREADS and \
+    if math.prod(r.arg[1] for r in k.ranges) >= gpu.min_threads and \
             all(math.prod(r.arg[1] for r in n.arg[1]) <= SHORT_ROW for n in top):
         return None   # rows enough to fill the GPU, too short to share: a block of 256 threads idled on 64
     for n in top:
@@ -174,7 +175,6 @@ def gpu_lanes(k: Kernel) -> int:
     (8 for f16/bf16: 4 lanes of 2 bytes were 8-byte loads, and bf16 softmax ran at 19% of copy)."""
     sizes = [n.dtype.itemsize for n in toposort([k.store]) if n.op is Op.LOAD]
     return max(GPU_LANES, 16 // min(sizes)) if sizes and min(sizes) == 2 else GPU_LANES
-GPU_MIN_THREADS = 1 << 17  # 132 SMs x 1024 resident threads: fewer leaves the GPU partly idle
 # a thread summing a column of its own with lanes: each lane an independent sum, so half as many
 # threads keep as many bytes in flight (GPT-2's bias gradients, [256, 3072] partial column sums
 # of bf16, ran at 1.36 TB/s with a 2-byte load per thread and step)
@@ -237,20 +237,20 @@ def cpu_packed(k: Kernel) -> bool:
     m, n, kk = c.mnk
     if math.prod(r.arg[1] for r in k.ranges) * kk < 1 << 18 or m < 4 or n < 8:
         return False
-    k.contraction = (c, contraction.PackedPlan())
+    k.contraction, k.plan = c, contraction.PackedPlan()
     return True
 
 
-def gpu_contraction(k: Kernel, arch: str) -> bool:
+def gpu_contraction(k: Kernel, gpu: Target) -> bool:
     """f16/bf16 contractions on tensor cores, f32 ones on FMA register tiles (sm_80 and later:
     cp.async), the kernel rendered whole by backend/mma.py from the plan."""
-    if not contraction.tensor_cores(arch):
+    if not gpu.mma_sync:
         return False
     c = contraction.find(k, (dt.f16, dt.bf16, dt.f32))
-    p = None if c is None else contraction.plan(c, arch)
+    p = None if c is None else contraction.plan(c, gpu)
     if p is None:
         return False
-    k.contraction = (c, p)
+    k.contraction, k.plan = c, p
     return True
 
 
@@ -280,11 +280,11 @@ def gpu_scatter(k: Kernel) -> bool:
     return True
 
 
-def gpu_plan(k: Kernel, arch: str) -> None:
-    if gpu_contraction(k, arch) or gpu_matmul_tile(k) or gpu_transpose_tile(k):
+def gpu_plan(k: Kernel, gpu: Target) -> None:
+    if gpu_contraction(k, gpu) or gpu_matmul_tile(k) or gpu_transpose_tile(k):
         return
     gpu_scatter(k)
-    k.rows = block_rows(k)
+    k.rows = block_rows(k, gpu)
     if k.rows is None:
         # a thread per `lanes` consecutive outputs, unless that leaves too few threads to fill the GPU
         lanes = gpu_lanes(k)
@@ -317,25 +317,24 @@ def contiguous_reduction_lanes(k: Kernel, lanes: int, per_thread: int = 1) -> No
             split_range(k, r, lanes)
 
 
-def optimize(sched: Schedule, target: str, arch: str = "") -> None:
-    """arch: the GPU architecture for target "cuda" (sm_86, sm_90a...)."""
-    _optimize(sched, target, arch)
+def optimize(sched: Schedule, target: Target) -> None:
+    _optimize(sched, target)
     from .. import debug
-    debug.kernels(3, f"after optimization for {target}", sched.kernels)
+    debug.kernels(3, f"after optimization for {target.arch}", sched.kernels)
 
 
-def _optimize(sched: Schedule, target: str, arch: str) -> None:
+def _optimize(sched: Schedule, target: Target) -> None:
     for k in sched.kernels:
         if k.fused is not None:   # rendered whole (backend/flash.py)
-            k.hopper = target == "cuda" and arch == "sm_90a" and k.fused[0].srcs[0].dtype is not dt.f32
+            k.plan = attention.flash_plan(k, target)
             continue
-        if target == "c":
+        if target.kind == "cpu":
             if not cpu_packed(k):
                 k.online = online.find(k)
                 if k.online is None:
                     cpu_lanes(k)
-        elif target == "cuda":
-            gpu_plan(k, arch)
+        elif target.kind == "cuda":
+            gpu_plan(k, target)
         outer = [r for r in k.ranges if r not in k.lanes]
         if outer and work(k) >= PARALLEL_WORK:
             k.parallel = 1

@@ -6,41 +6,47 @@
 3. the target's rewrite of the tensor graph (CUDA: long reductions in two stages, split.py);
 4. simplification, fusion and lowering into kernels (schedule.py, simplify.py, lower.py);
 5. optimization: the parallel loop, lanes, contraction plans, online reductions (optimize.py);
-6. CUDA: small kernels moved to the end and launched together (batch.py).
+6. CUDA: small kernels moved to the end and launched together (merge.py).
 
 What follows is the backend's: placement and linearization into C-like text (backend/render.py),
 then its compiler and runtime.
 """
 from __future__ import annotations
 
+import os
+
+from .. import debug
 from ..ir import Node
-from . import attention, autodiff, contraction, store
-from .batch import batch_small
+from ..target import Target
+from . import attention, autodiff, store
+from .merge import merge_small
 from .optimize import optimize
 from .schedule import Schedule, schedule
 from .split import split_large_reductions
 
 
-def compile_schedule(outputs: list[Node], target: str, arch: str = "", nest: int = 0) -> Schedule:
-    """target: "c" or "cuda"; arch: the GPU architecture (sm_86, sm_90a...); nest: the C
-    backend's allowance for short reductions inside others (lower.Lowerer). A program compiled
-    before, in this process or another, is loaded from the disk cache (store.py)."""
-    k = store.key(outputs, target, arch, nest)
+def compile_schedule(outputs: list[Node], target: Target, nest: int = 0) -> Schedule:
+    """target: the CPU or GPU compiled for (ember/target.py); nest: the C backend's allowance for
+    short reductions inside others (lower.Lowerer). A program compiled before, in this process or
+    another, is loaded from the disk cache (store.py)."""
+    k = store.key(outputs, target, nest, os.environ.get("EMBER_FLASH_WS"))   # the flash plans read it
     sched = store.load(k)
     if sched is None:
-        sched = _compile(outputs, target, arch, nest)
+        sched = _compile(outputs, target, nest)
         store.save(k, sched)
+    debug.plans(2, f"for {target.arch}", sched.kernels)
     return sched
 
 
-def _compile(outputs: list[Node], target: str, arch: str, nest: int) -> Schedule:
-    if target == "cuda" and contraction.tensor_cores(arch):   # flash attention (mma.sync)
+def _compile(outputs: list[Node], target: Target, nest: int) -> Schedule:
+    if target.mma_sync:   # flash attention
         outputs = attention.fuse(outputs)
     graph = autodiff.expand_grads(outputs)   # gradients first: their reductions are split too
-    if target == "cuda":
-        graph = split_large_reductions(graph)
+    if target.kind == "cuda":
+        graph = split_large_reductions(graph, target)
     sched = schedule(graph, nest=nest)
-    optimize(sched, target=target, arch=arch)
-    if target == "cuda":
-        batch_small(sched)
+    optimize(sched, target)
+    if target.kind == "cuda":
+        merge_small(sched)
+    sched.target = target
     return sched

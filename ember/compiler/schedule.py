@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 
 from .. import debug
 from ..ir import ELEMENTWISE, Node, Op, toposort
+from ..target import Target
 from . import autodiff, simplify
-from .lower import Buffer, Kernel, gathered_operands, lower_kernel, recompute_problems, recomputed_operands
+from .contraction import gathered_operands
+from .lower import Buffer, Kernel, lower_kernel, recompute_problems, recomputed_operands
 
 LANES = 64  # with nesting on, values recomputed along an output range this short are left to lanes
 
@@ -26,6 +28,7 @@ class Schedule:
     kernels: list[Kernel]
     temps: list[Buffer] = field(default_factory=list)
     slots: dict[int, int] = field(default_factory=dict)   # temp buffer id -> memory slot
+    target: Target | None = None         # what it was compiled for (pipeline.py)
 
     @property
     def buffers(self) -> list[Buffer]:
@@ -171,7 +174,7 @@ def donatable(sched: Schedule, pairs: list[tuple[Buffer, Buffer]]) -> list[bool]
     the input runs before the output's writer, or is the writer and reads the input only at the
     element it stores, each element read by the thread that then overwrites it (a map: never a
     reduction, tile or template over it). The kernels are indexed once for all the pairs."""
-    members = [(i, m) for i, k in enumerate(sched.kernels) for m in k.batch or [k]]   # a batch's run at once
+    members = [(i, m) for i, k in enumerate(sched.kernels) for m in k.members or [k]]   # a merged kernel's run at once
     writer: dict[int, tuple[int, Kernel]] = {}
     readers: dict[int, list[tuple[int, Kernel]]] = {}
     for i, m in members:
@@ -188,7 +191,7 @@ def donatable(sched: Schedule, pairs: list[tuple[Buffer, Buffer]]) -> list[bool]
             return False
         if all(b.id != inp.id for b in w.reads):
             return True
-        if w.contraction or w.fused or w.atomic or w.stages or w.batch:
+        if w.contraction or w.fused or w.atomic or w.stages or w.members:
             return False
         index = w.store.srcs[1]
         return all(n.srcs[1] is index for n in toposort([w.store]) if n.op is Op.LOAD and n.srcs[0].arg == inp.id)

@@ -7,11 +7,11 @@ import math
 from .. import dtype as dt
 from .. import ir
 from ..ir import Node, Op
-from .contraction import SMS
+from ..target import Target
 from .rewrite import Pat, RuleSet, rewrite
 
 
-def split_large_reductions(outputs: list[Node]) -> list[Node]:
+def split_large_reductions(outputs: list[Node], gpu: Target) -> list[Node]:
     """A reduction with few outputs and a long axis would leave most of the GPU idle (a full sum
     on one block, a column sum on one thread per column): reduce in two stages instead, partial
     results over groups of the axis, then the groups. The scheduler keeps them two kernels.
@@ -48,27 +48,27 @@ def split_large_reductions(outputs: list[Node]) -> list[Node]:
         parts = ir.reshape(x, x.shape[:axis] + (groups, size // groups) + x.shape[axis + 1:])
         return ir.reshape(ir.reduce(n.op, ir.reduce(n.op, parts, (axis + 1,)), (axis,)), n.shape)
 
-    return rewrite(outputs, RuleSet([(Pat(Op.SUM, name="n"), split_k),
+    return rewrite(outputs, RuleSet([(Pat(Op.SUM, name="n"), lambda n: split_k(n, gpu.sms)),
                                      (Pat(pred=lambda n: n.op in (Op.SUM, Op.RMAX), name="n"), split)]))
 
 
 MIN_SPLIT_K = 1024  # the least K a split part keeps
 
 
-def _split_cost(outputs: int, size: int, parts: int) -> float:
+def _split_cost(outputs: int, size: int, parts: int, sms: int) -> float:
     """The time of a contraction split in parts, in units of one K step of a 128 x 256 tile: its
     waves of blocks on the SMs, each block's steps plus a pipeline's fill and epilogue (about 256
     steps' worth), with the tile contraction.plan picks (128 x 128, at 0.59 of the time and 0.85
     of the rate, when 128 x 256 tiles are fewer than the SMs)."""
     blocks, scale = -(-outputs // (128 * 256)) * parts, 1.0
-    if blocks < SMS:
+    if blocks < sms:
         blocks, scale = -(-outputs // (128 * 128)) * parts, 0.5 / 0.85
-    return -(-blocks // SMS) * (size // parts + 256) * scale
+    return -(-blocks // sms) * (size // parts + 256) * scale
 
 
-def split_k(n: Node) -> Node | None:
+def split_k(n: Node, sms: int) -> Node | None:
     """A half-precision contraction with few output tiles and a long K (a weight gradient sums
-    over all 16384 tokens of a GPT-2 step into [768, 768]: 36 tiles of 128 x 128 for 132 SMs)
+    over all 16384 tokens of a GPT-2 step into [768, 768]: 36 tiles of 128 x 128 for the H200's 132 SMs)
     as S contractions over parts of K, each with its own output tiles, summed after; S as
     _split_cost estimates best (768 x 3072 over 16384: 8 parts, 576 blocks). The parts are f32
     sums (a tensor-core contraction's accumulator, contraction.find), added up, rounded once."""
@@ -79,7 +79,7 @@ def split_k(n: Node) -> Node | None:
     (axis,) = n.arg
     size = prod.shape[axis]
     options = [p for p in (1, 2, 4, 8, 16) if size % p == 0 and (p == 1 or size // p >= MIN_SPLIT_K)]
-    parts = min(options, key=lambda p: _split_cost(n.numel, size, p))
+    parts = min(options, key=lambda p: _split_cost(n.numel, size, p, sms))
     if parts == 1:
         return None
     def split(shape: tuple[int, ...]) -> tuple[int, ...]:

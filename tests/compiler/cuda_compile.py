@@ -3,6 +3,7 @@ NVRTC (the compiler Ember itself uses at run time), which pip installs with the 
 (cuda-python and nvidia-cuda-nvrtc) and which needs no GPU or driver."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -35,3 +36,22 @@ def compile_cuda(src: str, arch: str, folder: Path) -> str | None:
     except RuntimeError as e:
         return str(e)[-3000:]
     return None
+
+
+def resource_usage(src: str, arch: str, folder: Path) -> dict[str, tuple[int, int]]:
+    """Each kernel's registers per thread and static shared memory bytes, from ptxas's report
+    (nvcc -Xptxas -v): what a launch on arch needs besides its dynamic shared memory."""
+    assert NVCC is not None
+    path = folder / f"usage_{arch}.cu"
+    path.write_text(src)
+    proc = subprocess.run([NVCC, f"-arch={arch}", "-std=c++17", "-w", "-cubin", "-Xptxas", "-v",
+                           "-o", str(path.with_suffix(".cubin")), str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    usage, name = {}, None
+    for line in proc.stderr.splitlines():
+        if m := re.search(r"Compiling entry function '(\w+)'", line):
+            name = m.group(1)
+        elif (m := re.search(r"Used (\d+) registers", line)) and name:
+            smem = re.search(r"(\d+) bytes smem", line)
+            usage[name] = (int(m.group(1)), int(smem.group(1)) if smem else 0)
+    return usage

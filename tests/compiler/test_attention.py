@@ -314,7 +314,7 @@ def test_tma_layouts_of_the_warp_specialized_kernels(name: str) -> None:
     fused = [k for k in sched.kernels if k.fused is not None]
     assert sorted(k.fused[0].arg[0] for k in fused) == ["attention", "attention_dkdv", "attention_dq"]
     for kernel in fused:
-        assert flash.ws_heads(kernel) is not None and flash.launch(kernel)[1] == flash.WS_THREADS
+        assert flash.ws_heads(kernel) is not None and flash.launch(kernel, 132)[1] == attention.WS_THREADS
         node, bufs, views = kernel.fused
         for i, (buf, offset, dims, strides) in zip(flash._ws_sources(kernel), flash.tma_layouts(kernel)):
             (n_, rows, d), b, view = node.srcs[i].shape, bufs[i], views[i]
@@ -332,13 +332,32 @@ def test_a_grid_past_the_gpus_limit_is_one_clear_error() -> None:
     from ember.backend import cuda
     q, k, v = (ir.param(n, dt.bf16, (1024, 64, 16, 64)) for n in "qkv")
     sched = cuda.prepare([attention_graph(q, k, v, True, dt.bf16)], "sm_86")
-    configs = [cuda.launch_config(k) for k in sched.kernels]
+    configs = [cuda.launch_config(k, sched.target) for k in sched.kernels]
     assert max(gy for (_, gy, _), _, _ in configs) == 65536
     with pytest.raises(RuntimeError, match="allows 65535 along y and z"):
         cuda.check_grids(sched.kernels, configs)
     small = cuda.prepare([attention_graph(*(ir.param(n, dt.bf16, (2, 4, 16, 64)) for n in "qkv"), True, dt.bf16)], "sm_86")
-    cuda.check_grids(small.kernels, [cuda.launch_config(k) for k in small.kernels])
+    cuda.check_grids(small.kernels, [cuda.launch_config(k, small.target) for k in small.kernels])
     hopper = cuda.prepare([attention_graph(q, k, v, True, dt.bf16)], "sm_90a")
-    configs = [cuda.launch_config(k) for k in hopper.kernels if k.fused is not None]
+    configs = [cuda.launch_config(k, hopper.target) for k in hopper.kernels if k.fused is not None]
     assert configs and all(grid == (132, 1, 1) for grid, _, _ in configs)
-    cuda.check_grids(hopper.kernels, [cuda.launch_config(k) for k in hopper.kernels])
+    cuda.check_grids(hopper.kernels, [cuda.launch_config(k, hopper.target) for k in hopper.kernels])
+
+
+def test_flash_plans_are_chosen_before_the_schedule_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture) -> None:
+    """optimize gives each flash kernel its FlashPlan (the warp-specialized one on sm_90a, the
+    cp.async one with EMBER_FLASH_WS=0, a cached schedule missing for the other), and
+    EMBER_DEBUG=2 prints the plans."""
+    from ember.backend import cuda
+    monkeypatch.setenv("EMBER_CACHE", str(tmp_path))
+    outputs = case("bf16_heads")[0]
+
+    def plans(arch: str) -> list:
+        return [k.plan for k in cuda.prepare(outputs, arch).kernels if k.fused is not None]
+    assert all(isinstance(p, attention.FlashPlan) and p.wgmma and p.heads for p in plans("sm_90a"))
+    monkeypatch.setenv("EMBER_FLASH_WS", "0")
+    assert all(p.wgmma and not p.heads for p in plans("sm_90a"))
+    monkeypatch.setenv("EMBER_DEBUG", "2")
+    assert not any(p.wgmma for p in plans("sm_86"))
+    assert "attention: flash: 128 rows, tiles of 64, 128 threads, mma.sync" in capsys.readouterr().err

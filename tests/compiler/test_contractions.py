@@ -8,6 +8,7 @@ exact in f32, so tensor cores (exact products, f32 sums) and the reference (prod
 the dtype) agree to the last bit, and a wrong fragment or a wrong edge shows as a mismatch."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from ember.backend import cuda, run_values
 from ember.compiler import contraction, optimize
 from ember.compiler.schedule import schedule
 from ember.ir import Node, Op
+from ember.target import cpu, gpu
 
 from .cuda_compile import COMPILER, compile_cuda
 from .randprog import compare
@@ -105,7 +107,9 @@ GPU_CASES = CASES + ["f32"]   # f32 on FMA register tiles
 
 def _kernels(outputs: list[Node], arch: str = "sm_90", target: str = "cuda") -> list:
     sched = schedule(outputs)
-    optimize.optimize(sched, target=target, arch=arch)
+    # sm_75: a GPU without the tensor-core instructions the plans use (ldmatrix, cp.async)
+    turing = dataclasses.replace(gpu("sm_86"), arch="sm_75", tensor_cores=())
+    optimize.optimize(sched, (turing if arch == "sm_75" else gpu(arch)) if target == "cuda" else cpu())
     return sched.kernels
 
 
@@ -119,7 +123,7 @@ def _inputs(outputs: list[Node]) -> dict[Node, np.ndarray]:
 def test_packed_cpu_matches_reference(name: str) -> None:
     outputs, (a_kmajor, b_kmajor) = case(name)
     (k,) = _kernels(outputs, target="c")
-    assert k.contraction is not None and (k.contraction[0].a.k_major, k.contraction[0].b.k_major) == (a_kmajor, b_kmajor)
+    assert k.contraction is not None and (k.contraction.a.k_major, k.contraction.b.k_major) == (a_kmajor, b_kmajor)
     inputs = _inputs(outputs)
     got = backends.BACKENDS["c"].run(outputs, inputs)
     want = ref.evaluate(outputs, inputs)
@@ -131,20 +135,20 @@ def test_contraction_is_recognized(name: str) -> None:
     outputs, (a_kmajor, b_kmajor) = case(name)
     (k,) = _kernels(outputs)
     assert k.contraction is not None, name
-    c, _ = k.contraction
+    c = k.contraction
     assert (c.a.k_major, c.b.k_major) == (a_kmajor, b_kmajor)
 
 
 def test_output_ranges_merge_into_one_side() -> None:
     (k,) = _kernels(case("conv_like")[0])
-    c, _ = k.contraction
+    c = k.contraction
     assert c.mnk == (40, 2 * 6 * 10, 64) and [r.arg[1] for r in c.j_parts] == [2, 6, 10] and not c.batch
     assert c.names("ei", "ej")[c.j_parts[1]] == "((ej / 10) % 6)" and c.pair_store
 
 
 def test_reduced_ranges_that_do_not_chain_stay_parts_of_k() -> None:
     (k,) = _kernels(case("k_parts")[0])
-    c, _ = k.contraction
+    c = k.contraction
     assert c.mnk == (40, 64, 2 * 64) and [r.arg[1] for r in c.k_parts] == [2, 64]
     assert c.offset(c.a, c.k, "gk") == "((long long)(((gk) % 64)) * 1 + (long long)((gk) / 64) * 2560)"
 
@@ -191,24 +195,25 @@ def test_search_keeps_the_fastest_plan_and_reuses_it(tmp_path: Path, monkeypatch
     monkeypatch.setenv("EMBER_CACHE", str(tmp_path))
     monkeypatch.setenv("EMBER_SEARCH", "1")
     (k,) = _kernels(case("bf16_aligned")[0], arch="sm_90a")
-    plans = search.candidates(k.contraction[0], "sm_90a")
-    assert plans[0] == k.contraction[1] and len(plans) == len(set(plans)) > 4  # the heuristic's first
+    plans = search.candidates(k.contraction, gpu("sm_90a"))
+    assert plans[0] == k.plan and len(plans) == len(set(plans)) > 4  # the heuristic's first
     assert all(contraction.smem_bytes(p) <= 227 * 1024 for p in plans)
     fastest = plans[3]
     timed = []
 
     def timer(kernel):  # a fake GPU: one plan is fastest
-        timed.append(kernel.contraction[1])
-        return 1.0 if kernel.contraction[1] == fastest else 2.0
-    search.choose([k], "sm_90a", "Fake GPU", timer)
-    assert k.contraction[1] == fastest and timed == plans
+        timed.append(kernel.plan)
+        return 1.0 if kernel.plan == fastest else 2.0
+    fake, other_gpu = (dataclasses.replace(gpu("sm_90a"), name=n) for n in ("Fake GPU", "Other GPU"))
+    search.choose([k], fake, timer)
+    assert k.plan == fastest and timed == plans
     monkeypatch.delenv("EMBER_SEARCH")
     (again,) = _kernels(case("bf16_aligned")[0], arch="sm_90a")
-    search.choose([again], "sm_90a", "Fake GPU", lambda kernel: pytest.fail("searched again"))
-    assert again.contraction[1] == fastest
+    search.choose([again], fake, lambda kernel: pytest.fail("searched again"))
+    assert again.plan == fastest
     (other,) = _kernels(case("bf16_aligned")[0], arch="sm_90a")
-    search.choose([other], "sm_90a", "Other GPU", timer)  # no search, nothing stored: the heuristic's plan
-    assert other.contraction[1] == plans[0]
+    search.choose([other], other_gpu, timer)  # no search, nothing stored: the heuristic's plan
+    assert other.plan == plans[0]
 
 
 def _conv(dtype: str, channels: int) -> tuple[list[Node], list[Node]]:
@@ -227,7 +232,7 @@ def test_convolution_reads_its_windows_in_place(arch: str) -> None:
     order, the product). With 3 channels the 16-byte rows do not fit: im2col, 4 kernels."""
     _, outputs = _conv("bfloat16", 16)
     kernels = _kernels(outputs, arch=arch)
-    (c,) = [k.contraction[0] for k in kernels if k.contraction]
+    (c,) = [k.contraction for k in kernels if k.contraction]
     assert len(kernels) == 3 and [r.arg[1] for r in c.j_parts] == [2, 9, 11] and [r.arg[1] for r in c.k_parts] == [3, 48]
     assert len(_kernels(_conv("bfloat16", 3)[1], arch=arch)) == 4
 
@@ -250,7 +255,7 @@ def test_tma_boxes_and_where_tma_is_not_used() -> None:
 
     def plan_of(name: str) -> tuple:
         (k,) = [k for k in _kernels(case(name)[0], arch="sm_90a") if k.contraction]
-        return k.contraction
+        return k.contraction, k.plan
 
     c, p = plan_of("b_transposed")   # x [130, 64] @ W.T, W [48, 64]: both K-major
     assert p.tma and p.threads == 128 * (p.warps_m + 1)
@@ -264,7 +269,7 @@ def test_tma_boxes_and_where_tma_is_not_used() -> None:
         assert not plan_of(name)[1].tma
     c, p = plan_of("bf16_aligned")   # B [128 (k), 192 (n)] row-major: MN-major
     assert p.tma and mma._tma_box(c, c.b, p) == ([192, 128], [1, 192], [64, 64])
-    assert all(not k.contraction[1].tma for k in _kernels(case("bf16_aligned")[0], arch="sm_86") if k.contraction)
+    assert all(not k.plan.tma for k in _kernels(case("bf16_aligned")[0], arch="sm_86") if k.contraction)
 
 
 def test_tile_order_is_a_permutation() -> None:
@@ -290,7 +295,7 @@ def test_epilogue_of_whole_tiles_converts_once_and_tests_no_edges() -> None:
     """A bf16 product stored as is: its accumulator is converted to bf16 bits once (not rounded,
     widened and converted again: the same bits), and where every tile is whole (16384 x 3072 in
     128 x 256 tiles) the epilogue tests no edges; 50304 columns keep the guard."""
-    from ember.backend.cuda import _one_call
+    from ember.backend.cuda_render import _one_call
     a, b = ir.param("a", BF16, (16384, 768)), ir.param("b", BF16, (768, 3072))
     src = cuda.source([matmul(a, b)], "sm_90a")
     assert "ember_bf16_bits_op(acc[y][h])" in src and "if (ei <" not in src
@@ -305,12 +310,11 @@ def test_tma_store_where_the_output_allows() -> None:
     (4-byte elements, an odd row, a decoded range) keep the stores from registers. A plan with
     the store gives up slots to fit the output tile in shared memory."""
     from ember.backend import mma
-    from ember.compiler.contraction import SMEM_LIMIT
-    room = SMEM_LIMIT["sm_90a"] * 1024
+    room = gpu("sm_90a").smem_block
 
     def plan_of(name: str) -> tuple:
         (k,) = [k for k in _kernels(case(name)[0], arch="sm_90a") if k.contraction]
-        return k.contraction
+        return k.contraction, k.plan
 
     c, p = plan_of("bf16_aligned")   # [256, 192] bf16
     assert p.tma_store and mma._tma_out_box(c) == ([192, 256], [1, 192], [64, 64])
@@ -321,7 +325,7 @@ def test_tma_store_where_the_output_allows() -> None:
         assert not plan_of(name)[1].tma_store, name
     a, b = ir.param("a", BF16, (16384, 768)), ir.param("b", BF16, (768, 3072))   # GPT-2's fc
     (k,) = [k for k in _kernels([matmul(a, b)], arch="sm_90a") if k.contraction]
-    _, p = k.contraction
+    p = k.plan
     assert p.tma_store and p.stages == 3 and contraction.smem_bytes(p) <= room
     src = cuda.source([matmul(a, b)], "sm_90a")
     assert src.count("ember_tma_store2(ep + ") == p.block_n // 64 and "ember_bulk_wait();" in src

@@ -13,6 +13,7 @@ from ember import backends, ref, text
 from ember import dtype as dt
 from ember.backend import cuda
 from ember.compiler.split import split_large_reductions
+from ember.target import gpu
 
 from .cuda_compile import COMPILER, compile_cuda
 from .randprog import compare, random_program
@@ -45,11 +46,11 @@ def test_every_generated_kernel_compiles(arch: str, tmp_path: Path) -> None:
 
 def test_launch_shapes() -> None:
     softmax = text.parse_file(str(Path(__file__).parents[1] / "eir/compositions/softmax_129.eir")).output_nodes
-    (k,) = cuda.prepare(softmax).kernels
-    assert cuda.launch_config(k) == ((3, 1, 1), 64, 0)  # a block per row, of 64 threads for 129 values
+    (k,) = (sched := cuda.prepare(softmax)).kernels
+    assert cuda.launch_config(k, sched.target) == ((3, 1, 1), 64, 0)  # a block per row, of 64 threads for 129 values
     colsum = text.parse("ember 1\nx = param f32[64,300]\ns = sum x axes=[0]\nreturn s\n").output_nodes
-    (k,) = cuda.prepare(colsum).kernels
-    assert cuda.launch_config(k) == ((2, 1, 1), cuda.BLOCK, 0)  # a thread per column (too few to give each 4), coalesced
+    (k,) = (sched := cuda.prepare(colsum)).kernels
+    assert cuda.launch_config(k, sched.target) == ((2, 1, 1), cuda.BLOCK, 0)  # a thread per column (too few to give each 4), coalesced
     big_colsum = text.parse("ember 1\nx = param f32[8192,4096]\ns = sum x axes=[0]\nreturn s\n").output_nodes
     assert len(cuda.prepare(big_colsum).kernels) == 2  # partial sums over groups of rows, then the groups
     full = text.parse("ember 1\nx = param f32[1024,1024]\ns = sum x axes=[0,1]\nreturn s\n").output_nodes
@@ -68,7 +69,7 @@ def test_long_1d_full_reduction_is_split_across_blocks() -> None:
     from ember.ir import Op
     x = ir.param("x", dt.f64, (1 << 20,))
     out = ir.reduce(Op.SUM, x, (0,))
-    (split,) = split_large_reductions([out])
+    (split,) = split_large_reductions([out], gpu("sm_86"))
     assert split is not out and len(cuda.prepare([out]).kernels) == 2
     v = np.random.default_rng(0).standard_normal(1 << 20)
     np.testing.assert_allclose(ref.evaluate([split], {x: v})[0], ref.evaluate([out], {x: v})[0], rtol=1e-12)
@@ -78,7 +79,7 @@ def test_embedding_gradient_is_a_scatter() -> None:
     from .test_gpu_plans import embedding_grad
     kernels = cuda.prepare([embedding_grad()], "sm_90a").kernels
     (scatter,) = [k for k in kernels if k.atomic]
-    assert "atomicAdd(&" in cuda.CUDARenderer().render_kernel(scatter)
+    assert "atomicAdd(&" in cuda.CUDARenderer(gpu("sm_90a")).render_kernel(scatter)
     assert [r.arg[1] for r in scatter.ranges[:2]] == [5, 7]  # a thread per gathered row, not per table row
 
 
@@ -87,13 +88,13 @@ def test_program_units_compile_on_their_own(tmp_path: Path, monkeypatch: pytest.
     """CUDAProgram compiles its kernels as several units at once: each unit stands alone."""
     import os
 
-    from ember.compiler import batch
+    from ember.compiler import merge
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
-    monkeypatch.setattr(batch, "SMALL_THREADS", 0)   # the corpus's kernels would be a few batches
+    monkeypatch.setattr(merge, "SMALL_THREADS", 0)   # the corpus's kernels would be a few merged ones
     programs = [text.parse_file(str(p)).output_nodes for p in CORPUS[:40]]
     outputs = [o for outputs in programs for o in outputs]
     kernels = cuda.prepare(outputs, "sm_86").kernels
-    units = cuda.render_units(kernels)
+    units = cuda.render_units(kernels, gpu("sm_86"))
     assert len(units) == min(3, len(kernels) // 8) and sum(len(ks) for _, ks in units) == len(kernels)
     for i, (src, _) in enumerate(units):
         assert compile_cuda(src, "sm_86", tmp_path) is None, f"unit {i}"
@@ -113,9 +114,9 @@ def test_few_outputs_of_long_reductions_are_split() -> None:
         x = ir.param("x", dt.f64, shape)
         out = ir.reduce(Op.SUM, x, axes)
         kernels = cuda.prepare([out]).kernels
-        blocks = [cuda.launch_config(k)[0][0] for k in kernels]
+        blocks = [cuda.launch_config(k, gpu("sm_86"))[0][0] for k in kernels]
         assert len(kernels) == 2 and blocks[0] >= 64, (shape, blocks)
-        (split,) = split_large_reductions([out])
+        (split,) = split_large_reductions([out], gpu("sm_86"))
         v = np.random.default_rng(0).standard_normal(shape)
         np.testing.assert_allclose(ref.evaluate([split], {x: v})[0], ref.evaluate([out], {x: v})[0], rtol=1e-12,
                                    atol=1e-9)
@@ -159,11 +160,11 @@ def test_a_long_contraction_with_few_tiles_is_split_over_k(monkeypatch: pytest.M
         return a, b, ir.reduce(Op.SUM, ir.binary(Op.MUL, ir.expand(a, (k, m, n)), ir.expand(b, (k, m, n))), (0,))
 
     *_, dw = weight_grad(16384, 768, 768)   # GPT-2's attention projection: 18 tiles of 128 x 256
-    (c,) = [k.contraction[0] for k in cuda.prepare([dw], "sm_90a").kernels if k.contraction]
+    (c,) = [k.contraction for k in cuda.prepare([dw], "sm_90a").kernels if k.contraction]
     assert c.batch_size == 16 and c.mnk == (768, 768, 1024) and c.dtype is dt.bf16
     monkeypatch.setattr(split, "MIN_SPLIT_K", 64)   # the value, at a size the reference evaluates
     a, b, dw = weight_grad(512, 32, 16)
-    parted = split.split_k(dw)
+    parted = split.split_k(dw, 132)
     assert parted is not None
     rng = np.random.default_rng(0)
     values = {p: (rng.standard_normal(p.shape).astype(np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32)
@@ -178,9 +179,9 @@ def test_small_kernels_run_as_batches() -> None:
     from .test_gpu_plans import small_batches
     two_a, b1, c_sum, after, big = outputs = small_batches()
     kernels = cuda.prepare(outputs, "sm_90a").kernels
-    writes = [[m.out.node for m in k.batch or [k]] for k in kernels]
-    assert writes == [[big], [two_a, b1, c_sum], [after]] and kernels[1].batch and kernels[2].batch is None
-    assert cuda.launch_config(kernels[1])[0] == (1 + 3 + 1, 1, 1)   # 768 / 4, 3000 / 4 and 5 threads
+    writes = [[m.out.node for m in k.members or [k]] for k in kernels]
+    assert writes == [[big], [two_a, b1, c_sum], [after]] and kernels[1].members and kernels[2].members is None
+    assert cuda.launch_config(kernels[1], gpu("sm_90a"))[0] == (1 + 3 + 1, 1, 1)   # 768 / 4, 3000 / 4 and 5 threads
     assert cuda.render(cuda.prepare(outputs, "sm_90a")).count("int ember_block = blockIdx.x;") == 1
 
 

@@ -9,6 +9,7 @@ import pytest
 from ember import text
 from ember.backend import c, cuda
 from ember.compiler import pipeline, store
+from ember.target import cpu
 
 EIR = Path(__file__).parents[1] / "eir"
 PROGRAMS = ["compositions/softmax.eir", "compositions/layernorm.eir", "compositions/batched_matmul_transposed.eir",
@@ -46,9 +47,9 @@ def test_loaded_flash_attention_renders_the_same_source(cache: Path) -> None:
 
 def test_loaded_schedule_takes_the_callers_params(monkeypatch: pytest.MonkeyPatch) -> None:
     outputs = _outputs("compositions/softmax.eir")
-    first = pipeline.compile_schedule(outputs, "c")
+    first = pipeline.compile_schedule(outputs, cpu())
     monkeypatch.setattr(pipeline, "_compile", lambda *a: pytest.fail("compiled again"))
-    again = pipeline.compile_schedule(outputs, "c")
+    again = pipeline.compile_schedule(outputs, cpu())
     assert again is not first and list(again.inputs) == list(first.inputs)   # the same param nodes
     assert [b.node for b in again.outputs] == [b.node for b in first.outputs]
 
@@ -90,7 +91,7 @@ def test_a_planted_entry_builds_nothing_but_embers_own_types(cache: Path, tmp_pa
 
 def test_an_edited_entry_fails_its_hash(cache: Path) -> None:
     outputs = _outputs("compositions/softmax.eir")
-    pipeline.compile_schedule(outputs, "c")
+    pipeline.compile_schedule(outputs, cpu())
     (entry,) = cache.iterdir()
     entry.write_bytes(entry.read_bytes().replace(b'"f32"', b'"f64"', 1))
     assert store.load(entry.stem) is None

@@ -74,5 +74,5 @@ def test_nvvm_compares_i8_maxima_in_32_bits(tmp_path: Path) -> None:
 
 def test_c_kernels_with_lanes_skip_the_loop_vectorizer() -> None:
     from ember.backend import c
-    text = c.render(c.compile(parse_file(str(HERE / "gcc12_lanes_in_short_loop.eir")).output_nodes).sched).text
+    text = c.render(c.program(parse_file(str(HERE / "gcc12_lanes_in_short_loop.eir")).output_nodes).sched).text
     assert 'optimize("no-tree-loop-vectorize")' in text

@@ -46,7 +46,7 @@ def test_autocast_puts_every_matmul_on_tensor_cores() -> None:
     opt.steps += 1
     outs = [loss.node] + [new.node for _, new in opt.updates()]
     kernels = cuda.prepare(outs, "sm_90a").kernels
-    plans = [k.contraction for k in kernels if k.contraction]
+    plans = [(k.contraction, k.plan) for k in kernels if k.contraction]
     assert len(plans) >= 10 and all(c.dtype is ember.dtype.bf16 and p.instruction != "fma" for c, p in plans)
 
 

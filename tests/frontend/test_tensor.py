@@ -144,8 +144,8 @@ def test_training_step_compiles_once() -> None:
         opt.step()
         losses.append(loss.item())
         if step == 1:
-            programs = len(c.compile.programs)
-    assert len(c.compile.programs) == programs  # steps 2..7 replayed the compiled program
+            programs = len(c.program.programs)
+    assert len(c.program.programs) == programs  # steps 2..7 replayed the compiled program
     assert losses[-1] < losses[0]
 
 
@@ -168,7 +168,7 @@ def test_state_dict_round_trip(tmp_path) -> None:  # type: ignore[no-untyped-def
 
 def test_random_draws_of_a_shape_share_one_program() -> None:
     """The seed is data, not a constant: five draws of one shape compile one program."""
-    before = len(c.compile.programs)
+    before = len(c.program.programs)
     draws = [et.rand(37, 3).numpy() for _ in range(5)]
-    assert len(c.compile.programs) - before <= 1
+    assert len(c.program.programs) - before <= 1
     assert not np.array_equal(draws[0], draws[1])

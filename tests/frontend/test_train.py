@@ -174,9 +174,9 @@ def test_kv_cache_decoding_matches_the_full_forward(arch: str) -> None:
         caches[0].pos.assign(et.Tensor(np.array([i], np.int64)))
         steps.append(model.decode(et.Tensor(ids[:, i:i + 1]), caches).numpy())
         if i == 0:
-            programs = len(c.compile.programs)
+            programs = len(c.program.programs)
     np.testing.assert_allclose(np.stack(steps, 1), full, rtol=1e-5, atol=1e-5)
-    assert len(c.compile.programs) == programs  # positions 1-6 compiled nothing new
+    assert len(c.program.programs) == programs  # positions 1-6 compiled nothing new
 
 
 def test_tied_embedding_is_one_parameter() -> None:

@@ -4,7 +4,8 @@ A training step's optimizer updates the layernorm weights and the biases one ten
 GPT-2 124M has about 500 kernels of one to sixteen blocks, each costing a launch and a drain of
 the GPU (2-6 us) for microseconds of work. Small kernels whose outputs no large kernel reads
 move to the end of the program, in order; there, each group that does not depend on itself
-becomes one kernel (a batch) whose blocks run each member's code in turn. The members read and
+becomes one merged kernel (`Kernel.members`; its name: b and the first member's) whose blocks
+run each member's code in turn. The members read and
 write what they did; the memory plan is made again for the new order.
 """
 from __future__ import annotations
@@ -19,16 +20,16 @@ SMALL_TEMP_BYTES = 4 << 20     # and it may wait for the end only if the tempora
 
 
 def simple(k: Kernel) -> bool:
-    """A thread per output (times its lanes): the kind a batch can run block by block."""
+    """A thread per output (times its lanes): the kind a merged kernel can run block by block."""
     return (k.rows is None and k.threads is None and not k.stages and not k.atomic and k.contraction is None
-            and k.fused is None and k.batch is None and k.online is None)
+            and k.fused is None and k.members is None and k.online is None)
 
 
 def threads(k: Kernel) -> int:
     return math.prod(r.arg[1] for r in k.ranges if r not in k.lanes)
 
 
-def batch_small(sched: Schedule) -> None:
+def merge_small(sched: Schedule) -> None:
     kernels = sched.kernels
     small = {id(k) for k in kernels if simple(k) and threads(k) <= SMALL_THREADS and
              all(b.kind != "temp" or b.nbytes <= SMALL_TEMP_BYTES for b in k.reads)}
@@ -51,12 +52,12 @@ def batch_small(sched: Schedule) -> None:
     groups: dict[int, list[Kernel]] = {}
     for k in moved:
         groups.setdefault(level[k.out.id], []).append(k)
-    batches = [group[0] if len(group) == 1 else _batch(group) for _, group in sorted(groups.items())]
-    sched.kernels = [k for k in kernels if id(k) not in small] + batches
+    merged = [group[0] if len(group) == 1 else _merged(group) for _, group in sorted(groups.items())]
+    sched.kernels = [k for k in kernels if id(k) not in small] + merged
     sched.slots = plan_memory(sched)
 
 
-def _batch(members: list[Kernel]) -> Kernel:
+def _merged(members: list[Kernel]) -> Kernel:
     first = members[0]
     reads = {b.id: b for m in members for b in [m.out, *m.reads] if b.id != first.out.id}
-    return Kernel(f"b{first.name}", first.out, [], first.store, list(reads.values()), batch=members)
+    return Kernel(f"b{first.name}", first.out, [], first.store, list(reads.values()), members=members)

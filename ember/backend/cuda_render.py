@@ -1,0 +1,353 @@
+"""The CUDA renderer: the lowered kernels as CUDA C++ source, and each one's launch
+configuration (the runtime, backend/cuda.py, compiles and launches them).
+
+Two kernel shapes, chosen per kernel from its reductions:
+- thread per output: the output ranges are decoded from the global thread index; reductions
+  run as loops inside the thread (elementwise kernels; reductions over a strided axis, such as
+  column sums, which stay coalesced because neighbouring threads read neighbouring columns);
+- block per row: the ranges every reduction depends on (a prefix of the output ranges, the
+  row) come from the block index; each reduction is strided over the block's threads and
+  combined with warp shuffles and shared memory; the remaining output ranges are strided over
+  the threads (softmax, layernorm, row sums).
+Source generation needs no GPU (CI compiles every kernel with nvcc); running needs cuda-python.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from .. import dtype as dt
+from ..compiler import merge
+from ..compiler.attention import FlashPlan
+from ..compiler.contraction import GpuPlan
+from ..compiler.lower import Kernel
+from ..compiler.rewrite import substitute
+from ..compiler.schedule import Schedule
+from ..dtype import DType
+from ..ir import Node, Op, toposort
+from ..target import Target
+from . import flash, mma
+from .render import HALF_HELPERS, CLike, KernelWriter, Scope, include
+
+BLOCK = 256
+# the plan families that render and launch by their plan's type: the module of each (render,
+# launch, helpers); the others still branch on Kernel's fields below
+FAMILIES = {FlashPlan: flash, GpuPlan: mma}
+ROW_CACHE_REGS = 32   # registers a thread may keep of its row (finish): 1024-thread blocks have 64
+
+PRELUDE = include("prelude.cuh") + HALF_HELPERS + include("prelude_ops.cuh")
+
+
+class CUDARenderer(CLike):
+    restrict = "__restrict__"
+    store_rounded = True
+    math32 = {Op.SQRT: "sqrtf", Op.EXP2: "exp2f", Op.LOG2: "log2f", Op.SIN: "sinf", Op.TRUNC: "truncf"}
+
+    def __init__(self, gpu: Target) -> None:
+        super().__init__()
+        self.gpu = gpu
+
+    def alu(self, n: Node, a: list[str], no_overflow: bool = False) -> str:
+        if n.op is Op.MAX and n.dtype.is_int:  # see ember_imax in the prelude: a ptxas miscompile
+            return f"ember_imax<{n.dtype.c_name}>({a[0]}, {a[1]})"
+        if n.dtype is dt.bf16 and n.op in BF16_FMA:   # rounded by the instruction itself
+            return BF16_FMA[n.op].format(*a)
+        if n.dtype in (dt.bf16, dt.f16) and n.op in (Op.EXP2, Op.DIV):   # 16-bit results: see the prelude
+            return f"ember_ex2({a[0]})" if n.op is Op.EXP2 else f"ember_div16({a[0]}, {a[1]})"
+        return super().alu(n, a, no_overflow)
+
+    def round_result(self, d: DType, expr: str) -> str:
+        if d is dt.bf16 and _call_of(expr, "ember_bf16_fma"):
+            return expr
+        return f"ember_round_bf16_op({expr})" if d is dt.bf16 else self.round_to(d, expr)
+
+    def store_value(self, v: str, d: DType) -> str:
+        # an op's result rounded where it is stored (a contraction's epilogue): converted once,
+        # not rounded, widened and converted again (the same bits: its NaN is the canonical one)
+        if d is dt.bf16 and _call_of(v, "ember_round_bf16_op"):
+            return f"ember_bf16_bits_op{v[len('ember_round_bf16_op'):]}"
+        if d is dt.bf16 and _call_of(v, "ember_bf16_fma"):   # a bf16 value already: its upper half
+            return f"((unsigned short)(__float_as_uint({v}) >> 16))"
+        return super().store_value(v, d)
+
+    def cast(self, x: str, src: DType, d: DType) -> str:
+        if d.is_float and src.is_int and src.bits < 32:
+            # through int: NVVM of CUDA 13.0 dropped the 8-bit sign extension of some lanes of a
+            # 16-byte i8 load before `cvt.rn.f32.s16` (i8 sums cast to f32 came out wrong; the
+            # PTX already was). From int it emits cvt.s32.s8, right in every lane (issue 14).
+            x = f"((int)({x}))"
+        return super().cast(x, src, d)
+
+    def acc_ctype(self, op: Op, d: DType) -> str:
+        # 8- and 16-bit integer maxima accumulate in int: NVVM of CUDA 13.0 dropped the sign
+        # extension of an i8 sum before the 16-bit compare it made of an i8 max (a max over
+        # iota + x came out wrong: tests/compiler/toolchain/nvvm13_i8_max.eir). In int it keeps it.
+        return "int" if op is Op.RMAX and d.is_int and d.bits < 32 else self.ctype(d)
+
+    def combine(self, op: Op, d: DType, acc: str, v: str) -> str:
+        if op is Op.RMAX and d.is_int:
+            t = self.acc_ctype(op, d)
+            return f"ember_imax<{t}>({acc}, ({t})({v}))"
+        return super().combine(op, d, acc, v)
+
+    def loop_header(self, r: Node, var: str, lane: bool, parallel: bool, uneven: bool = False) -> list[str]:
+        return (["#pragma unroll"] if lane else []) + [f"for ({r.dtype.c_name} {var} = 0; {var} < {r.arg[1]}; {var}++)"]
+
+    def stage_open(self, name: str, ctype: str, size: int, count: int, var: str) -> tuple[list[str], list[str]]:
+        # the block fills shared memory together; the barrier first: others may still read the last tile
+        return ([f"__shared__ {ctype} {name}[{size}];", "__syncthreads();"],
+                [f"for (int {var} = threadIdx.x; {var} < {count}; {var} += blockDim.x)"])
+
+    def stage_close(self) -> list[str]:
+        return ["__syncthreads();"]
+
+    def render_kernel(self, k: Kernel, prefix: str = "") -> str:
+        if k.members is not None:
+            return self.render_merged(k, prefix)
+        if type(k.plan) in FAMILIES:
+            return FAMILIES[type(k.plan)].render(self, k, prefix)
+        return CUDAKernelWriter(self, k, prefix).write()
+
+    def render_merged(self, k: Kernel, prefix: str) -> str:
+        """The members as device functions, and the kernel that gives each its blocks."""
+        assert k.members is not None
+        members = "".join(CUDAKernelWriter(self, m, prefix, member=True).write() for m in k.members)
+        written = {m.out.id for m in k.members}
+        params = ", ".join(f"{'' if b.id in written else 'const '}{self.stype(b.dtype)}* {self.restrict} b{b.id}"
+                           for b in k.args)
+        body = ["  int ember_block = blockIdx.x;"]
+        for m in k.members:
+            blocks = launch_config(m, self.gpu)[0][0]
+            args = ", ".join(f"b{b.id}" for b in m.args)
+            body += [f"  if (ember_block < {blocks}) {{ {prefix}{m.name}({args}, ember_block); return; }}",
+                     f"  ember_block -= {blocks};"]
+        return (members + f"extern \"C\" __global__ void __launch_bounds__({BLOCK}) {prefix}{k.name}({params}) {{\n"
+                + "\n".join(body[:-1]) + "\n}\n")
+
+
+BF16_FMA = {Op.ADD: "ember_bf16_fma({0}, 1.0f, {1})", Op.SUB: "ember_bf16_fma({1}, -1.0f, {0})",
+            Op.MUL: "ember_bf16_fma({0}, {1}, -0.0f)"}
+
+
+def _call_of(expr: str, fn: str) -> bool:
+    """Whether expr is one call of fn."""
+    return expr.startswith(fn + "(") and _one_call(expr[len(fn):])
+
+
+def _one_call(args: str) -> bool:
+    """Whether args, "(...)", is one parenthesized group (its first "(" closes at the end)."""
+    depth = 0
+    for i, ch in enumerate(args):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0:
+            return i == len(args) - 1
+    return False
+
+
+def block_size(k: Kernel) -> int:
+    """Threads per block. Blocks that share long row reductions get 1024 threads: fewer rows in
+    flight, so a row read again by a later pass of the kernel is still in L2."""
+    if k.threads is not None:
+        return math.prod(r.arg[1] for r in k.threads)
+    if k.rows is not None:
+        reduces = [n for n in toposort([k.store]) if n.op is Op.REDUCE]
+        longest = max((math.prod(r.arg[1] for r in n.arg[1]) for n in reduces), default=0)
+        if longest >= 8192:
+            return 1024
+        # a short row (layernorm's 768, in 192 vectors): threads with two steps or more each,
+        # and more rows in flight (256 threads left a quarter idle, at 2.5 TB/s)
+        steps = max((math.prod(r.arg[1] for r in n.arg[1] if r not in k.lanes) for n in reduces), default=0)
+        return min(BLOCK, max(64, 1 << max(0, (steps // 2).bit_length() - 1)))
+    return BLOCK
+
+
+GRID_YZ = 65535   # the most blocks a grid has along y and along z (x: 2^31 - 1)
+
+
+def check_grids(kernels: list[Kernel], configs: list[tuple[tuple[int, int, int], int, int]]) -> None:
+    """One clear error, before any launch, where a kernel's grid passes the GPU's limits (a batch
+    of over 65535 products or attention heads), not the driver's CUDA_ERROR_INVALID_VALUE later."""
+    for k, ((gx, gy, gz), _, _) in zip(kernels, configs):
+        if gy > GRID_YZ or gz > GRID_YZ or gx >= 2 ** 31:
+            what = "attention heads x batch" if k.fused is not None else "blocks"
+            raise RuntimeError(f"kernel {k.name} ({k.kind}) needs a grid of {gx} x {gy} x {gz} blocks; the GPU "
+                               f"allows {GRID_YZ} along y and z ({what} too many: split the batch)")
+
+
+def launch_config(k: Kernel, gpu: Target) -> tuple[tuple[int, int, int], int, int]:
+    """(grid, threads per block, dynamic shared memory bytes), from the plan optimize made for gpu."""
+    if type(k.plan) in FAMILIES:
+        return FAMILIES[type(k.plan)].launch(k, gpu.sms)
+    if k.members is not None:   # every member's blocks, one after the other
+        return (sum(launch_config(m, gpu)[0][0] for m in k.members), 1, 1), BLOCK, 0
+    if k.rows is not None:
+        return (max(1, math.prod(r.arg[1] for r in k.rows)), 1, 1), block_size(k), 0
+    return (max(1, -(-merge.threads(k) // BLOCK)), 1, 1), BLOCK, 0
+
+
+class CUDAKernelWriter(KernelWriter):
+    vector_bytes = 16
+
+    def __init__(self, r: CLike, k: Kernel, prefix: str = "", member: bool = False):
+        """member: a merged kernel's member (merge.py), a device function given its block index."""
+        super().__init__(r, k, prefix)
+        self.block_scope: Scope | None = None
+        self.member = member
+        self.unrolled: dict[Node, tuple[int, int]] = {}   # row range -> (steps, threads): cooperative_loop
+        self.row_reads: dict[tuple, list] = {}   # a row's part read by unrolled loops -> the reads (finish)
+
+    def signature(self) -> str:
+        if self.member:
+            return "__device__ static __forceinline__ " + super().signature()[:-1] + ", int ember_block)"
+        bounds = block_size(self.k)
+        return f"extern \"C\" __global__ void __launch_bounds__({bounds}) " + super().signature()[len("void "):]
+
+    def open_outputs(self, root: Scope) -> Scope:
+        k = self.k
+        # every buffer starts a cuMemAlloc allocation (256-byte aligned): with that known, nvcc
+        # merges a thread's consecutive loads into 16-byte ones
+        for b in [k.out, *k.reads]:
+            typ = ("" if b is k.out else "const ") + self.r.stype(b.dtype)
+            root.put(f"b{b.id} = ({typ}*)__builtin_assume_aligned(b{b.id}, 16);")
+        if k.threads is not None:  # a tile: block and thread indices, then the register lanes
+            self.decode(root, "blockIdx.x", k.rows or [])
+            self.decode(root, "threadIdx.x", k.threads)
+            root.avail = frozenset([*(k.rows or []), *k.threads])
+            self.fill_stages(None, root)
+            scope = root
+            for r in [r for r in k.ranges if r in k.lanes]:
+                scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
+            return scope
+        if k.rows is None:  # a thread per output (times its lanes)
+            outer = [r for r in k.ranges if r not in k.lanes]
+            total = math.prod(r.arg[1] for r in outer)
+            block = "ember_block" if self.member else "blockIdx.x"
+            if total >= 1 << 31:  # 64-bit indexing (symbolic.index_type)
+                root.put(f"long long gid = (long long){block} * blockDim.x + threadIdx.x;")
+            else:
+                root.put(f"int gid = {block} * blockDim.x + threadIdx.x;")
+            root.put(f"if (gid >= {total}) return;")
+            self.decode(root, "gid", outer)
+            root.avail = frozenset(outer)
+            scope = root
+            for r in [r for r in k.ranges if r in k.lanes]:
+                scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
+            return scope
+        self.decode(root, "blockIdx.x", k.rows)  # a block per row: the root scope is the block's
+        root.avail = frozenset(k.rows)
+        scope = self.block_scope = root
+        inner = [r for r in k.ranges if r not in k.rows and r not in k.lanes]
+        for i, r in enumerate(inner):
+            v = self.range_var(r)
+            t = r.dtype.c_name
+            head = self.cooperative_loop(r) if i == len(inner) - 1 else [f"for ({t} {v} = 0; {v} < {r.arg[1]}; {v}++)"]
+            scope = scope.open(frozenset([r]), head)
+        for r in [r for r in k.ranges if r in k.lanes]:   # a thread's consecutive outputs of the row
+            scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
+        return scope
+
+    def cooperative_loop(self, r: Node) -> list[str]:
+        """A block's threads striding over the row range r. When the block divides it into at
+        most 16 steps, the trip count is a constant and the loop unrolls: a thread's loads of
+        the row are in flight together (bf16 softmax had one 16-byte load per thread in flight)."""
+        v, t, n = self.range_var(r), r.dtype.c_name, r.arg[1]
+        threads = block_size(self.k)
+        if not self.member and n % threads == 0 and n // threads <= 16:
+            self.unrolled[r] = (n // threads, threads)
+            return ["#pragma unroll", f"for ({t} {v} = threadIdx.x; {v} < ({t})threadIdx.x + {n}; {v} += {threads})"]
+        return [f"for ({t} {v} = threadIdx.x; {v} < {n}; {v} += blockDim.x)"]
+
+    def stage_open(self, name: str, ctype: str, size: int, count: int, var: str) -> tuple[list[str], list[str]]:
+        """The block fills a stage with a constant trip count where its threads divide it, so
+        that the loop unrolls and a thread's loads are in flight together (a transpose's 32 x 32
+        tile took its four loads one after another)."""
+        before, header = super().stage_open(name, ctype, size, count, var)
+        threads = block_size(self.k)
+        if not self.member and count % threads == 0 and count // threads <= 16:
+            header = ["#pragma unroll", f"for (int {var} = threadIdx.x; {var} < (int)threadIdx.x + {count}; "
+                                        f"{var} += {threads})"]
+        return before, header
+
+    def vector_read(self, n: Node, scope: Scope, vec: Any) -> tuple[Scope, str]:
+        """Reads of a row by a block's unrolled loops are noted for finish (below)."""
+        outer, arr = super().vector_read(n, scope, vec)
+        loop = next(iter(outer.avail - outer.parent.avail), None) if outer.parent is not None else None
+        if loop in self.unrolled and len(n.srcs) == 2 and n.srcs[0].arg != self.k.out.id and n.dtype.itemsize >= 4:
+            trips, threads = self.unrolled[loop]
+            row = Node(Op.RANGE, loop.dtype, (), ("row", loop.arg[1]))
+            key = (n.srcs[0], trips, threads, vec.count, substitute([vec.base], {loop: row})[0])
+            j = f"(({self.range_var(loop)} - (int)threadIdx.x) / {threads}) * {vec.count}"
+            # (the declaration line, to be replaced by a read from registers, and its vectors)
+            self.row_reads.setdefault(key, []).append((outer, outer.lines[outer.cursor - 2], f"{arr}v", j, vec.type))
+        return outer, arr
+
+    def finish(self, root: Scope) -> None:
+        """A thread's share of a row that several of a block's unrolled loops read (softmax: the
+        max, the sum of exponentials, the output) is read once, by the first, into registers,
+        and the others take it from there: with the reads the same, nvcc also computes each
+        exponential once. At most ROW_CACHE_REGS registers a thread, and rows of 4-byte elements
+        only: a bf16 softmax's row cached took its kernel to 64 registers and one block an SM
+        (26% of copy on the H200, against 31% reading the row three times from L2)."""
+        regs = 0
+        for (_, trips, _, count, _), reads in self.row_reads.items():
+            parent = reads[0][0].parent
+            if len(reads) < 2 or regs + trips * count * 4 > ROW_CACHE_REGS or \
+                    any(loop.parent is not parent for loop, *_ in reads):
+                continue
+            regs += trips * count * 4
+            reads.sort(key=lambda read: parent.lines.index(read[0]))
+            cache = self.var("row")
+            (first, line, arr, j, vtype), rest = reads[0], reads[1:]
+            parent.lines.insert(parent.lines.index(first), f"{vtype} {cache}[{trips * count}];")
+            first.lines.insert(first.lines.index(line) + 1,
+                               f"for (int c = 0; c < {count}; c++) {cache}[{j} + c] = {arr}[c];")
+            for loop, line, arr, j, vtype in rest:
+                taken = ", ".join(f"{cache}[{j} + {c}]" for c in range(count))
+                loop.lines[loop.lines.index(line)] = f"const {vtype} {arr}[{count}] = {{{taken}}};"
+
+    def store_guard(self, scope: Scope) -> str:
+        return "if (threadIdx.x == 0) " if scope is self.block_scope else ""
+
+    def cooperative(self, scope: Scope) -> bool:
+        return self.block_scope is not None and scope is self.block_scope
+
+    def reduce_header(self, n: Node, r: Node, last: bool, scope: Scope) -> list[str]:
+        if last and self.cooperative(scope):
+            return self.cooperative_loop(r)
+        return super().reduce_header(n, r, last, scope)
+
+    def reduce_finish(self, n: Node, acc: str, scope: Scope) -> list[str]:
+        if not self.cooperative(scope):
+            return []
+        t = self.r.acc_ctype(n.arg[0], n.dtype)
+        return [f"{acc} = ember_block_reduce<{t}, {int(n.arg[0] is Op.RMAX)}>({acc});"]
+
+
+def _bitcast_helpers(pairs: set[tuple[DType, DType]]) -> str:
+    return "".join(f"EMBER_D {d.c_name} ember_bitcast_{s.name}_{d.name}({s.c_name} x) "
+                   f"{{ union {{ {s.c_name} a; {d.c_name} b; }} u; u.a = x; return u.b; }}\n"
+                   for s, d in sorted(pairs, key=lambda p: (p[0].name, p[1].name)))
+
+
+def _source(kernels: list[Kernel], gpu: Target, prefix: str = "") -> str:
+    """One CUDA source for these kernels: the prelude, the helpers they use, the kernels."""
+    r = CUDARenderer(gpu)
+    bodies = [r.render_kernel(k, prefix) for k in kernels]
+    helpers = mma.helpers(kernels, flash.tma_ranks(kernels)) + flash.helpers(kernels) + _bitcast_helpers(r.bitcasts)
+    return PRELUDE + helpers + "\n" + "\n".join(bodies)
+
+
+def render(sched: Schedule, prefix: str = "") -> str:
+    """The program's kernels as one CUDA source (kernel names get the prefix)."""
+    assert sched.target is not None
+    return _source(sched.kernels, sched.target, prefix)
+
+
+def render_units(kernels: list[Kernel], gpu: Target) -> list[tuple[str, list[Kernel]]]:
+    """The kernels as independent sources (each with the prelude and the helpers it uses), one
+    per core but at least 8 kernels each, to compile in parallel."""
+    parts = max(1, min(os.cpu_count() or 1, len(kernels) // 8))
+    size = -(-len(kernels) // parts) if kernels else 1
+    groups = [kernels[i:i + size] for i in range(0, max(len(kernels), 1), size)]
+    return [(_source(group, gpu), group) for group in groups]

@@ -1,0 +1,379 @@
+
+/* ---- flash attention (backend/flash.py) ---- */
+template <bool BF16> EMBER_D unsigned ember_pack2(float lo, float hi) {
+  unsigned r;
+  if (BF16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+/* two neighbouring results: f32, or rounded once to the operand dtype (the backward's gradients) */
+template <bool BF16> EMBER_D void ember_store2(float* p, float a, float b) { *(float2*)p = make_float2(a, b); }
+template <bool BF16> EMBER_D void ember_store2(unsigned short* p, float a, float b) {
+  *(unsigned*)p = ember_pack2<BF16>(a, b);
+}
+template <bool BF16> EMBER_D void ember_mma16816(float* c, const unsigned* a, const unsigned* b) {
+  if (BF16) ember_mma_bf16(c, a, b); else ember_mma_f16(c, a, b);
+}
+/* element offset of (row, 16-byte chunk) in a tile of rows of D values */
+template <int D> EMBER_D int ember_swz(int row, int chunk) { return (row * (D / 8) + (chunk ^ (row & 7))) * 8; }
+/* element offset of (row, 16-byte chunk) in a [R][D] tile stored as wgmma's descriptors read
+   it (sm_90a): panels of 64 columns, each R rows of 128 bytes, the chunk XORed with the row (the
+   128-byte swizzle; the tile starts on 1024 bytes) */
+template <int R> EMBER_D int ember_hswz(int row, int chunk) {
+  return ((chunk >> 3) * R + row) * 64 + ((chunk & 7) ^ (row & 7)) * 8;
+}
+/* rows [row0, row0 + ROWS) of a [nrows][D] matrix whose rows are ld apart into a tile; rows
+   past nrows are zeros */
+template <int D, int ROWS, bool HOPPER = false>
+EMBER_D void ember_tile_load(unsigned short* s, const unsigned short* g, int row0, int nrows, int ld) {
+  for (int i = threadIdx.x; i < ROWS * (D / 8); i += blockDim.x) {
+    int r = i / (D / 8), c = i % (D / 8);
+    bool ok = row0 + r < nrows;
+    ember_cp_async16(s + (HOPPER ? ember_hswz<ROWS>(r, c) : ember_swz<D>(r, c)),
+                     ok ? g + (size_t)(row0 + r) * ld + c * 8 : g, ok);
+  }
+}
+/* the same for f32 operands (ember_flash32_*), with no swizzle: every thread of a block reads
+   the same row at once */
+template <int D, int ROWS, bool HOPPER = false>
+EMBER_D void ember_tile_load(float* s, const float* g, int row0, int nrows, int ld) {
+  for (int i = threadIdx.x; i < ROWS * (D / 4); i += blockDim.x) {
+    int r = i / (D / 4), c = i % (D / 4);
+    bool ok = row0 + r < nrows;
+    ember_cp_async16(s + r * D + c * 4, ok ? g + (size_t)(row0 + r) * ld + c * 4 : g, ok);
+  }
+}
+/* cp.async writes through the generic proxy; wgmma (sm_90a) reads through the async one */
+template <bool HOPPER> EMBER_D void ember_proxy_fence() {
+  if constexpr (HOPPER) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+/* the next tile of two [nrows][D] matrices into the other slot of their double buffers (none
+   after the last), then wait until this tile's have arrived */
+template <int D, int ROWS, bool HOPPER = false, typename E>
+EMBER_D void ember_next_tiles(E* a, const E* ga, int lda, E* b, const E* gb, int ldb, int t, int tiles, int nrows) {
+  if (t + 1 < tiles) {
+    ember_tile_load<D, ROWS, HOPPER>(a + ((t + 1) & 1) * ROWS * D, ga, (t + 1) * ROWS, nrows, lda);
+    ember_tile_load<D, ROWS, HOPPER>(b + ((t + 1) & 1) * ROWS * D, gb, (t + 1) * ROWS, nrows, ldb);
+  }
+  ember_cp_async_commit();
+  ember_cp_async_wait<1>();
+  ember_proxy_fence<HOPPER>();
+  __syncthreads();
+}
+/* A fragment: rows row0..row0+15, columns 16 kk..16 kk+15 */
+template <int D> EMBER_D void ember_frag_a(unsigned* a, const unsigned short* s, int row0, int kk) {
+  int lane = threadIdx.x & 31;
+  ember_ldmatrix4(a, s + ember_swz<D>(row0 + (lane & 15), 2 * kk + (lane >> 4)));
+}
+/* B fragments of two n-tiles (b[0..1]: n0..n0+7, b[2..3]: n0+8..15) from a tile whose rows are n
+   and columns k (columns 16 kk..16 kk+15) */
+template <int D> EMBER_D void ember_frag_b(unsigned* b, const unsigned short* s, int n0, int kk) {
+  int lane = threadIdx.x & 31;
+  ember_ldmatrix4(b, s + ember_swz<D>(n0 + ((lane >> 4) << 3) + (lane & 7), 2 * kk + ((lane >> 3) & 1)));
+}
+/* the same from a tile whose rows are k (rows k0..k0+15) and columns n (n0 a multiple of 16) */
+template <int D> EMBER_D void ember_frag_bt(unsigned* b, const unsigned short* s, int k0, int n0) {
+  int lane = threadIdx.x & 31;
+  ember_ldmatrix4_trans(b, s + ember_swz<D>(k0 + ((lane >> 3) & 1) * 8 + (lane & 7), n0 / 8 + (lane >> 4)));
+}
+/* acc[NT][4] += A (16 x 16 BK, in registers as accumulators of 16 x 8 tiles) * B (BK x 8 NT) from
+   a tile whose rows are k */
+template <int D, int BK, int NT, bool BF16> EMBER_D void ember_acc_pt(float (*acc)[4], float (*p)[4],
+                                                                     const unsigned short* s) {
+#pragma unroll
+  for (int kk = 0; kk < BK / 16; kk++) {
+    unsigned a[4] = {ember_pack2<BF16>(p[2 * kk][0], p[2 * kk][1]), ember_pack2<BF16>(p[2 * kk][2], p[2 * kk][3]),
+                     ember_pack2<BF16>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                     ember_pack2<BF16>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+    for (int dd = 0; dd < NT / 2; dd++) {
+      unsigned b[4];
+      ember_frag_bt<D>(b, s, kk * 16, dd * 16);
+      ember_mma16816<BF16>(acc[2 * dd], a, b);
+      ember_mma16816<BF16>(acc[2 * dd + 1], a, b + 2);
+    }
+  }
+}
+/* s[m][BN/8][4] = A (WM tiles of 16 rows from row0, all D columns, from tile sa) * B^T (BN rows
+   of tile sb): each B fragment loaded once serves the WM row tiles */
+template <int D, int BN, int WM, bool BF16>
+EMBER_D void ember_scores(float (*s)[BN / 8][4], const unsigned short* sa, int row0, const unsigned short* sb) {
+#pragma unroll
+  for (int m = 0; m < WM; m++)
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) {
+    unsigned a[WM][4];
+#pragma unroll
+    for (int m = 0; m < WM; m++) ember_frag_a<D>(a[m], sa, row0 + 16 * m, kk);
+#pragma unroll
+    for (int nn = 0; nn < BN / 16; nn++) {
+      unsigned b[4];
+      ember_frag_b<D>(b, sb, nn * 16, kk);
+#pragma unroll
+      for (int m = 0; m < WM; m++) {
+        ember_mma16816<BF16>(s[m][2 * nn], a[m], b);
+        ember_mma16816<BF16>(s[m][2 * nn + 1], a[m], b + 2);
+      }
+    }
+  }
+}
+
+/* The same two products for one warpgroup on sm_90a (HOPPER): EmberWg<true> (flash.py's sm_90a
+   helpers, only in a source that has such kernels) does them with wgmma from tiles in
+   ember_hswz's layout. Their fragments are laid out as the mma.sync ones, so the kernels'
+   element code is shared. */
+template <bool HOPPER> struct EmberWg;
+template <int D, int BN, int WM, bool BF16, bool HOPPER>
+EMBER_D void ember_scores_any(float (*s)[BN / 8][4], const unsigned short* sa, int rows_a, const unsigned short* sb) {
+  if constexpr (HOPPER) EmberWg<HOPPER>::template scores<D, BN, BF16>(&s[0][0][0], sa, rows_a, sb);
+  else ember_scores<D, BN, WM, BF16>(s, sa, (threadIdx.x >> 5) * 16 * WM, sb);
+}
+template <int D, int BK, int NT, bool BF16, bool HOPPER>
+EMBER_D void ember_acc_any(float (*acc)[4], float (*p)[4], const unsigned short* sb) {
+  if constexpr (HOPPER) EmberWg<HOPPER>::template acc<D, BK, BF16>(&acc[0][0], p, sb);
+  else ember_acc_pt<D, BK, NT, BF16>(acc, p, sb);
+}
+/* the dynamic shared memory, from 1024 bytes on for sm_90a's swizzled tiles */
+template <bool HOPPER> EMBER_D unsigned short* ember_flash_tiles() {
+  extern __shared__ __align__(128) unsigned char ember_flash_bytes[];
+  if constexpr (HOPPER)
+    return (unsigned short*)(ember_flash_bytes +
+                             ((1024 - ((unsigned)__cvta_generic_to_shared(ember_flash_bytes) & 1023)) & 1023));
+  else
+    return (unsigned short*)ember_flash_bytes;
+}
+
+/* One 16-row tile's step of the online softmax over BN keys from col0: the scores s (this
+   thread's 2 rows r_lo and r_lo + 8, in the accumulator layout) masked where they pass S or the
+   diagonal (edge tiles only), the running max m and sum l updated (the 4 threads of a row combine
+   with shuffles), o rescaled, and s replaced by the weights exp2(s c - m). */
+template <int BN, int NT, bool CAUSAL>
+EMBER_D void ember_flash_online(float (*s)[4], float* m, float* l, float (*o)[4], int col0, int r_lo, int S, float c,
+                                bool edge) {
+  const int lane = threadIdx.x & 31;
+  if (edge) {
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int col = col0 + n * 8 + (lane & 3) * 2 + (e & 1), row = r_lo + (e >> 1) * 8;
+        if (col >= S || (CAUSAL && col > row)) s[n][e] = -INFINITY;
+      }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    float mx = m[h];
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]) * c);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float base = mx == -INFINITY ? 0.f : mx;   /* no key seen yet: every weight is 0 */
+    const float r = ember_ex2(m[h] - base);
+    m[h] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+      for (int e = 2 * h; e < 2 * h + 2; e++) {
+        s[n][e] = ember_ex2(fmaf(s[n][e], c, -base));
+        sum += s[n][e];
+      }
+    l[h] = l[h] * r + sum;
+#pragma unroll
+    for (int x = 0; x < NT; x++) { o[x][2 * h] *= r; o[x][2 * h + 1] *= r; }
+  }
+}
+/* rows r_lo and r_lo + 8 of the forward's output: f32 rows of D + 1 (o / l, then the base-2
+   logsumexp m + log2(l)), or o / l alone rounded once to the operand dtype (OUT 16-bit: a
+   forward with no gradient taken; nothing reads the logsumexp, no kernel converts o after) */
+template <int D, typename OUT> EMBER_D constexpr int ember_flash_width() { return sizeof(OUT) == 4 ? D + 1 : D; }
+template <int D, bool BF16, typename OUT>
+EMBER_D void ember_flash_out(OUT* out, float (*o)[4], float* m, float* l, int r_lo, int T) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    const int row = r_lo + h * 8;
+    if (row >= T) continue;
+    const float inv = 1.f / l[h];
+    OUT* dst = out + (size_t)row * ember_flash_width<D, OUT>();
+#pragma unroll
+    for (int x = 0; x < D / 8; x++) {
+      if constexpr (sizeof(OUT) == 4) {   /* odd rows: no pairs */
+        dst[x * 8 + (lane & 3) * 2] = o[x][2 * h] * inv;
+        dst[x * 8 + (lane & 3) * 2 + 1] = o[x][2 * h + 1] * inv;
+      } else {
+        ember_store2<BF16>(dst + x * 8 + (lane & 3) * 2, o[x][2 * h] * inv, o[x][2 * h + 1] * inv);
+      }
+    }
+    if constexpr (sizeof(OUT) == 4)
+      if ((lane & 3) == 0) dst[D] = m[h] + log2f(l[h]);
+  }
+}
+
+/* ROWS query rows per block, TILE keys per tile. mma.sync: 4 warps, ROWS / 64 tiles of 16 rows
+   per warp (each K fragment loaded from shared memory serves them all). HOPPER (sm_90a): two
+   warpgroups of 64 rows (warp w: rows 16 w.. of the block, in the fragment layout of mma.sync's
+   accumulators); s = q k^T is wgmma from shared memory, and p stays in registers as the A
+   operand of o += p v, whose B (v, contiguous along D) is read transposed. */
+template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, bool HOPPER = false, typename OUT>
+EMBER_D void ember_flash_fwd(OUT* out, const unsigned short* q, const unsigned short* k,
+                             const unsigned short* v, int ldq, int ldk, int ldv, int T, int S, float c) {
+  constexpr int BM = ROWS, BN = TILE, WM = HOPPER ? 1 : ROWS / 64, NT = D / 8;
+  unsigned short *sq = ember_flash_tiles<HOPPER>(), *sk = sq + BM * D, *sv = sk + 2 * BN * D;
+  const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;  /* longest rows first */
+  int tiles = (S + BN - 1) / BN;
+  if (CAUSAL) tiles = min(tiles, (row0 + BM - 1) / BN + 1);
+  ember_tile_load<D, BM, HOPPER>(sq, q, row0, T, ldq);
+  ember_tile_load<D, BN, HOPPER>(sk, k, 0, S, ldk);
+  ember_tile_load<D, BN, HOPPER>(sv, v, 0, S, ldv);
+  ember_cp_async_commit();
+  float o[WM][NT][4], m[WM][2], l[WM][2];
+#pragma unroll
+  for (int w = 0; w < WM; w++) {
+    m[w][0] = m[w][1] = -INFINITY;
+    l[w][0] = l[w][1] = 0.f;
+#pragma unroll
+    for (int x = 0; x < NT; x++) o[w][x][0] = o[w][x][1] = o[w][x][2] = o[w][x][3] = 0.f;
+  }
+  const int r_lo = row0 + warp * 16 * WM + (lane >> 2);   /* rows r_lo + 16 w and r_lo + 16 w + 8 */
+  for (int t = 0; t < tiles; t++) {
+    ember_next_tiles<D, BN, HOPPER>(sk, k, ldk, sv, v, ldv, t, tiles, S);
+    const unsigned short *ck = sk + (t & 1) * BN * D, *cv = sv + (t & 1) * BN * D;
+    float s[WM][BN / 8][4];
+    ember_scores_any<D, BN, WM, BF16, HOPPER>(s, HOPPER ? sq + (warp >> 2) * 64 * 64 : sq, BM, ck);
+    const bool edge = t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0);
+#pragma unroll
+    for (int w = 0; w < WM; w++)
+      ember_flash_online<BN, NT, CAUSAL>(s[w], m[w], l[w], o[w], t * BN, r_lo + 16 * w, S, c, edge);
+#pragma unroll
+    for (int w = 0; w < WM; w++) ember_acc_any<D, BN, NT, BF16, HOPPER>(o[w], s[w], cv);
+    __syncthreads();   /* this slot is filled again two tiles on */
+  }
+#pragma unroll
+  for (int w = 0; w < WM; w++)
+    ember_flash_out<D, BF16>(out + (size_t)nb * T * ember_flash_width<D, OUT>(), o[w], m[w], l[w], r_lo + 16 * w, T);
+}
+
+/* rows r_lo and r_lo + 8 (those below nrows) of a gradient whose rows are ld apart, times
+   scale, rounded once to OUT (f32, or the operands' 16-bit dtype) */
+template <int D, bool BF16, typename OUT>
+EMBER_D void ember_flash_rows_out(OUT* out, float (*acc)[4], int r_lo, int nrows, int ld, float scale) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int row = r_lo + h * 8;
+    if (row >= nrows) continue;
+#pragma unroll
+    for (int x = 0; x < D / 8; x++)
+      ember_store2<BF16>(out + (size_t)row * ld + x * 8 + (lane & 3) * 2, acc[x][2 * h] * scale,
+                         acc[x][2 * h + 1] * scale);
+  }
+}
+
+/* p = exp2(s c - lse) and ds = p (dp - di) for the 2 rows (ROWS_ARE_KEYS: 2 key rows, so the
+   columns are queries) and BN columns of this thread; masked entries (EDGE tiles: past T, S or
+   the diagonal) are 0, as scores of -inf (c > 0). Only edge tiles pay for the masks and for
+   clamping the rows of lse and di they read: the others' loads are at fixed offsets. */
+template <int BN, bool CAUSAL, bool ROWS_ARE_KEYS, bool EDGE>
+EMBER_D void ember_flash_ds_tile(float (*s)[4], float (*dp)[4], float c, int r_lo, int col0, int T, int S,
+                                 const float* lse, int lse_stride, const float* di) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int row = r_lo + (e >> 1) * 8, col = col0 + n * 8 + (lane & 3) * 2 + (e & 1);
+      int i = ROWS_ARE_KEYS ? col : row;
+      const int j = ROWS_ARE_KEYS ? row : col;
+      if (EDGE && (i >= T || j >= S || (CAUSAL && j > i))) s[n][e] = -INFINITY;
+      if (EDGE) i = min(i, T - 1);
+      const float p = ember_ex2(fmaf(s[n][e], c, -lse[(size_t)i * lse_stride]));
+      s[n][e] = p;
+      dp[n][e] = p * (dp[n][e] - di[i]);
+    }
+}
+/* a branch, not a select per element: ptxas keeps both versions of the tile */
+template <int BN, bool CAUSAL, bool ROWS_ARE_KEYS>
+EMBER_D void ember_flash_ds(float (*s)[4], float (*dp)[4], float c, int r_lo, int col0, int T, int S,
+                            const float* lse, int lse_stride, const float* di, bool edge) {
+  if (edge)
+    ember_flash_ds_tile<BN, CAUSAL, ROWS_ARE_KEYS, true>(s, dp, c, r_lo, col0, T, S, lse, lse_stride, di);
+  else
+    ember_flash_ds_tile<BN, CAUSAL, ROWS_ARE_KEYS, false>(s, dp, c, r_lo, col0, T, S, lse, lse_stride, di);
+}
+
+template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, bool HOPPER, typename OUT>
+EMBER_D void ember_flash_dq(OUT* out, const unsigned short* q, const unsigned short* k, const unsigned short* v,
+                            const float* packed, const unsigned short* dout, const float* di, int ldq, int ldk,
+                            int ldv, int T, int S, float c, float cs) {
+  constexpr int BM = ROWS, BN = TILE, NT = D / 8;
+  unsigned short *sq = ember_flash_tiles<HOPPER>(), *sdo = sq + BM * D, *sk = sdo + BM * D, *sv = sk + 2 * BN * D;
+  const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
+  int tiles = (S + BN - 1) / BN;
+  if (CAUSAL) tiles = min(tiles, (row0 + BM - 1) / BN + 1);
+  ember_tile_load<D, BM, HOPPER>(sq, q, row0, T, ldq);
+  ember_tile_load<D, BM, HOPPER>(sdo, dout, row0, T, D);
+  ember_tile_load<D, BN, HOPPER>(sk, k, 0, S, ldk);
+  ember_tile_load<D, BN, HOPPER>(sv, v, 0, S, ldv);
+  ember_cp_async_commit();
+  float acc[NT][4];
+#pragma unroll
+  for (int x = 0; x < NT; x++) acc[x][0] = acc[x][1] = acc[x][2] = acc[x][3] = 0.f;
+  const int r_lo = row0 + warp * 16 + (lane >> 2);
+  for (int t = 0; t < tiles; t++) {
+    ember_next_tiles<D, BN, HOPPER>(sk, k, ldk, sv, v, ldv, t, tiles, S);
+    const unsigned short *ck = sk + (t & 1) * BN * D, *cv = sv + (t & 1) * BN * D;
+    float s[1][BN / 8][4], dp[1][BN / 8][4];
+    ember_scores_any<D, BN, 1, BF16, HOPPER>(s, sq, BM, ck);
+    ember_scores_any<D, BN, 1, BF16, HOPPER>(dp, sdo, BM, cv);
+    const bool edge = row0 + BM > T || t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0);
+    ember_flash_ds<BN, CAUSAL, false>(s[0], dp[0], c, r_lo, t * BN, T, S, packed + D, D + 1, di, edge);
+    ember_acc_any<D, BN, NT, BF16, HOPPER>(acc, dp[0], ck);
+    __syncthreads();
+  }
+  ember_flash_rows_out<D, BF16>(out + (size_t)nb * T * D, acc, r_lo, T, D, cs);
+}
+
+template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, bool HOPPER, typename OUT>
+EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned short* k, const unsigned short* v,
+                              const float* packed, const unsigned short* dout, const float* di, int ldq, int ldk,
+                              int ldv, int T, int S, float c, float cs) {
+  constexpr int BN = ROWS, BM = TILE, NT = D / 8;   /* BN keys per block, BM queries per tile */
+  unsigned short *sk = ember_flash_tiles<HOPPER>(), *sv = sk + BN * D, *sq = sv + BN * D, *sdo = sq + 2 * BM * D;
+  const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int key0 = blockIdx.x * BN;
+  const int first = CAUSAL ? key0 / BM : 0, tiles = (T + BM - 1) / BM;
+  ember_tile_load<D, BN, HOPPER>(sk, k, key0, S, ldk);
+  ember_tile_load<D, BN, HOPPER>(sv, v, key0, S, ldv);
+  if (first < tiles) {
+    ember_tile_load<D, BM, HOPPER>(sq + (first & 1) * BM * D, q, first * BM, T, ldq);
+    ember_tile_load<D, BM, HOPPER>(sdo + (first & 1) * BM * D, dout, first * BM, T, D);
+  }
+  ember_cp_async_commit();
+  float dk[NT][4], dv[NT][4];
+#pragma unroll
+  for (int x = 0; x < NT; x++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dk[x][e] = dv[x][e] = 0.f;
+  const int r_lo = key0 + warp * 16 + (lane >> 2);   /* this thread's key rows */
+  for (int t = first; t < tiles; t++) {
+    ember_next_tiles<D, BM, HOPPER>(sq, q, ldq, sdo, dout, D, t, tiles, T);
+    const unsigned short *cq = sq + (t & 1) * BM * D, *cdo = sdo + (t & 1) * BM * D;
+    float s[1][BM / 8][4], dp[1][BM / 8][4];
+    ember_scores_any<D, BM, 1, BF16, HOPPER>(s, sk, BN, cq);     /* s^T: keys x queries */
+    ember_scores_any<D, BM, 1, BF16, HOPPER>(dp, sv, BN, cdo);   /* dp^T = v do^T */
+    const bool edge = t * BM + BM > T || key0 + BN > S || (CAUSAL && key0 + BN - 1 > t * BM);
+    ember_flash_ds<BM, CAUSAL, true>(s[0], dp[0], c, r_lo, t * BM, T, S, packed + D, D + 1, di, edge);
+    ember_acc_any<D, BM, NT, BF16, HOPPER>(dv, s[0], cdo);
+    ember_acc_any<D, BM, NT, BF16, HOPPER>(dk, dp[0], cq);
+    __syncthreads();
+  }
+  ember_flash_rows_out<D, BF16>(out + (size_t)nb * S * 2 * D, dk, r_lo, S, 2 * D, cs);
+  ember_flash_rows_out<D, BF16>(out + (size_t)nb * S * 2 * D + D, dv, r_lo, S, 2 * D, 1.f);
+}

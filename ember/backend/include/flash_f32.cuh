@@ -1,0 +1,234 @@
+
+/* ---- flash attention on f32 operands, on CUDA cores (backend/flash.py) ---- */
+/* G = D / 16 neighbouring threads hold a row, 16 values each: float4 c of thread g is columns
+   4 (c G + g)..+3, so the G threads of a row read 16 G consecutive bytes together */
+template <int D> EMBER_D void ember_row32(float* r, const float* row) {
+#pragma unroll
+  for (int c = 0; c < 4; c++)
+    *(float4*)(r + 4 * c) = *(const float4*)(row + 4 * (c * (D / 16) + threadIdx.x % (D / 16)));
+}
+template <int D> EMBER_D void ember_row32_store(float* row, const float* r, float scale) {
+#pragma unroll
+  for (int c = 0; c < 4; c++)
+    *(float4*)(row + 4 * (c * (D / 16) + threadIdx.x % (D / 16))) =
+        make_float4(r[4 * c] * scale, r[4 * c + 1] * scale, r[4 * c + 2] * scale, r[4 * c + 3] * scale);
+}
+EMBER_D float ember_dot16(const float* a, const float* b) {   /* this thread's part of a dot product */
+  float acc = 0.f;
+#pragma unroll
+  for (int e = 0; e < 16; e++) acc = fmaf(a[e], b[e], acc);
+  return acc;
+}
+template <int D> EMBER_D float ember_row_total(float x) {   /* summed over the G threads of the row */
+#pragma unroll
+  for (int o = 1; o < D / 16; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+/* this thread's parts of the dot products of two rows it holds with KC rows of two tiles:
+   s[j] = a . ta[j], dp[j] = b . tb[j] */
+template <int D, int KC> EMBER_D void ember_dots32(float* s, float* dp, const float* a, const float* ta, const float* b,
+                                                   const float* tb) {
+#pragma unroll
+  for (int j = 0; j < KC; j++) {
+    float x[16];
+    ember_row32<D>(x, ta + j * D);
+    s[j] = ember_dot16(a, x);
+    ember_row32<D>(x, tb + j * D);
+    dp[j] = ember_dot16(b, x);
+  }
+}
+EMBER_D void ember_axpy16(float* acc, float a, const float* x) {
+#pragma unroll
+  for (int e = 0; e < 16; e++) acc[e] = fmaf(a, x[e], acc[e]);
+}
+
+/* The forward: 128 threads, two query rows per G threads (a key loaded once serves both), ROWS
+   = 256 / G rows a block. Every thread reads the same key at once (a broadcast); keys and values
+   arrive in tiles of TILE through a double buffer, and the running max and sum are updated
+   every 16 keys. Writes what ember_flash_fwd writes. */
+template <int D, int ROWS, int TILE, bool CAUSAL>
+EMBER_D void ember_flash32_fwd(float* out, const float* q, const float* k, const float* v, int ldq, int ldk,
+                               int ldv, int T, int S, float c) {
+  constexpr int G = D / 16, KC = 16;
+  float *sk = (float*)ember_flash_tiles<false>(), *sv = sk + 2 * TILE * D;
+  const int nb = blockIdx.y, row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * ROWS;
+  const int r0 = row0 + threadIdx.x / G * 2;   /* this thread's rows: r0 and r0 + 1 */
+  int tiles = (S + TILE - 1) / TILE;
+  if (CAUSAL) tiles = min(tiles, (row0 + ROWS - 1) / TILE + 1);
+  ember_tile_load<D, TILE>(sk, k, 0, S, ldk);
+  ember_tile_load<D, TILE>(sv, v, 0, S, ldv);
+  ember_cp_async_commit();
+  float qr[2][16], o[2][16], m[2], l[2];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    m[h] = -INFINITY;
+    l[h] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 16; e++) qr[h][e] = o[h][e] = 0.f;
+    if (r0 + h < T) ember_row32<D>(qr[h], q + (size_t)(r0 + h) * ldq);
+  }
+  for (int t = 0; t < tiles; t++) {
+    ember_next_tiles<D, TILE>(sk, k, ldk, sv, v, ldv, t, tiles, S);
+    const float *ck = sk + (t & 1) * TILE * D, *cv = sv + (t & 1) * TILE * D;
+#pragma unroll 1
+    for (int j0 = 0; j0 < TILE; j0 += KC) {
+      const int col0 = t * TILE + j0;
+      float s[2][KC];
+#pragma unroll
+      for (int j = 0; j < KC; j++) {
+        float x[16];
+        ember_row32<D>(x, ck + (j0 + j) * D);
+        s[0][j] = ember_dot16(qr[0], x);
+        s[1][j] = ember_dot16(qr[1], x);
+      }
+      const bool edge = col0 + KC > S || (CAUSAL && col0 + KC - 1 > r0);
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        float mx = m[h];
+#pragma unroll
+        for (int j = 0; j < KC; j++) {
+          s[h][j] = ember_row_total<D>(s[h][j]) * c;
+          if (edge && (col0 + j >= S || (CAUSAL && col0 + j > r0 + h))) s[h][j] = -INFINITY;
+          mx = fmaxf(mx, s[h][j]);
+        }
+        const float base = mx == -INFINITY ? 0.f : mx;   /* no key seen yet: every weight is 0 */
+        const float r = ember_ex2(m[h] - base);
+        m[h] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < KC; j++) {
+          s[h][j] = ember_ex2(s[h][j] - base);
+          sum += s[h][j];
+        }
+        l[h] = l[h] * r + sum;
+#pragma unroll
+        for (int e = 0; e < 16; e++) o[h][e] *= r;
+      }
+#pragma unroll
+      for (int j = 0; j < KC; j++) {
+        float x[16];
+        ember_row32<D>(x, cv + (j0 + j) * D);
+        ember_axpy16(o[0], s[0][j], x);
+        ember_axpy16(o[1], s[1][j], x);
+      }
+    }
+    __syncthreads();   /* this slot is filled again two tiles on */
+  }
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int row = r0 + h;
+    if (row >= T) continue;
+    float* dst = out + ((size_t)nb * T + row) * (D + 1);
+    const float inv = 1.f / l[h];
+#pragma unroll
+    for (int c4 = 0; c4 < 4; c4++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) dst[4 * (c4 * G + threadIdx.x % G) + e] = o[h][4 * c4 + e] * inv;
+    if (threadIdx.x % G == 0) dst[D] = m[h] + log2f(l[h]);
+  }
+}
+
+/* The backward on f32 operands: a row (a query's for dq, a key's for dk|dv) per G threads, ROWS
+   = 128 / G a block, the other side's rows streamed through a double buffer in tiles of TILE
+   and taken 8 at a time: p = exp2(s c - lse), ds = p (dp - rowsum(do o)). */
+template <int D, int ROWS, int TILE, bool CAUSAL>
+EMBER_D void ember_flash32_dq(float* out, const float* q, const float* k, const float* v, const float* packed,
+                              const float* dout, const float* di, int ldq, int ldk, int ldv, int T, int S,
+                              float c, float cs) {
+  constexpr int G = D / 16, KC = 8;
+  float *sk = (float*)ember_flash_tiles<false>(), *sv = sk + 2 * TILE * D;
+  const int nb = blockIdx.y, row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * ROWS;
+  const int row = row0 + threadIdx.x / G;
+  const bool live = row < T;
+  int tiles = (S + TILE - 1) / TILE;
+  if (CAUSAL) tiles = min(tiles, (row0 + ROWS - 1) / TILE + 1);
+  ember_tile_load<D, TILE>(sk, k, 0, S, ldk);
+  ember_tile_load<D, TILE>(sv, v, 0, S, ldv);
+  ember_cp_async_commit();
+  float qr[16], dor[16], acc[16];
+#pragma unroll
+  for (int e = 0; e < 16; e++) qr[e] = dor[e] = acc[e] = 0.f;
+  if (live) {
+    ember_row32<D>(qr, q + (size_t)row * ldq);
+    ember_row32<D>(dor, dout + (size_t)row * D);
+  }
+  const float lse = live ? packed[(size_t)row * (D + 1) + D] : 0.f, dd = live ? di[row] : 0.f;
+  for (int t = 0; t < tiles; t++) {
+    ember_next_tiles<D, TILE>(sk, k, ldk, sv, v, ldv, t, tiles, S);
+    const float *ck = sk + (t & 1) * TILE * D, *cv = sv + (t & 1) * TILE * D;
+#pragma unroll 1
+    for (int j0 = 0; j0 < TILE; j0 += KC) {
+      const int col0 = t * TILE + j0;
+      float s[KC], dp[KC];
+      ember_dots32<D, KC>(s, dp, qr, ck + j0 * D, dor, cv + j0 * D);
+#pragma unroll
+      for (int j = 0; j < KC; j++) {
+        const float sj = ember_row_total<D>(s[j]), dpj = ember_row_total<D>(dp[j]);   /* every lane shuffles */
+        const bool ok = live && col0 + j < S && (!CAUSAL || col0 + j <= row);
+        s[j] = ok ? ember_ex2(fmaf(sj, c, -lse)) * (dpj - dd) : 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < KC; j++) {
+        float x[16];
+        ember_row32<D>(x, ck + (j0 + j) * D);
+        ember_axpy16(acc, s[j], x);
+      }
+    }
+    __syncthreads();
+  }
+  if (live) ember_row32_store<D>(out + ((size_t)nb * T + row) * D, acc, cs);
+}
+
+template <int D, int ROWS, int TILE, bool CAUSAL>
+EMBER_D void ember_flash32_dkdv(float* out, const float* q, const float* k, const float* v, const float* packed,
+                                const float* dout, const float* di, int ldq, int ldk, int ldv, int T, int S,
+                                float c, float cs) {
+  constexpr int G = D / 16, KC = 8;
+  float *sq = (float*)ember_flash_tiles<false>(), *sdo = sq + 2 * TILE * D;
+  const int nb = blockIdx.y, key0 = blockIdx.x * ROWS, key = key0 + threadIdx.x / G;
+  const bool live = key < S;
+  const int first = CAUSAL ? key0 / TILE : 0, tiles = (T + TILE - 1) / TILE;
+  if (first < tiles) {
+    ember_tile_load<D, TILE>(sq + (first & 1) * TILE * D, q, first * TILE, T, ldq);
+    ember_tile_load<D, TILE>(sdo + (first & 1) * TILE * D, dout, first * TILE, T, D);
+  }
+  ember_cp_async_commit();
+  float kr[16], vr[16], dk[16], dv[16];
+#pragma unroll
+  for (int e = 0; e < 16; e++) kr[e] = vr[e] = dk[e] = dv[e] = 0.f;
+  if (live) {
+    ember_row32<D>(kr, k + (size_t)key * ldk);
+    ember_row32<D>(vr, v + (size_t)key * ldv);
+  }
+  for (int t = first; t < tiles; t++) {
+    ember_next_tiles<D, TILE>(sq, q, ldq, sdo, dout, D, t, tiles, T);
+    const float *cq = sq + (t & 1) * TILE * D, *cdo = sdo + (t & 1) * TILE * D;
+#pragma unroll 1
+    for (int i0 = 0; i0 < TILE; i0 += KC) {
+      const int qi0 = t * TILE + i0;
+      float s[KC], dp[KC];
+      ember_dots32<D, KC>(s, dp, kr, cq + i0 * D, vr, cdo + i0 * D);
+#pragma unroll
+      for (int i = 0; i < KC; i++) {
+        const int qi = qi0 + i;
+        const float si = ember_row_total<D>(s[i]), dpi = ember_row_total<D>(dp[i]);   /* every lane shuffles */
+        const bool ok = live && qi < T && (!CAUSAL || key <= qi);
+        s[i] = ok ? ember_ex2(fmaf(si, c, -packed[(size_t)qi * (D + 1) + D])) : 0.f;
+        dp[i] = ok ? s[i] * (dpi - di[qi]) : 0.f;
+      }
+#pragma unroll
+      for (int i = 0; i < KC; i++) {
+        float x[16];
+        ember_row32<D>(x, cdo + (i0 + i) * D);
+        ember_axpy16(dv, s[i], x);
+        ember_row32<D>(x, cq + (i0 + i) * D);
+        ember_axpy16(dk, dp[i], x);
+      }
+    }
+    __syncthreads();
+  }
+  if (live) {
+    ember_row32_store<D>(out + ((size_t)nb * S + key) * 2 * D, dk, cs);
+    ember_row32_store<D>(out + ((size_t)nb * S + key) * 2 * D + D, dv, 1.f);
+  }
+}
