@@ -6,6 +6,7 @@ stderr); 3 a program that cannot be run here for another reason.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import shutil
@@ -14,6 +15,7 @@ import sys
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Callable, NoReturn
 
 from . import backends
 from .backends import BackendError
@@ -24,6 +26,14 @@ from .text import EirError, format_text, parse_file
 def _fail(msg: str, status: int) -> int:
     print(msg, file=sys.stderr)
     return status
+
+
+class Failure(Exception):
+    """A problem the user can fix, said in one line, with its exit status (the module's doc)."""
+
+    def __init__(self, message: str, status: int = 2):
+        super().__init__(message)
+        self.status = status
 
 
 def _internal(path: str, e: BaseException) -> str:
@@ -214,14 +224,31 @@ def cmd_test(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of runs >= 1, got '{text}'")
-    return n
+def bounded(kind: type, low: float, high: float | None = None, what: str = "") -> Callable[[str], Any]:
+    """An argparse type: a number of `kind` in [low, high], else argparse's one-line error."""
+    what = what or {int: "a whole number"}.get(kind, "a number")
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got '{text}'")
+        if not low <= value <= (math.inf if high is None else high):  # (NaN is in no range)
+            top = f" and <= {high:g}" if high is not None else ""
+            raise argparse.ArgumentTypeError(f"expected {what} >= {low:g}{top}, got '{text}'")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+_positive = bounded(int, 1, what="a whole number of runs")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's errors in one line (no usage block), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
 
 
 class HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
@@ -238,7 +265,7 @@ class HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     fmt = HelpWithDefaults
-    ap = argparse.ArgumentParser(prog="ember", description="Ember: a tensor compiler for the Ember IR (.eir).",
+    ap = Parser(prog="ember", description="Ember: a tensor compiler for the Ember IR (.eir).",
                                  formatter_class=fmt)
     ap.add_argument("--version", action="version", version=f"ember {version()}")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -257,8 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--backend", help=backends_help)
     group.add_argument("--compiler", help="an external command that follows the protocol, e.g. './mycc'")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds per file with --compiler")
-    p.add_argument("-j", "--jobs", type=int, default=0, help="files run at once (0: the core count)")
+    p.add_argument("--timeout", type=bounded(float, 0.001), default=120.0, help="seconds per file with --compiler")
+    p.add_argument("-j", "--jobs", type=bounded(int, 0), default=0, help="files run at once (0: the core count)")
     p.add_argument("--bench", type=_positive, metavar="N", default=None,
                    help="time each passing file over N runs (spec 10) and print its median")
     p.set_defaults(fn=cmd_test)
@@ -300,9 +327,13 @@ def version() -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("train", "sample"):  # their own argument parsers
-        from . import train
         try:
+            from . import train
             return (train.train if argv[0] == "train" else train.sample)(argv[1:])
+        except KeyboardInterrupt:  # in set-up or compiling (the training loop saves a checkpoint first)
+            return _fail(f"ember {argv[0]}: interrupted", 130)
+        except Failure as e:
+            return _fail(f"ember {argv[0]}: {e}", e.status)
         except (ValueError, KeyError, OSError, BackendError) as e:
             return _fail(f"ember {argv[0]}: {type(e).__name__}: {e}", 3)
         except Exception as e:
