@@ -229,7 +229,7 @@ def plot(history: dict, path: Path) -> str:
 def train(argv: list[str] | None = None) -> int:
     count, whole, number = bounded(int, 1), bounded(int, 0), bounded(float, 0)
     ap = Parser(prog="ember train", description="Train a small byte-level GPT on real text.",
-                                 formatter_class=HelpWithDefaults)
+                formatter_class=HelpWithDefaults)
     ap.add_argument("--data", help="a text file or folder (default: the Python standard library's sources)")
     ap.add_argument("--out", default="runs/gpt", help="run folder: checkpoint, loss plot, summary.json (and a BPE "
                     "model's tokenizer.json)")
