@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -73,8 +74,8 @@ def main() -> None:
                 seconds, _ = ember(["train", "--out", out, "--steps", str(args.steps), "--eval-every", "1000",
                                     "--device", "cpu"], env)
                 s = json.loads((Path(out) / "summary.json").read_text())
-                rows.append((f"`ember train --steps {args.steps}` (warm cache), {where}", name,
-                             f"{s['tokens_per_s'] / 1000:.1f}k tok/s, {seconds:.1f} s, loss {s['final_train_loss']:.3f}"))
+                result = f"{s['tokens_per_s'] / 1000:.1f}k tok/s, {seconds:.1f} s, loss {s['final_train_loss']:.3f}"
+                rows.append((f"`ember train --steps {args.steps}` (warm cache), {where}", name, result))
                 t = time.perf_counter()
                 subprocess.run([sys.executable, "examples/cnn.py"], cwd=ROOT, env=env, capture_output=True, check=True)
                 rows.append((f"`examples/cnn.py` (warm cache), {where}", name, f"{time.perf_counter() - t:.1f} s"))
@@ -82,6 +83,7 @@ def main() -> None:
             if hog:
                 hog.kill()
                 hog.wait()
+    shutil.rmtree(work, ignore_errors=True)
     print(f"{CORES} cores ({os.cpu_count()} on the machine), load average before: {load:.2f}\n")
     print("| command | OpenMP | result |\n|---|---|---|")
     for row in sorted(rows, key=lambda r: (r[0].split("`")[1], "busy" in r[0], r[1] == "now")):
