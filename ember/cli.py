@@ -1,7 +1,8 @@
 """The `ember` command: run, test, fmt, source.
 
 Exit status: 0 success; 1 a test failed; 2 a malformed program (one `FILE:LINE: message` line on
-stderr); 3 a program that cannot be run here for another reason.
+stderr), a bad option or checkpoint; 3 a program that cannot be run here for another reason;
+130 interrupted.
 """
 from __future__ import annotations
 
@@ -265,8 +266,7 @@ class HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     fmt = HelpWithDefaults
-    ap = Parser(prog="ember", description="Ember: a tensor compiler for the Ember IR (.eir).",
-                                 formatter_class=fmt)
+    ap = Parser(prog="ember", description="Ember: a tensor compiler for the Ember IR (.eir).", formatter_class=fmt)
     ap.add_argument("--version", action="version", version=f"ember {version()}")
     sub = ap.add_subparsers(dest="cmd", required=True)
     backends_help = "ref, c or cuda (default: cuda with a GPU, else c)"
