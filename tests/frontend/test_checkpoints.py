@@ -135,3 +135,16 @@ def test_ctrl_c_in_set_up_is_one_line_and_130(tmp_path: Path) -> None:
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 130 and err.strip() == "ember train: interrupted", err
     assert not (tmp_path / "r" / "ckpt.safetensors").exists()
+
+
+def test_ctrl_c_while_sampling_is_one_line_and_130(tmp_path: Path) -> None:
+    """Interrupted once the prompt is out: compiling or generating, no traceback."""
+    path = checkpoint(tmp_path / "ckpt.safetensors")
+    args = [sys.executable, "-m", "ember", "sample", "--ckpt", str(path), "--tokens", "100000", "--prompt", "ab"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stdout is not None
+    assert proc.stdout.read(2) == b"ab"   # (streamed: it comes before any token)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130 and err.decode().strip() == "ember sample: interrupted", err
