@@ -1,7 +1,8 @@
 """The `ember` command: run, test, fmt, source.
 
 Exit status: 0 success; 1 a test failed; 2 a malformed program (one `FILE:LINE: message` line on
-stderr); 3 a program that cannot be run here for another reason.
+stderr), a bad option or checkpoint; 3 a program that cannot be run here for another reason;
+130 interrupted.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from . import backends
 from .backend import CacheError
 from .backends import BackendError
-from .commands import HelpWithDefaults, internal_error, test_one
+from .commands import Failure, HelpWithDefaults, Parser, bounded, internal_error, test_one
 from .protocol import check_inputs
 from .text import EirError, format_text, parse_file
 
@@ -145,20 +146,12 @@ def cmd_test(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of runs >= 1, got '{text}'")
-    return n
+_positive = bounded(int, 1, what="a whole number of runs")
 
 
 def build_parser() -> argparse.ArgumentParser:
     fmt = HelpWithDefaults
-    ap = argparse.ArgumentParser(prog="ember", description="Ember: a tensor compiler for the Ember IR (.eir).",
-                                 formatter_class=fmt)
+    ap = Parser(prog="ember", description="Ember: a tensor compiler for the Ember IR (.eir).", formatter_class=fmt)
     ap.add_argument("--version", action="version", version=f"ember {version()}")
     sub = ap.add_subparsers(dest="cmd", required=True)
     backends_help = "ref, ref-wide (intermediates kept wide, spec 4), c or cuda (default: cuda with a GPU, else c)"
@@ -176,8 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--backend", help=backends_help)
     group.add_argument("--compiler", help="an external command that follows the protocol, e.g. './mycc'")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds per file with --compiler")
-    p.add_argument("-j", "--jobs", type=int, default=0, help="files run at once (0: the core count)")
+    p.add_argument("--timeout", type=bounded(float, 0.001), default=120.0, help="seconds per file with --compiler")
+    p.add_argument("-j", "--jobs", type=bounded(int, 0), default=0, help="files run at once (0: the core count)")
     p.add_argument("--bench", type=_positive, metavar="N", default=None,
                    help="time each passing file over N runs (spec 10) and print its median")
     p.set_defaults(fn=cmd_test)
@@ -219,9 +212,13 @@ def version() -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("train", "sample"):  # their own argument parsers
-        from . import train
         try:
+            from . import train
             return (train.train if argv[0] == "train" else train.sample)(argv[1:])
+        except KeyboardInterrupt:  # in set-up or compiling (the training loop saves a checkpoint first)
+            return _fail(f"ember {argv[0]}: interrupted", 130)
+        except Failure as e:
+            return _fail(f"ember {argv[0]}: {e}", e.status)
         except (ValueError, KeyError, OSError, BackendError) as e:
             return _fail(f"ember {argv[0]}: {type(e).__name__}: {e}", 3)
         except Exception as e:

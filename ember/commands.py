@@ -3,9 +3,11 @@ through a backend or a compiler, the one-line internal error, and the help forma
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import traceback
+from typing import Any, Callable, NoReturn
 
 from . import backends
 from .backend import CacheError
@@ -24,6 +26,38 @@ class HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
         if action.default is None or action.default is False:
             return text + " (default: off)"
         return super()._get_help_string(action) or text
+
+
+class Failure(Exception):
+    """A problem the user can fix, said in one line, with its exit status (cli.py's doc)."""
+
+    def __init__(self, message: str, status: int = 2):
+        super().__init__(message)
+        self.status = status
+
+
+def bounded(kind: type, low: float, high: float | None = None, what: str = "") -> Callable[[str], Any]:
+    """An argparse type: a number of `kind` in [low, high], else argparse's one-line error."""
+    what = what or {int: "a whole number"}.get(kind, "a number")
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got '{text}'")
+        if not low <= value <= (math.inf if high is None else high):  # (NaN is in no range)
+            top = f" and <= {high:g}" if high is not None else ""
+            raise argparse.ArgumentTypeError(f"expected {what} >= {low:g}{top}, got '{text}'")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's errors in one line (no usage block), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
 
 
 def internal_error(path: str, e: BaseException) -> str:

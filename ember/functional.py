@@ -137,6 +137,11 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, ignore
     if logp.shape[:-1] != tgt.shape:
         raise ShapeError(f"nll_loss: input {list(input.shape)} and target {list(target.shape)} do not match "
                          "([N, C, ...] and [N, ...])")
+    if target.value() is not None:  # a target that is data (as usual) is checked, as PyTorch does
+        t = target.numpy()
+        bad = t[(t != ignore_index) & ((t < 0) | (t >= c))]
+        if bad.size:
+            raise IndexError(f"nll_loss: target {bad.flat[0]} is out of bounds for {c} classes")
     keep = tgt.ne(ignore_index)
     # the target's entry selected with where, as PyTorch gathers it: logp * one_hot would make a
     # -inf elsewhere in the row NaN, and the selection compiles to a load of one entry

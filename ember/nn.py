@@ -1,9 +1,8 @@
 """Layers with PyTorch's names, and state dicts in the safetensors format."""
 from __future__ import annotations
 
-import json
 import math
-import struct
+import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -445,49 +444,50 @@ def cross_entropy(logits: Tensor, target: Tensor, **options: Any) -> Tensor:
 
 # --------------------------------------------------------------------------- safetensors
 
-_ST = {dt.f32: "F32", dt.f64: "F64", dt.f16: "F16", dt.bf16: "BF16", dt.i64: "I64", dt.i32: "I32",
-       dt.i16: "I16", dt.i8: "I8", dt.u8: "U8", dt.bool_: "BOOL"}
-_ST_BACK = {v: k for k, v in _ST.items()}
+# The files go through the safetensors library, which checks a header before anything is read:
+# the offsets tile the data exactly (no tensor reads another's bytes), each size is its dtype's.
+_ST_BACK = {"F32": dt.f32, "F64": dt.f64, "F16": dt.f16, "BF16": dt.bf16, "I64": dt.i64, "I32": dt.i32,
+            "I16": dt.i16, "I8": dt.i8, "U8": dt.u8, "BOOL": dt.bool_}
 
 
 def save_safetensors(tensors: dict[str, Tensor | np.ndarray], path: str | Path,
                      metadata: dict[str, str] | None = None) -> None:
-    """Write the safetensors format (header length, JSON header, raw little-endian data);
-    atomically, so an interrupted save never leaves a broken checkpoint."""
-    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
-    blobs, offset = [], 0
+    """Write a safetensors file, atomically: an interrupted save never leaves a broken one."""
+    import safetensors
+    arrays, specs = [], {}
     for name, value in tensors.items():
         if isinstance(value, Tensor):
             d, arr = value.dtype, data.to_storage(value.numpy(), value.dtype)
         else:
-            arr = np.asarray(value)  # (ascontiguousarray would make a 0-d array 1-d)
+            arr = np.asarray(value)
             d = T.as_dtype(arr.dtype)
-        raw = arr.astype(arr.dtype.newbyteorder("<"), order="C").tobytes()
-        header[name] = {"dtype": _ST[d], "shape": list(arr.shape), "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)
+        if d not in _ST_BACK.values():
+            raise ValueError(f"save_safetensors: {name} is {d}, which safetensors does not hold")
+        arr = arr.astype(arr.dtype.newbyteorder("<"), order="C")  # (a copy that stays alive while written)
+        arrays.append(arr)
+        specs[name] = safetensors.TensorSpec(dtype="bfloat16" if d is dt.bf16 else arr.dtype.name,
+                                             shape=list(arr.shape), data_ptr=arr.ctypes.data, data_len=arr.nbytes)
     path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(head)) + head)
-        for raw in blobs:
-            f.write(raw)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    safetensors.serialize_file(specs, str(tmp), metadata)
     tmp.replace(path)
 
 
 def load_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Arrays by name (bf16 as float32 values) and the metadata."""
-    raw = Path(path).read_bytes()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    meta = header.pop("__metadata__", {}) or {}
-    body = raw[8 + n:]
+    """Arrays by name (f16 and bf16 as float32 values) and the metadata. A file that is not a
+    valid safetensors file raises one ValueError line naming it and the problem."""
+    import safetensors
+    try:
+        with safetensors.safe_open(str(path), "np") as f:
+            meta = f.metadata() or {}
+        items = safetensors.deserialize(Path(path).read_bytes())
+    except safetensors.SafetensorError as e:
+        raise ValueError(f"{path}: not a valid safetensors file: {str(e).removeprefix('Error while ')}") from None
     out = {}
-    for name, info in header.items():
+    for name, info in items:
+        if info["dtype"] not in _ST_BACK:
+            raise ValueError(f"{path}: {name} has dtype {info['dtype']}, which Ember does not read")
         d = _ST_BACK[info["dtype"]]
-        a, b = info["data_offsets"]
-        arr = np.frombuffer(body[a:b], dtype=np.dtype(d.np_name).newbyteorder("<")).reshape(info["shape"])
+        arr = np.frombuffer(info["data"], dtype=np.dtype(d.np_name).newbyteorder("<")).reshape(info["shape"])
         out[name] = data.from_storage(arr, d)
     return out, meta

@@ -34,6 +34,18 @@ _DATA: "weakref.WeakKeyDictionary[Node, np.ndarray]" = weakref.WeakKeyDictionary
 _LEAVES: "weakref.WeakValueDictionary[Node, Tensor]" = weakref.WeakValueDictionary()  # for backward
 
 
+class IntegerDivisionByZero(ZeroDivisionError, RuntimeError):
+    """PyTorch's RuntimeError('ZeroDivisionError'), and Python's exception for it."""
+
+
+def _nonzero_divisor(o: Any) -> None:
+    """Integer division by zero is undefined in the IR (spec section 6); PyTorch raises, so a
+    divisor whose values are known (a number, a tensor's data) is checked here."""
+    v = o.value() if isinstance(o, Tensor) else o
+    if v is not None and not np.all(_host(v) if isinstance(o, Tensor) else v):
+        raise IntegerDivisionByZero("ZeroDivisionError: integer division by zero")
+
+
 class ShapeError(ValueError):
     """A call with shapes or dtypes that do not fit; the message names the call and the shapes."""
 
@@ -333,6 +345,7 @@ class Tensor:
         if rounding_mode not in ("trunc", "floor"):
             raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
         if not a.dtype.is_float:
+            _nonzero_divisor(o)
             q = Tensor(ir.binary(Op.IDIV, a.node, b.node))  # C's division truncates
             if rounding_mode == "trunc":
                 return q
@@ -351,6 +364,7 @@ class Tensor:
         """C's fmod: the remainder with the dividend's sign (computed in f64 for narrower floats)."""
         a, b = _broadcast(*_promote(self, self._wrap(o)), "fmod")
         if not a.dtype.is_float:
+            _nonzero_divisor(o)
             return Tensor(ir.binary(Op.MOD, a.node, b.node))
         wa, wb = a.cast(dt.f64), b.cast(dt.f64)
         r = wa - (wa / wb).trunc() * wb
@@ -360,6 +374,8 @@ class Tensor:
     def remainder(self, o: Any) -> "Tensor":
         """Python's %: the remainder with the divisor's sign."""
         a, b = _broadcast(*_promote(self, self._wrap(o)), "remainder")
+        if not a.dtype.is_float:
+            _nonzero_divisor(o)
         r = a.fmod(b)
         return where(r.ne(0) & ((r < 0).ne(b < 0)), r + b, r)  # a zero keeps fmod's sign, as PyTorch
     def __neg__(self) -> "Tensor": return self._unary(Op.NEG)  # noqa: E704

@@ -8,6 +8,7 @@ resumes exactly where it stopped.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -23,6 +24,7 @@ import numpy as np
 from . import distributed, nn, optim
 from . import tensor as T
 from .capture import jit
+from .commands import Failure, HelpWithDefaults, Parser, bounded
 from .models.gpt import GPT, GPTConfig, build, kv_caches
 
 
@@ -30,7 +32,7 @@ def load_text(path: str | None, limit: int) -> tuple[bytes, str]:
     """The training text and where it came from; a folder contributes its files sorted by name."""
     root = Path(path) if path else Path(os.__file__).parent
     if not root.exists():
-        raise SystemExit(f"ember train: --data {path}: no such file or folder")
+        raise Failure(f"--data {path}: no such file or folder", 3)
     files = [root] if root.is_file() else sorted(p for p in root.rglob("*.py" if path is None else "*")
                                                   if p.is_file() and "site-packages" not in p.parts)
     chunks, total = [], 0
@@ -45,7 +47,7 @@ def load_text(path: str | None, limit: int) -> tuple[bytes, str]:
             break
     text = b"".join(chunks)[:limit]
     if len(text) < 10_000:
-        raise SystemExit(f"ember train: only {len(text)} bytes of text in {root}; need at least 10000")
+        raise Failure(f"only {len(text)} bytes of text in {root}; need at least 10000", 3)
     return text, f"{root} ({len(files)} files)" if root.is_dir() else str(root)
 
 
@@ -62,6 +64,74 @@ def model_config(args: argparse.Namespace, vocab: int) -> GPTConfig:
                      arch="llama" if args.model == "llama" else "gpt", tied=args.model == "gpt2")
 
 
+LIMITS = {"vocab": 1 << 20, "block": 1 << 16, "dim": 1 << 16, "n_layer": 1024, "n_head": 1024}   # stated maxima
+
+
+def memory_needed(c: GPTConfig, batch: int, training: bool, cpu: bool = True) -> int:
+    """A lower bound of the bytes a run holds: the weights; to train, also their gradients and
+    AdamW's two moments, the activations (some 16 numbers a token a layer, the logits) and, on
+    the CPU, one layer's attention scores (flash attention on a GPU keeps none)."""
+    params = c.dim * (c.vocab * (1 if c.tied else 2) + c.block) + 12 * c.n_layer * c.dim * c.dim
+    if not training:
+        return 4 * params + 8 * c.n_layer * c.block * c.dim   # and the KV cache
+    scores = batch * c.n_head * c.block * c.block if cpu else 0
+    return 16 * params + 4 * batch * c.block * (16 * c.n_layer * c.dim + c.vocab) + 4 * scores
+
+
+def check_config(c: GPTConfig, batch: int, training: bool, cpu: bool = True) -> str | None:
+    """What is wrong with a model config (from the options or a checkpoint), before anything is
+    allocated: its fields' types and ranges, and whether the run fits in this machine's memory."""
+    for f in dataclasses.fields(GPTConfig):
+        value, kind = getattr(c, f.name), type(getattr(GPTConfig, f.name))
+        if type(value) is not kind and not (kind is float and type(value) is int):
+            return f"{f.name} is {value!r}, not a {kind.__name__}"
+        if f.name in LIMITS and not 1 <= value <= LIMITS[f.name]:
+            return f"{f.name} is {value}, outside 1..{LIMITS[f.name]}"
+    if c.arch not in ("gpt", "llama") or not 0 <= c.dropout < 1:
+        return f"arch {c.arch!r} and dropout {c.dropout} (gpt or llama, and 0 <= dropout < 1)"
+    if c.dim % c.n_head or (c.arch == "llama" and c.dim // c.n_head % 2):
+        return f"dim {c.dim} does not split into {c.n_head} heads" + (" of an even size" if c.arch == "llama" else "")
+    need, have = memory_needed(c, batch, training, cpu), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        return (f"{c.n_layer} layers of dim {c.dim}, vocab {c.vocab}, block {c.block}" + (f", batch {batch}" if training
+                else "") + f" need at least {need / 2**30:.1f} GiB of memory; this machine has {have / 2**30:.1f} GiB")
+    return None
+
+
+def load_checkpoint(path: Path | str, batch: int = 1, training: bool = False) -> tuple[dict, dict, GPTConfig]:
+    """A checkpoint's arrays, its run metadata and its model config, checked (one Failure line
+    naming the file and the problem)."""
+    if not Path(path).is_file():
+        raise Failure(f"no checkpoint at {path} (run ember train first)", 3)
+    try:
+        arrays, meta = nn.load_safetensors(path)
+        saved = json.loads(meta["ember"])
+        config = GPTConfig(**saved["config"])
+    except OSError as e:
+        raise Failure(f"{path}: cannot read the checkpoint: {e.strerror}", 3)
+    except (KeyError, TypeError, ValueError) as e:  # (json's errors are ValueErrors)
+        why = str(e) if isinstance(e, ValueError) and str(e).startswith(str(path)) else None
+        raise Failure(why or f"{path}: not a checkpoint of ember train (its metadata has no readable run config: "
+                      f"{type(e).__name__}: {e})")
+    problem = check_config(config, batch, training)
+    if problem:
+        raise Failure(f"{path}: its model config: {problem}")
+    return arrays, saved, config
+
+
+def load_weights(module: Any, arrays: dict, prefix: str, path: Path | str) -> None:
+    """The arrays named prefix + a name into a model (each of its parameter's shape and dtype)
+    or an optimizer."""
+    state = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+    for name, p in module.state_dict().items() if isinstance(module, nn.Module) else ():
+        if name in state and state[name].dtype != np.dtype(p.dtype.np_name):
+            raise Failure(f"{path}: {prefix}{name} is {state[name].dtype}, the model's is {p.dtype}")
+    try:
+        module.load_state_dict(state)
+    except (KeyError, ValueError) as e:
+        raise Failure(f"{path}: {e.args[0] if e.args else e}")
+
+
 def tokenize(text: bytes, model: str, out: Path | None) -> tuple[np.ndarray, int]:
     """The text as token ids, and the vocabulary size. Bytes for the byte model; else a
     byte-level BPE trained on this text with the `tokenizers` library, cached on disk by the
@@ -75,7 +145,7 @@ def tokenize(text: bytes, model: str, out: Path | None) -> tuple[np.ndarray, int
     try:
         from tokenizers import ByteLevelBPETokenizer
     except ImportError:
-        raise SystemExit(f"ember train: --model {model} needs the tokenizers package (pip install tokenizers)")
+        raise Failure(f"--model {model} needs the tokenizers package (pip install tokenizers)", 3)
     key = f"{hashlib.sha256(text).hexdigest()[:16]}-{BPE_TOKENS}"
     folder = cache_dir("tokenizers")
     path, ids_path = folder / f"{key}.json", folder / f"{key}.npy"
@@ -157,38 +227,44 @@ def plot(history: dict, path: Path) -> str:
 
 
 def train(argv: list[str] | None = None) -> int:
-    from .commands import HelpWithDefaults
-    ap = argparse.ArgumentParser(prog="ember train", description="Train a small byte-level GPT on real text.",
-                                 formatter_class=HelpWithDefaults)
+    count, whole, number = bounded(int, 1), bounded(int, 0), bounded(float, 0)
+    ap = Parser(prog="ember train", description="Train a small byte-level GPT on real text.",
+                formatter_class=HelpWithDefaults)
     ap.add_argument("--data", help="a text file or folder (default: the Python standard library's sources)")
-    ap.add_argument("--out", default="runs/gpt", help="run folder: checkpoint, loss plot, log")
-    ap.add_argument("--steps", type=int, default=300, help="optimizer steps")
+    ap.add_argument("--out", default="runs/gpt", help="run folder: checkpoint, loss plot, summary.json (and a BPE "
+                    "model's tokenizer.json)")
+    ap.add_argument("--steps", type=whole, default=300, help="optimizer steps")
     ap.add_argument("--model", choices=list(PRESETS), default="byte",
                     help="byte: a small byte-level GPT; gpt2: GPT-2 124M's shape with a byte-level BPE of 50257 "
                          "tokens trained on the data (vocab 50304); llama: the same size with RMSNorm, RoPE, SwiGLU "
                          "and no biases")
-    ap.add_argument("--batch", type=int, default=16, help="sequences per step (over all GPUs)")
-    ap.add_argument("--gpus", type=int, default=1,
+    ap.add_argument("--batch", type=count, default=16, help="sequences per step (over all GPUs)")
+    ap.add_argument("--gpus", type=count, default=1,
                     help="data-parallel processes, one per GPU of this host (RANK/WORLD_SIZE from a launcher also "
                          "work)")
-    ap.add_argument("--block", type=int, help="context length in tokens (default: the model's, 64 or 1024)")
-    ap.add_argument("--dim", type=int, help="model width (default: the model's, 96 or 768)")
-    ap.add_argument("--layers", type=int, help="transformer blocks (default: the model's, 2 or 12)")
-    ap.add_argument("--heads", type=int, help="attention heads (default: the model's, 4 or 12)")
-    ap.add_argument("--lr", type=float, default=3e-3, help="AdamW peak learning rate")
-    ap.add_argument("--warmup", type=int, default=0, help="steps of linear warmup to the peak learning rate")
+    ap.add_argument("--block", type=bounded(int, 1, LIMITS["block"]),
+                    help="context length in tokens (default: the model's, 64 or 1024)")
+    ap.add_argument("--dim", type=bounded(int, 1, LIMITS["dim"]),
+                    help="model width (default: the model's, 96 or 768)")
+    ap.add_argument("--layers", type=bounded(int, 1, LIMITS["n_layer"]),
+                    help="transformer blocks (default: the model's, 2 or 12)")
+    ap.add_argument("--heads", type=bounded(int, 1, LIMITS["n_head"]),
+                    help="attention heads (default: the model's, 4 or 12)")
+    ap.add_argument("--lr", type=number, default=3e-3, help="AdamW peak learning rate")
+    ap.add_argument("--warmup", type=whole, default=0, help="steps of linear warmup to the peak learning rate")
     ap.add_argument("--cosine", action="store_true",
                     help="after the warmup, decay along a cosine to a tenth of the peak at --steps (a run extended "
                          "to more steps then follows another schedule)")
-    ap.add_argument("--accum", type=int, default=1, help="micro-batches of --batch sequences per optimizer step")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the initialization and the batches")
-    ap.add_argument("--eval-every", type=int, default=50, help="steps between validation losses")
+    ap.add_argument("--accum", type=count, default=1, help="micro-batches of --batch sequences per optimizer step")
+    ap.add_argument("--seed", type=whole, default=0, help="seed of the initialization and the batches")
+    ap.add_argument("--eval-every", type=count, default=50, help="steps between validation losses")
     ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda with a GPU, else cpu")
-    ap.add_argument("--max-bytes", type=int, default=4_000_000, help="use at most this many bytes of text")
+    ap.add_argument("--max-bytes", type=bounded(int, 10_000), default=4_000_000,
+                    help="use at most this many bytes of text")
     ap.add_argument("--fresh", action="store_true", help="start over even if the run folder has a checkpoint")
     ap.add_argument("--autocast", choices=["none", "bf16", "f16"], default="none",
                     help="mixed precision: matmuls on bf16/f16 inputs (tensor cores), weights and the rest f32")
-    ap.add_argument("--clip", type=float, default=0.0, help="clip gradients to this global norm (0: off)")
+    ap.add_argument("--clip", type=number, default=0.0, help="clip gradients to this global norm (0: off)")
     ap.add_argument("--no-jit", dest="jit", action="store_false",
                     help="build the step's graph in Python every step (default: ember.jit replays it)")
     ap.add_argument("--dry-run", action="store_true",
@@ -198,11 +274,13 @@ def train(argv: list[str] | None = None) -> int:
     for name, value in PRESETS[args.model].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    sizes = model_config(args, 256 if args.model == "byte" else BPE_VOCAB)
+    problem = check_config(sizes, args.batch * args.accum, True, args.device != "cuda")
+    if problem:
+        raise Failure(f"--batch {args.batch} --block {args.block} --dim {args.dim} --layers {args.layers} "
+                      f"--heads {args.heads}: {problem}")
     if args.dry_run:
         return dry_run(args)
-    if args.gpus < 1:
-        print(f"ember train: --gpus {args.gpus}: at least 1", file=sys.stderr)
-        return 2
     if args.gpus > 1 and args.device == "cpu":
         print("ember train: --gpus runs one process per GPU; it does not go with --device cpu", file=sys.stderr)
         return 2
@@ -230,6 +308,10 @@ def train(argv: list[str] | None = None) -> int:
     text, source = load_text(args.data, args.max_bytes)
     tokens, vocab = tokenize(text, args.model, out if main else None)
     train_data, val_data = split_data(tokens)
+    if len(val_data) < args.block + 2:
+        unit = "bytes" if args.model == "byte" else "tokens"
+        raise Failure(f"--block {args.block}: the held-out text has only {len(val_data)} {unit}; use a shorter "
+                      "block or more text (--data, --max-bytes)")
 
     config = model_config(args, vocab)
     T.manual_seed(args.seed)
@@ -240,14 +322,16 @@ def train(argv: list[str] | None = None) -> int:
         distributed.DataParallel(model)
     run = Run(args, model, opt, rng, train_data, val_data, config, ckpt, out, 0)
     if ckpt.exists() and not args.fresh:
-        arrays, meta = nn.load_safetensors(ckpt)
-        saved = json.loads(meta["ember"])
-        if saved["config"] != config.to_dict():
-            raise SystemExit(f"ember train: {ckpt} was trained with {saved['config']}; use --fresh or the same sizes")
-        model.load_state_dict({k[6:]: v for k, v in arrays.items() if k.startswith("model.")})
-        opt.load_state_dict({k[4:]: v for k, v in arrays.items() if k.startswith("opt.")})
-        rng.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in saved["rng"]))
-        run.history, run.start = saved["history"], saved["step"]
+        arrays, saved, saved_config = load_checkpoint(ckpt, args.batch * args.accum, True)
+        if saved_config != config:
+            raise Failure(f"{ckpt} was trained with {saved['config']}; use --fresh or the same sizes")
+        load_weights(model, arrays, "model.", ckpt)
+        load_weights(opt, arrays, "opt.", ckpt)
+        try:
+            rng.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in saved["rng"]))
+            run.history, run.start = {"train": saved["history"]["train"], "val": saved["history"]["val"]}, saved["step"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise Failure(f"{ckpt}: its run state (rng, history, step) is unreadable: {type(e).__name__}: {e}")
         if main:
             print(f"resuming {ckpt} at step {run.start}", file=sys.stderr)
     params = sum(p.numel() for p in model.parameters())
@@ -443,49 +527,58 @@ class Run:
 
 
 def sample(argv: list[str] | None = None) -> int:
-    from .commands import HelpWithDefaults
-    ap = argparse.ArgumentParser(prog="ember sample", description="Generate text from a checkpoint of ember train.",
-                                 formatter_class=HelpWithDefaults)
+    ap = Parser(prog="ember sample", description="Generate text from a checkpoint of ember train.",
+                formatter_class=HelpWithDefaults)
     ap.add_argument("--ckpt", default="runs/gpt/ckpt.safetensors", help="the checkpoint to load")
     ap.add_argument("--prompt", default="def ", help="text to continue")
-    ap.add_argument("--tokens", type=int, default=200, help="tokens to generate (bytes for the byte model)")
-    ap.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (0: greedy)")
-    ap.add_argument("--seed", type=int, default=0, help="sampling seed")
+    ap.add_argument("--tokens", type=bounded(int, 0), default=200, help="tokens to generate (bytes for the byte model)")
+    ap.add_argument("--temperature", type=bounded(float, 0), default=0.8,
+                    help="sampling temperature (0: greedy, the likeliest token every time)")
+    ap.add_argument("--seed", type=bounded(int, 0), default=0, help="sampling seed")
     args = ap.parse_args(argv)
-    if not Path(args.ckpt).exists():
-        raise SystemExit(f"ember sample: no checkpoint at {args.ckpt} (run ember train first)")
-    arrays, meta = nn.load_safetensors(args.ckpt)
-    config = GPTConfig(**json.loads(meta["ember"])["config"])
-    model = build(config)
-    model.load_state_dict({k[6:]: v for k, v in arrays.items() if k.startswith("model.")})
-    model.eval()
-    rng = random.Random(args.seed)
+    arrays, _, config = load_checkpoint(args.ckpt)
     bpe = Path(args.ckpt).parent / "tokenizer.json"
     if config.vocab != 256:  # a BPE model: its tokenizer was saved beside the checkpoint
         if not bpe.exists():
-            raise SystemExit(f"ember sample: {bpe} is missing (ember train saves it with a BPE model's checkpoint)")
+            raise Failure(f"{bpe} is missing (ember train saves it with a BPE model's checkpoint)", 3)
         from tokenizers import Tokenizer
         tokenizer = Tokenizer.from_file(str(bpe))
     out = tokenizer.encode(args.prompt).ids if config.vocab != 256 else list(args.prompt.encode())
     if not out:
-        raise SystemExit("ember sample: the prompt is empty")
+        raise Failure("the prompt is empty")
+    model = build(config)
+    load_weights(model, arrays, "model.", args.ckpt)
+    model.eval()
+    rng = random.Random(args.seed)
     # one token at a time through a KV cache: the position is data, so every position runs one
     # compiled program, and ember.jit replays it without building the graph again
     caches = kv_caches(model, 1)
-    inv_t = 1 / max(args.temperature, 1e-6)
-    step = jit(lambda token: (model.decode(token, caches) * inv_t).softmax(-1))
+    greedy, inv_t = args.temperature == 0, 1 / max(args.temperature, 1e-6)
+    step = jit(lambda token: model.decode(token, caches).argmax(-1) if greedy
+               else (model.decode(token, caches) * inv_t).softmax(-1))
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids) if config.vocab != 256 else bytes(ids).decode("utf-8", errors="replace")
+    shown = decode(out)
+    sys.stdout.write(shown)
+    sys.stdout.flush()
     base, fed, t0 = 0, 0, time.perf_counter()   # out[base:base + fed] are in the cache
-    for _ in range(args.tokens):
+    for i in range(args.tokens):
         if len(out) - base > config.block:  # the cache is full: again from the last half of the text
             base, fed = len(out) - config.block // 2, 0   # (what it held past fed is masked out)
         while base + fed < len(out):
             caches[0].pos.assign(T.Tensor(np.array([fed], np.int64)))
-            probs = step(T.Tensor(np.array([[out[base + fed]]], np.int64)))
+            result = step(T.Tensor(np.array([[out[base + fed]]], np.int64)))
             fed += 1
-        out.append(rng.choices(range(config.vocab), weights=probs.numpy()[0].tolist())[0])
+        out.append(int(result.item()) if greedy else rng.choices(range(config.vocab),
+                                                                 weights=result.numpy()[0].tolist())[0])
+        text = decode(out)   # streamed as it comes, once a character is whole (a token may end inside one)
+        if text.startswith(shown) and (not text.endswith("\ufffd") or i == args.tokens - 1):
+            sys.stdout.write(text[len(shown):])
+            sys.stdout.flush()
+            shown = text
     seconds = time.perf_counter() - t0
+    sys.stdout.write("\n")
+    sys.stdout.flush()
     print(f"ember sample: {args.tokens} tokens in {seconds:.2f} s, {args.tokens / seconds:.1f} tokens/s "
           "(the first few compile)", file=sys.stderr)
-    text = tokenizer.decode(out) if config.vocab != 256 else bytes(out).decode("utf-8", errors="replace")
-    sys.stdout.write(text + "\n")
     return 0

@@ -7,7 +7,8 @@ vectorized; values are unchanged). Never -ffast-math, which breaks NaN, inf and 
 -fwrapv: it stops gcc from treating index arithmetic as affine (5x slower matmul, see
 docs/performance.md); the renderer makes the spec's wrapping signed arithmetic explicit
 instead, computing it in the unsigned type. OpenMP runs the outer loop of large kernels in
-parallel when the compiler supports it.
+parallel when the compiler supports it, with as many threads as this process has free cores
+and a passive wait policy (threads()).
 """
 from __future__ import annotations
 
@@ -174,6 +175,27 @@ def _supports(flag: str) -> bool:
         return proc.returncode == 0
 
 
+def threads() -> int:
+    """The cores this process may run on (its affinity) less the machine's load, at least 1.
+    More threads than free cores only makes each parallel loop wait for its preempted thread."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    busy = os.getloadavg()[0]
+    try:  # the 1-minute average lags behind a process that just started: the runnable tasks now, less this one
+        busy = max(busy, int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1)
+    except (OSError, IndexError, ValueError):
+        pass
+    return max(1, min(cores, cores - int(busy + 0.5)))
+
+
+@functools.lru_cache(maxsize=None)
+def _openmp_settings() -> None:
+    """Set before the first program loads libgomp, which reads them once, at load. Passive: a
+    thread that waits sleeps; spinning (libgomp's default, for a while) takes the cores that
+    the other threads, or other processes, need. A user's own OMP_* settings win."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads()))
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+
 class CompileError(RuntimeError):
     pass
 
@@ -190,7 +212,7 @@ def build(source: "CSource | str", opt: str = "-O3") -> Path:
     if cache_read(lib) is not None:
         return lib
     with tempfile.TemporaryDirectory(dir=lib.parent) as work:
-        units = src.units(os.cpu_count() or 1)
+        units = src.units(threads())
         paths = [Path(work) / f"u{i}.c" for i in range(len(units))]
         for path, text in zip(paths, units):
             path.write_text(text)
@@ -198,7 +220,7 @@ def build(source: "CSource | str", opt: str = "-O3") -> Path:
         def compile_unit(p: Path) -> subprocess.CompletedProcess:
             return subprocess.run([cc, *compile_flags, "-c", str(p), "-o", str(p.with_suffix(".o"))],
                                   capture_output=True, text=True)
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        with ThreadPoolExecutor(max_workers=len(units)) as pool:
             procs = list(pool.map(compile_unit, paths))
         failed = next((p for p in procs if p.returncode != 0), None)
         if failed is None:
@@ -223,6 +245,7 @@ class CProgram:
         self.csource = render(self.sched)
         self.source = self.csource.text
         t1 = time.perf_counter()
+        _openmp_settings()
         self.lib = ctypes.CDLL(str(build(self.csource, opt)))
         self.compile_seconds = (t1 - t0, time.perf_counter() - t1)
         debug.log(1, f"ember: {len(self.sched.kernels)} kernels, codegen {self.compile_seconds[0] * 1e3:.1f} ms, "

@@ -484,6 +484,8 @@ class Sandbox:
             env["EMBER_CACHE"] = str(cache_root())
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
         env.update(HOME=str(work), TMPDIR=str(work), LANG=env.get("LANG", "C.UTF-8"))
+        # the runs at once share the cores: each run's OpenMP threads (any compiler's) get a share
+        env["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // len(self.uids)))
         return env
 
     def _limited(self, cmd: list[str]) -> list[str]:

@@ -34,8 +34,9 @@ def test_train_resume_and_sample(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_train_reports_bad_data_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit, match="no such file or folder"):
-        main(["train", "--data", "/nonexistent/text", "--steps", "1"])
+    assert main(["train", "--data", "/nonexistent/text", "--steps", "1"]) == 3
+    err = capsys.readouterr().err
+    assert err == "ember train: --data /nonexistent/text: no such file or folder\n"
 
 
 def test_ctrl_c_saves_a_checkpoint_and_says_one_line(tmp_path: Path) -> None:
@@ -51,12 +52,15 @@ def test_ctrl_c_saves_a_checkpoint_and_says_one_line(tmp_path: Path) -> None:
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.time() + 240
-    while not (tmp_path / "r" / "ckpt.safetensors").exists() and time.time() < deadline:
+    # the first checkpoint comes after the first step compiles, which on a loaded machine takes
+    # minutes: the bound is for a hung run, not a slow one (while it runs, it is waited for)
+    deadline = time.time() + 1200
+    while not (tmp_path / "r" / "ckpt.safetensors").exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.2)
+    assert proc.poll() is None and (tmp_path / "r" / "ckpt.safetensors").exists(), "no checkpoint was written"
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=600)   # it may be inside a compile of the next step: that ends first
     assert proc.returncode == 130
     last = err.strip().splitlines()[-1]
     assert last.startswith("ember train: interrupted after step") and "Traceback" not in err
