@@ -26,6 +26,7 @@ import itertools
 import math
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
@@ -669,7 +670,23 @@ class _Profile:
 PROFILE = _Profile()
 
 
-program = cached(CUDAProgram)
+_programs = cached(CUDAProgram)
+_thread = threading.local()
+
+
+def program(outputs: list[Node]) -> CUDAProgram:
+    """The compiled program of outputs, with this process's context current in the calling
+    thread: a context is current per thread, and a thread pool's runs (`ember test -j`) would
+    otherwise find none (CUDA_ERROR_INVALID_CONTEXT)."""
+    dev = _device()
+    if dev is not None and getattr(_thread, "ctx", None) is not dev[0]:
+        from cuda.bindings import driver as cu
+        _check((cu.cuCtxSetCurrent(dev[0])[0], None))
+        _thread.ctx = dev[0]
+    return _programs(outputs)
+
+
+program.programs = _programs.programs  # type: ignore[attr-defined]
 
 
 def run_values(outputs: list[Node], inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:

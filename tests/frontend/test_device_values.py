@@ -67,3 +67,12 @@ def test_replayed_runs_see_new_data(on_cuda) -> None:
         x = T.Tensor(np.full((64, 33), float(i), np.float32))
         y = (x * 2 + 1).sum(0)
         np.testing.assert_array_equal(y.numpy(), np.full(33, 64 * (2 * i + 1), np.float32))
+
+
+def test_ember_test_runs_cuda_files_on_a_thread_pool(capsys: pytest.CaptureFixture[str]) -> None:
+    """A CUDA context is current per thread: `ember test -j 4` runs each file on a pool thread."""
+    from pathlib import Path
+
+    from ember.cli import main
+    folder = Path(__file__).parents[1] / "eir" / "unary"
+    assert main(["test", str(folder), "--backend", "cuda", "-j", "4"]) == 0, capsys.readouterr().out
