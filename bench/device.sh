@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 echo "== GPU tests"
 python3 -m pytest -q -p no:cacheprovider tests/test_corpus.py tests/compiler/test_differential.py \
   tests/compiler/test_gpu_plans.py tests/compiler/test_contractions.py tests/compiler/test_attention.py \
-  tests/frontend/test_device_values.py \
+  tests/frontend/test_device_values.py tests/compiler/test_cuda_runtime.py tests/frontend/test_train.py \
   tests/frontend/test_autocast.py tests/compiler/test_toolchain_bugs.py tests/compiler/test_cuda_source.py \
   -k "cuda or gpu or tensor_core or device or autocast or toolchain or split" 2>&1 | tail -5
 echo "== differential fuzz, cuda vs ref"
