@@ -26,8 +26,8 @@ def test_concurrent_compiles_share_one_cache(tmp_path: Path) -> None:
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     assert {o for o, _ in outs} == {"y = [1, 4, 9]\n"}
-    libs = list((tmp_path / "cache" / "c").iterdir())
-    assert len(libs) == 1 and libs[0].suffix == ".so"  # no temporaries left behind
+    libs = sorted(p.name for p in (tmp_path / "cache" / "c").iterdir())
+    assert len(libs) == 2 and libs[0].endswith(".so") and libs[1] == libs[0] + ".sha256", libs  # no temporaries
 
 
 def test_cached_build_is_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -90,7 +90,8 @@ def test_too_few_gpus_is_one_line() -> None:
                                              f"{cuda.device_count()} GPU{'' if cuda.device_count() == 1 else 's'}"]
 
 
-@pytest.mark.parametrize("args, message", [(["--gpus", "0"], "ember train: --gpus 0: at least 1"),
+@pytest.mark.parametrize("args, message", [(["--gpus", "0"], "ember train: error: argument --gpus: expected a whole "
+                                            "number >= 1, got '0' (--help lists the options)"),
                                            (["--gpus", "2", "--device", "cpu"], "ember train: --gpus runs one process "
                                             "per GPU; it does not go with --device cpu")])
 def test_gpus_that_cannot_be_are_one_line(args: list[str], message: str) -> None:
