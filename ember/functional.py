@@ -82,6 +82,42 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     return x.gelu(approximate)
 
 
+def quick_gelu(x: Tensor) -> Tensor:
+    """x * sigmoid(1.702 x), CLIP's approximation of gelu."""
+    return x * (x * 1.702).sigmoid()
+
+
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:  # noqa: A002
+    if input.shape[-1:] != weight.shape[-1:]:
+        raise ShapeError(f"linear: input {list(input.shape)} and weight {list(weight.shape)} (out, in) do not fit")
+    y = input @ weight.T
+    return y + bias if bias is not None else y
+
+
+def layer_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = None,  # noqa: A002
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """Over the last len(normalized_shape) dims, with the biased variance, as PyTorch."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if input.shape[input.ndim - len(shape):] != shape:
+        raise ShapeError(f"layer_norm: input {list(input.shape)} does not end in normalized_shape {list(shape)}")
+    dims = tuple(range(-len(shape), 0)) if len(shape) > 1 else -1
+    d = input - input.mean(dims, keepdim=True)
+    y = d * ((d * d).mean(dims, keepdim=True) + eps).rsqrt()
+    y = y * weight if weight is not None else y
+    return y + bias if bias is not None else y
+
+
+def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:  # noqa: A002
+    """weight's rows at input; the padding row's gets no gradient, as PyTorch's."""
+    if input.dtype.is_float:
+        raise ShapeError(f"embedding: indices must be integers, got {input.dtype}")
+    rows = weight.gather_rows(input)
+    if padding_idx is None:
+        return rows
+    pad = padding_idx % weight.shape[0]
+    return where(input.eq(pad).unsqueeze(-1), Tensor(ir.stop_gradient(rows.node)), rows)
+
+
 def sigmoid(x: Tensor) -> Tensor:
     return x.sigmoid()
 

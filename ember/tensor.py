@@ -67,6 +67,7 @@ class Context:
     pending_assigns: dict = field(default_factory=dict)  # leaf node -> (leaf, value): assign(lazy=True)
     trace: Any = None                  # ember.jit's record of the step being captured
     averaged: set = field(default_factory=set)  # params whose gradients are all-reduced (DataParallel)
+    grad_enabled: bool = True          # False under no_grad: results carry no gradient path
 
 
 context = Context()
@@ -90,6 +91,75 @@ class autocast:
 
     def __exit__(self, *exc: Any) -> None:
         context.autocast = self.saved
+
+
+class set_grad_enabled:
+    """torch.set_grad_enabled, and the base of no_grad, enable_grad and inference_mode: a context
+    manager or a decorator. Results computed with gradients off have requires_grad False and
+    pass no gradient back (their nodes are wrapped in ir.stop_gradient), as in PyTorch."""
+    mode = True
+
+    def __init__(self, mode: Any = None):
+        self.fn = mode if callable(mode) else None   # a bare @no_grad, as PyTorch allows
+        if mode is not None and self.fn is None:
+            self.mode = bool(mode)
+        self.saved: list[bool] = []
+        self.applied = type(self) is set_grad_enabled and self.fn is None
+        if self.applied:   # set_grad_enabled(False) as a call acts at once, as in PyTorch
+            self.saved.append(context.grad_enabled)
+            context.grad_enabled = self.mode
+
+    def __enter__(self) -> "set_grad_enabled":
+        if not self.applied:
+            self.saved.append(context.grad_enabled)
+            context.grad_enabled = self.mode
+        self.applied = False
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        context.grad_enabled = self.saved.pop()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fn is not None:   # this is the decorated function
+            with self:
+                return self.fn(*args, **kwargs)
+        fn = args[0]
+
+        @functools.wraps(fn)
+        def wrapped(*a: Any, **k: Any) -> Any:
+            with self:
+                return fn(*a, **k)
+        return wrapped
+
+
+class no_grad(set_grad_enabled):
+    mode = False
+
+
+class enable_grad(set_grad_enabled):
+    mode = True
+
+
+class inference_mode(no_grad):
+    def __init__(self, mode: Any = True):
+        super().__init__(mode if callable(mode) else None)
+        self.mode = self.mode if callable(mode) else not mode
+
+
+def is_grad_enabled() -> bool:
+    return context.grad_enabled
+
+
+class device(str):
+    """torch.device: a name ("cpu", "cuda", "cuda:0") with .type and .index; equal to its string."""
+
+    @property
+    def type(self) -> str:
+        return self.split(":")[0]
+
+    @property
+    def index(self) -> int | None:
+        return int(self.split(":")[1]) if ":" in self else None
 
 
 def default_device() -> str:
@@ -159,10 +229,14 @@ def _half_in_f32(f: Callable[..., "Tensor"]) -> Callable[..., "Tensor"]:
 class Tensor:
     """A lazy tensor: an IR node, plus (for leaves) the data of its param."""
 
-    __slots__ = ("node", "requires_grad", "grad", "_value", "__weakref__")
+    __slots__ = ("node", "_rg", "grad", "_value", "__weakref__")
 
     def __init__(self, value: Any, dtype: DType | None = None, requires_grad: bool = False):
         if isinstance(value, Node):
+            self._rg = None if context.grad_enabled else False
+            if not context.grad_enabled and value.dtype.is_float and value.op not in (Op.PARAM, Op.CONST) \
+                    and ir.stopped(value) is None:
+                value = ir.stop_gradient(value)
             self.node = value
             self._value = None
         elif hasattr(value, "ptr"):  # a DeviceArray: a value that stays on the GPU
@@ -178,8 +252,104 @@ class Tensor:
             self._value = None
             _DATA[self.node] = np.ascontiguousarray(arr, dtype=_np_dtype(d)).reshape(arr.shape)  # keeps 0-d
             _LEAVES[self.node] = self
-        self.requires_grad = requires_grad
+        if self.is_leaf:
+            self._rg = bool(requires_grad)
+        elif requires_grad:
+            self.requires_grad = True
         self.grad: Tensor | None = None
+
+    @property
+    def requires_grad(self) -> bool:
+        """A leaf's flag; for a result, whether a leaf that requires grad is in its graph (as
+        PyTorch's, and False for what no_grad computed)."""
+        if self._rg is None:
+            self._rg = _needs_grad(self.node)
+        return self._rg
+
+    @requires_grad.setter
+    def requires_grad(self, flag: bool) -> None:
+        if not self.is_leaf and flag != self.requires_grad:
+            if not flag:
+                raise RuntimeError("you can only change requires_grad flags of leaf variables (use detach())")
+            self._rebind(self)   # a result that needs no gradient becomes a leaf, as in PyTorch
+        self._rg = bool(flag)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        self.requires_grad = requires_grad
+        return self
+
+    def _rebind(self, new: "Tensor") -> "Tensor":
+        """This tensor takes new's value as a leaf of its own (in-place ops on leaves, requires_grad_
+        on results): graphs built before keep the old value, as PyTorch's version counters demand."""
+        realize(new)
+        node = ir.param(new_name(), new.dtype, new.shape)
+        _DATA[node], _LEAVES[node] = new.value(), self
+        self.node, self._value = node, None
+        return self
+
+    def _inplace(self, new: "Tensor") -> "Tensor":
+        """x.add_(y) and friends: x becomes the result, in x's dtype and shape. A leaf takes the
+        value now (computed); a result takes the new node, so gradients flow through it."""
+        if self.is_leaf and self._rg and context.grad_enabled:
+            raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+        new = self._wrap(new).cast(self.dtype)
+        if _broadcast_shape(self.shape, new.shape, "in-place op") != self.shape:
+            raise ShapeError(f"in-place op: the result's shape {list(new.shape)} does not fit {list(self.shape)}")
+        new = new._broadcast_to(self.shape)
+        if self.is_leaf:
+            return self._rebind(new)
+        self.node, self._value, self._rg = new.node, None, None
+        return self
+
+    def zero_(self) -> "Tensor": return self._inplace(zeros_like(self))  # noqa: E704
+    def fill_(self, v: Any) -> "Tensor": return self._inplace(self._wrap(v))  # noqa: E704
+    def copy_(self, src: Any) -> "Tensor": return self._inplace(src)  # noqa: E704
+
+    def uniform_(self, a: float = 0.0, b: float = 1.0) -> "Tensor":
+        return self._inplace(rand(self.shape, dtype=self.dtype) * (b - a) + a)
+
+    def normal_(self, mean: float = 0.0, std: float = 1.0) -> "Tensor":
+        return self._inplace(randn(self.shape, dtype=self.dtype) * std + mean)
+
+    @property
+    def data(self) -> "Tensor":
+        return self.detach()
+
+    @data.setter
+    def data(self, value: "Tensor") -> None:
+        self._rebind(value)
+
+    @property
+    def device(self) -> device:
+        return device("cuda" if default_device() == "cuda" else "cpu")
+
+    @property
+    def is_cuda(self) -> bool:
+        return default_device() == "cuda"
+
+    def cuda(self, device: Any = None) -> "Tensor":
+        return self.to("cuda")
+
+    def cpu(self) -> "Tensor":
+        """The tensor itself: values come to the host when they are read (numpy(), item()), and
+        the device is one for all tensors, so this does not move the others' programs."""
+        return self
+
+    def __float__(self) -> float: return float(self._one("float"))  # noqa: E704
+    def __int__(self) -> int: return int(self._one("int"))  # noqa: E704
+
+    def _one(self, name: str) -> Any:
+        if self.numel() != 1:
+            raise ValueError(f"only one element tensors can be converted to Python scalars ({name}() of a tensor "
+                             f"of shape {list(self.shape)})")
+        return self.item()
+
+    def __format__(self, spec: str) -> str:
+        return format(self.item(), spec) if self.ndim == 0 else object.__format__(self, spec)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = self.numpy()
+        return a if dtype is None else a.astype(dtype)
 
     # ------------------------------------------------------------------------ properties
     @property
@@ -230,16 +400,24 @@ class Tensor:
     def tolist(self) -> Any:
         return self.numpy().tolist()
 
-    def to(self, target: Any) -> "Tensor":
-        """`.to(dtype)` casts; `.to("cpu"/"cuda")` picks where programs run (one device at a time)."""
-        if isinstance(target, DType) or (isinstance(target, str) and target.removeprefix("torch.") in _NAMES) \
-                or isinstance(target, (np.dtype, type)):
-            return self.cast(as_dtype(target))
-        name = backends.backend_of(target)
-        if name is None:
-            raise ShapeError(f"to({target!r}): devices are 'cpu' and 'cuda'")
-        context.device = name if name in backends.available() else default_device()
-        return self
+    def to(self, *args: Any, dtype: Any = None, device: Any = None, **_: Any) -> "Tensor":
+        """`.to(dtype)` casts; `.to("cuda")` picks where programs run (one device for all tensors;
+        "cuda" without a GPU is a RuntimeError saying why; unlike cpu(), which moves nothing);
+        `.to(other)` takes other's dtype. Both, and keywords, as PyTorch."""
+        for a in args:
+            if isinstance(a, Tensor):
+                dtype = a.dtype
+            elif isinstance(a, DType) or (isinstance(a, str) and a.removeprefix("torch.") in _NAMES) \
+                    or isinstance(a, (np.dtype, type)):
+                dtype = a
+            else:
+                device = a
+        if device is not None:
+            name = backends.backend_of(str(device).split(":")[0])
+            if name is None:
+                raise ShapeError(f"to({device!r}): devices are 'cpu' and 'cuda'")
+            set_default_device(str(device).split(":")[0])
+        return self.cast(as_dtype(dtype)) if dtype is not None else self
 
     def detach(self) -> "Tensor":
         """The same value with no gradient path to this tensor (a leaf shares its data)."""
@@ -1168,7 +1346,7 @@ class Tensor:
         written = where(hit, flat_v, lowest).amax(0) if self.dtype is not dt.bool_ else \
             where(hit, flat_v.cast(dt.u8), 0).amax(0).cast(dt.bool_)
         new = where(hit.cast(dt.u8).amax(0).cast(dt.bool_), written, self.reshape(-1)).reshape(self.shape)
-        self.node, self._value = new.node, None
+        self._inplace(new)
 
     def tril(self, diagonal: int = 0) -> "Tensor":
         return where(self._band() <= diagonal, self, self._const(0))
@@ -1440,6 +1618,10 @@ class Tensor:
 
     def matmul(self, other: "Tensor") -> "Tensor":
         a, b = _promote(self, other)
+        if a.ndim == 1 and b.ndim == 1:
+            if a.shape != b.shape:
+                raise ShapeError(f"matmul: {list(a.shape)} @ {list(b.shape)}: the vectors' lengths differ")
+            return (a * b).sum()
         if a.ndim == 1:
             return a.unsqueeze(0).matmul(b).squeeze(-2)
         if b.ndim == 1:
@@ -1475,6 +1657,8 @@ class Tensor:
             return (self * gradient).sum().backward()
         if self.numel() != 1:
             raise ShapeError(f"backward() needs a scalar (or a gradient argument), got shape {list(self.shape)}")
+        if not self.requires_grad:
+            raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
         leaves = [t for t in _leaves(self) if t.requires_grad]
         for t in leaves:
             g = Tensor(ir.grad(self.node, t.node))
@@ -1486,6 +1670,39 @@ class Tensor:
             realize(self, *grads, average=[self, *grads])
             for t in averaged:  # leaves holding the averages: the update reads them (its graph
                 t.grad = t.grad.detach()   # would otherwise compute this rank's gradients again)
+
+
+def _inplace_form(name: str) -> Callable[..., Tensor]:
+    def method(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        return self._inplace(getattr(self, name)(*args, **kwargs))
+    method.__name__ = method.__qualname__ = name + "_"
+    method.__doc__ = f"x.{name}_(...): x becomes x.{name}(...) (Tensor._inplace)."
+    return method
+
+
+for _name in ("add", "sub", "mul", "div", "pow", "clamp", "clip", "clamp_min", "clamp_max", "neg", "abs", "sqrt",
+              "exp", "log", "masked_fill", "lerp", "relu", "sigmoid", "tanh", "floor", "ceil", "round", "fmod",
+              "remainder", "square", "reciprocal", "t", "transpose", "unsqueeze", "squeeze"):
+    setattr(Tensor, _name + "_", _inplace_form(_name))
+Tensor.__iadd__, Tensor.__isub__, Tensor.__imul__, Tensor.__itruediv__ = (  # type: ignore[method-assign]
+    Tensor.add_, Tensor.sub_, Tensor.mul_, Tensor.div_)  # type: ignore[attr-defined]
+
+
+def _needs_grad(node: Node) -> bool:
+    """Whether a leaf that requires grad is in node's graph, not behind a stop_gradient."""
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op is Op.PARAM:
+            leaf = _LEAVES.get(n)
+            if leaf is not None and leaf._rg:
+                return True
+        elif ir.stopped(n) is None:
+            todo.extend(n.srcs)
+    return False
 
 
 def _leaves(t: Tensor) -> list[Tensor]:
@@ -1980,8 +2197,10 @@ for _name in ("abs", "acos", "acosh", "add", "all", "amax", "amin", "aminmax", "
         globals()[_name] = _function(_name)
 
 
-def tensor(value: Any, dtype: DType | None = None, requires_grad: bool = False) -> Tensor:
-    return Tensor(value, dtype, requires_grad)
+def tensor(value: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """torch.tensor: data (numbers, nested lists, arrays, tensors of one element) as a new leaf."""
+    out = Tensor(value, dtype, requires_grad)
+    return out.to(device) if device is not None else out
 
 
 def from_numpy(arr: np.ndarray) -> Tensor:
@@ -2038,3 +2257,16 @@ def split(t: Tensor, size: int, dim: int = 0) -> list[Tensor]:
 def chunk(t: Tensor, chunks: int, dim: int = 0) -> list[Tensor]:
     return split(t, -(-t.shape[_dim(dim, t.ndim)] // chunks), dim)
 
+
+
+class _CallableModule(type(builtins)):  # type: ignore[misc]
+    """`ember.tensor(data)` is torch.tensor (ember.tensor.tensor), and `import ember.tensor as et`
+    still gives the module: an `import ember as torch` script reaches both."""
+
+    def __call__(self, value: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+        return tensor(value, dtype, device, requires_grad)
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _CallableModule
