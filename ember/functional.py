@@ -140,8 +140,7 @@ def softmin(x: Tensor, dim: int = -1) -> Tensor:
 
 def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
     """x / max(||x||_p, eps) along dim."""
-    norm = x.abs().pow(p).sum(dim, keepdim=True).pow(1 / p) if p != 2 else (x * x).sum(dim, keepdim=True).sqrt()
-    return x / norm.clamp(min=eps)
+    return x / x.norm(p, dim, keepdim=True).clamp(min=eps)
 
 
 # --------------------------------------------------------------------------------- losses
@@ -287,8 +286,17 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
-                                 is_causal: bool = False, scale: float | None = None) -> Tensor:
-    """softmax(q k^T * scale + mask) v, with PyTorch's mask conventions (bool: True keeps)."""
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """softmax(q k^T * scale + mask) v, with PyTorch's mask conventions (bool: True keeps);
+    enable_gqa: k and v have fewer heads (dim -3), each shared by a group of q's heads."""
+    if is_causal and attn_mask is not None:
+        raise ValueError("scaled_dot_product_attention: an explicit attn_mask must not be set with is_causal=True")
+    if enable_gqa and k.shape[-3] != q.shape[-3]:
+        if q.shape[-3] % k.shape[-3]:
+            raise ShapeError(f"scaled_dot_product_attention: {q.shape[-3]} query heads are not a multiple of "
+                             f"{k.shape[-3]} key heads")
+        k, v = (t.repeat_interleave(q.shape[-3] // k.shape[-3], -3) for t in (k, v))
     s = (q @ k.transpose(-2, -1)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
     if is_causal:
         t, u = q.shape[-2], k.shape[-2]
@@ -297,7 +305,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
         s = where(cols <= rows, s, -math.inf)
     if attn_mask is not None:
         s = where(attn_mask, s, -math.inf) if attn_mask.dtype.name == "bool" else s + attn_mask
-    return s.softmax(-1) @ v
+    return (dropout(s.softmax(-1), dropout_p) if dropout_p else s.softmax(-1)) @ v
 
 
 # ----------------------------------------------------------------- convolution and pooling

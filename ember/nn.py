@@ -184,6 +184,8 @@ class Linear(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         from .functional import linear
+        if x.shape[-1:] != self.weight.shape[1:]:
+            raise ShapeError(f"Linear({self.weight.shape[1]}, {self.weight.shape[0]}) got input {list(x.shape)}")
         return linear(x, self.weight, self.bias)
 
 

@@ -678,7 +678,17 @@ class Tensor:
     def rsqrt(self) -> "Tensor": return self.sqrt()._unary(Op.RECIP)  # noqa: E704
     def reciprocal(self) -> "Tensor": return self._unary(Op.RECIP)  # noqa: E704
     def sin(self) -> "Tensor": return self._unary(Op.SIN)  # noqa: E704
-    def cos(self) -> "Tensor": return (self + math.pi / 2)._unary(Op.SIN)  # noqa: E704
+    def cos(self) -> "Tensor":
+        """cos x = +-sin(r) or +-sin(r + pi/2) of r = x - k pi/2, |r| <= pi/4, reduced in f64 with
+        pi/2 in three parts (Cody-Waite): sin(x + pi/2) in x's precision lost x's low bits
+        (cos(1e6) in f32 was off by 3e-3)."""
+        x = self if self.dtype.is_float else self.float()
+        w = x.cast(dt.f64)
+        k = (w * (2 / math.pi)).round()
+        r = w - k * 1.57079632673412561417 - k * 6.07710050630396597660e-11 - k * 2.02226624871116645580e-21
+        q = k - (k * 0.25).floor() * 4    # k mod 4: cos r, -sin r, -cos r, sin r
+        s = (r + where((q.eq(0) | q.eq(2)), math.pi / 2, 0.0).cast(dt.f64))._unary(Op.SIN)
+        return where(q.eq(1) | q.eq(2), -s, s).cast(x.dtype)
     def trunc(self) -> "Tensor": return self._unary(Op.TRUNC) if self.dtype.is_float else self  # noqa: E704
     fix = trunc
     def frac(self) -> "Tensor": return self - self.trunc()  # noqa: E704
@@ -941,6 +951,8 @@ class Tensor:
 
     def clamp(self, min: Any = None, max: Any = None) -> "Tensor":  # noqa: A002
         """PyTorch's clamp: NaN stays NaN, and the gradient is 1 on [min, max], bounds included."""
+        if min is None and max is None:
+            raise ValueError("clamp: at least one of 'min' or 'max' must not be None")
         out = self
         if min is not None:
             lo = out._wrap(min)
@@ -1094,24 +1106,14 @@ class Tensor:
         idx = tuple(Tensor(np.asarray(i)) if isinstance(i, list) else i for i in idx)
         used = sum(1 for i in idx if i is not None and i is not Ellipsis)
         if any(i is Ellipsis for i in idx):
-            k = idx.index(Ellipsis)
+            k = next(j for j, i in enumerate(idx) if i is Ellipsis)   # (index() would call Tensor.__eq__)
             idx = idx[:k] + (slice(None),) * (self.ndim - used) + idx[k + 1:]
             used = self.ndim
         if used > self.ndim:
             raise IndexError(f"too many indices for a tensor of {self.ndim} dims: {idx!r}")
         tensors = [k for k, i in enumerate(idx) if isinstance(i, Tensor)]
-        if len(tensors) > 1:
-            raise ShapeError("indexing with more than one list or tensor is not supported (index one dim at a time)")
         if tensors:
-            k = tensors[0]
-            index = idx[k]
-            if index.dtype is dt.bool_ or index.dtype.is_float:
-                raise ShapeError(f"an index tensor inside a tuple must hold integers, got {index.dtype}")
-            out = self[idx[:k] + (slice(None),) + idx[k + 1:]]
-            pos = sum(1 for i in idx[:k] if not isinstance(i, int))  # output dims before it
-            picked = out.movedim(pos, 0).gather_rows(index)             # index dims first
-            return picked.permute(list(range(index.ndim, index.ndim + pos)) + list(range(index.ndim))
-                                  + list(range(index.ndim + pos, picked.ndim)))
+            return self._advanced(idx, tensors)
         start, end, flips, steps, shape = [], [], [], [], []
         d = 0
         for i in idx + (slice(None),) * (self.ndim - used):
@@ -1150,17 +1152,36 @@ class Tensor:
                 out = g[tuple([slice(None)] * (dim + 1) + [slice(0, 1)])].squeeze(dim + 1)
         return out.reshape(tuple(shape))
 
+    def _advanced(self, idx: tuple, tensors: list[int]) -> "Tensor":
+        """Integer tensors (and lists) in an index, as PyTorch (numpy's rules): broadcast together,
+        they pick elements of their dims, whose result dims stand where the first of them stood
+        when they are adjacent, else first. Negative entries count from the end."""
+        for k in tensors:
+            if idx[k].dtype is dt.bool_ or idx[k].dtype.is_float:
+                raise IndexError(f"tensors used as indices must be integer (or a bool mask alone), got {idx[k].dtype}")
+        out = self[tuple(slice(None) if k in tensors else i for k, i in enumerate(idx))]
+        pos = [sum(1 for i in idx[:k] if not isinstance(i, (int, np.integer))) for k in tensors]  # their dims in out
+        shape = functools.reduce(lambda a, b: _broadcast_shape(a, b, "index"), [idx[k].shape for k in tensors])
+        flat = None
+        for k, p in zip(tensors, pos):   # one flat index over the indexed dims, row-major
+            n, i = out.shape[p], idx[k].cast(dt.i64)
+            i = where(i < 0, i + n, i)._broadcast_to(shape)
+            flat = i if flat is None else flat * n + i
+        rest = [d for d in range(out.ndim) if d not in pos]
+        moved = out.permute(pos + rest)
+        picked = moved.reshape((math.prod(out.shape[p] for p in pos),) + moved.shape[len(pos):]).gather_rows(flat)
+        at = pos[0] if tensors == list(range(tensors[0], tensors[-1] + 1)) else 0
+        b = len(shape)
+        return picked.permute(list(range(b, b + at)) + list(range(b)) + list(range(b + at, picked.ndim)))
+
     def gather_rows(self, index: "Tensor") -> "Tensor":
-        """self[index] for an integer tensor: rows of self picked by index. Each output row is the
-        max over rows of where(row is picked, row, lowest): exact for -0.0, inf and NaN, which a
-        one-hot matmul is not (0 * inf). An index out of range gives the lowest value."""
+        """self[index] for an integer tensor: rows of self picked by index (_pick: the gradient goes
+        to the picked row alone). An index out of range gives -0.0 (floats) or the lowest value."""
         if self.dtype is dt.bool_:
             return self.cast(dt.u8).gather_rows(index).cast(dt.bool_)
         n = self.shape[0]
         picked = index.one_hot(n).cast(dt.bool_).unsqueeze(-1)
-        flat = self.reshape(n, -1)
-        lowest = -math.inf if self.dtype.is_float else self.dtype.min
-        return where(picked, flat, lowest).amax(-2).reshape(index.shape + self.shape[1:])
+        return _pick(picked, self.reshape(n, -1), -2).reshape(index.shape + self.shape[1:])
 
     def _masked(self, mask: "Tensor") -> "Tensor":
         """self[mask] for a bool mask over the leading dims. The result's length depends on the
@@ -1264,7 +1285,9 @@ class Tensor:
             cols.append(rest % n)
             rest = rest // n
         cols = cols[::-1]
-        return tuple(cols) if as_tuple else stack(cols, 1) if cols else flat.reshape(-1, 0)
+        if not cols:   # a 0-d tensor: a row of no indices if it is nonzero
+            return (flat,) if as_tuple else zeros(flat.shape[0], 0, dtype=dt.i64)
+        return tuple(cols) if as_tuple else stack(cols, 1)
 
     def index_select(self, dim: int, index: "Tensor") -> "Tensor":
         d = _dim(dim, self.ndim)
@@ -1275,6 +1298,7 @@ class Tensor:
         d = _dim(dim, self.ndim)
         if index.ndim != self.ndim:
             raise ShapeError(f"gather: index has {index.ndim} dims, input {self.ndim}")
+        _check_index(index, self.shape[d] if self.ndim else 1, "gather")
         src = self[tuple(slice(0, index.shape[k]) if k != d else slice(None) for k in range(self.ndim))]
         return _take_along_last(src.movedim(d, -1), index.movedim(d, -1)).movedim(-1, d)
 
@@ -1287,7 +1311,7 @@ class Tensor:
         """torch.scatter: src (or value) written at index along dim; reduce='add' or 'multiply'
         combines instead. Repeated indices: PyTorch leaves the winner unspecified, Ember writes
         the largest of them."""
-        values = src if src is not None else self._wrap(value)._broadcast_to(index.shape)
+        values = src if src is not None else self._wrap(value).cast(self.dtype)._broadcast_to(index.shape)
         if reduce is not None:
             return self.scatter_reduce(dim, index, values, {"add": "sum", "multiply": "prod"}[reduce])
         return self._scatter(dim, index, values, "amax", include_self=False)
@@ -1301,6 +1325,9 @@ class Tensor:
 
     def _scatter(self, dim: int, index: "Tensor", src: "Tensor", reduce: str, include_self: bool) -> "Tensor":
         d = _dim(dim, self.ndim)
+        if src.dtype is not self.dtype:
+            raise TypeError(f"scatter: expected self.dtype to be equal to src.dtype, got {self.dtype} and {src.dtype}")
+        _check_index(index, self.shape[d] if self.ndim else 1, "scatter")
         x = self.movedim(d, -1)
         idx = index.movedim(d, -1)
         val = src[tuple(slice(0, index.shape[k]) for k in range(src.ndim))].movedim(d, -1).cast(self.dtype)
@@ -1342,8 +1369,7 @@ class Tensor:
         flat_sel, flat_v = sel.reshape(-1, 1), v.reshape(-1, 1)
         slots = Tensor(ir.iota(dt.i64, (1, self.numel()), 1))
         hit = flat_sel.eq(slots)                                                  # [selected, numel]
-        lowest = -math.inf if self.dtype.is_float else self.dtype.min
-        written = where(hit, flat_v, lowest).amax(0) if self.dtype is not dt.bool_ else \
+        written = _pick(hit, flat_v, 0) if self.dtype is not dt.bool_ else \
             where(hit, flat_v.cast(dt.u8), 0).amax(0).cast(dt.bool_)
         new = where(hit.cast(dt.u8).amax(0).cast(dt.bool_), written, self.reshape(-1)).reshape(self.shape)
         self._inplace(new)
@@ -1371,9 +1397,13 @@ class Tensor:
 
     def roll(self, shifts: Any, dims: Any = None) -> "Tensor":
         if dims is None:
-            return self.reshape(-1).roll(shifts, 0).reshape(self.shape)
+            return self.reshape(-1).roll(shifts, 0).reshape(self.shape) if self.numel() else self
         shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
         dims = (dims,) if isinstance(dims, int) else tuple(dims)
+        if len(shifts) != len(dims):
+            raise ValueError(f"roll: shifts and dimensions must align, got {len(shifts)} shifts and {len(dims)} dims")
+        if self.numel() == 0:
+            return self
         out = self
         for sh, dm in zip(shifts, dims):
             d = _dim(dm, self.ndim)
@@ -1388,16 +1418,17 @@ class Tensor:
 
     def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> "Tensor":
         a, b = _dim(dim1, self.ndim), _dim(dim2, self.ndim)
+        if a == b:
+            raise ValueError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
         x = self.movedim(a, -1).movedim(b if b < a else b - 1, -1) if a != b else self
         rows, cols = x.shape[-2], x.shape[-1]
         n = max(0, min(rows, cols - offset) if offset >= 0 else min(rows + offset, cols))
         r0, c0 = (0, offset) if offset >= 0 else (-offset, 0)
         sq = x[..., r0:r0 + n, c0:c0 + n]
         hit = Tensor(ir.iota(dt.i64, (n, n), 0)).eq(Tensor(ir.iota(dt.i64, (n, n), 1)))
-        lowest = -math.inf if self.dtype.is_float else self.dtype.min
         if self.dtype is dt.bool_:
             return sq.cast(dt.u8).diagonal(0, -2, -1).cast(dt.bool_)
-        return where(hit, sq, lowest).amax(-1)
+        return _pick(hit, sq, -1)
 
     def diag(self, diagonal: int = 0) -> "Tensor":
         if self.ndim == 2:
@@ -1437,27 +1468,28 @@ class Tensor:
         return out
 
     # ------------------------------------------------------------------------ scans
-    def _scan(self, combine: Any, identity: float, dim: int) -> "Tensor":
-        """Inclusive scan along dim in log2(n) steps (Hillis-Steele): each adds in the value
-        `step` places back, the first `step` places taking the identity."""
+    def _scan(self, kind: str, dim: int) -> "Tensor":
+        """Inclusive scan along dim ("sum", "prod", "max" or "lse", log-sum-exp): blocks of up to
+        128 elements each scanned by one masked reduction over [..., B, B] (j <= i), the blocks'
+        totals scanned the same way and combined in. The depth is log_128(n), and so is the
+        backward pass's, which autodiff gives as the transposed reductions (a sum's gradient is
+        a reversed cumsum). A doubling scan's log2(n) steps, fused, made gradients whose code
+        grew as 2^steps (a cumprod of 128 took 277 s to compile)."""
+        dim = _dim(dim, self.ndim)
         x = self.movedim(dim, -1) if self.ndim else self.reshape(1)
-        n, step = x.shape[-1], 1
-        while step < n:
-            back = x.pad([step, 0], value=identity)[..., :n]
-            x = combine(x, back)
-            step *= 2
-        return x.movedim(-1, dim) if self.ndim else x.reshape(())
+        out = _block_scan(x, kind)
+        return out.movedim(-1, dim) if self.ndim else out.reshape(())
 
     def cumsum(self, dim: int, dtype: Any = None) -> "Tensor":
         x = self.cast(as_dtype(dtype)) if dtype is not None else self if self.dtype.is_float else self.cast(dt.i64)
-        return x._scan(lambda a, b: a + b, 0, dim)
+        return x._scan("sum", dim)
 
     def cumprod(self, dim: int, dtype: Any = None) -> "Tensor":
         x = self.cast(as_dtype(dtype)) if dtype is not None else self if self.dtype.is_float else self.cast(dt.i64)
-        return x._scan(lambda a, b: a * b, 1, dim)
+        return x._scan("prod", dim)
 
     def logcumsumexp(self, dim: int) -> "Tensor":
-        return self._scan(lambda a, b: a.logaddexp(b), -math.inf, dim)
+        return (self if self.dtype.is_float else self.float())._scan("lse", dim)
 
     def cummax(self, dim: int) -> tuple["Tensor", "Tensor"]:
         """Running maximum and the index where it was (last) attained, as PyTorch."""
@@ -1467,14 +1499,17 @@ class Tensor:
         return ValuesIndices(*self._cum_extreme(dim, False))
 
     def _cum_extreme(self, dim: int, largest: bool) -> tuple["Tensor", "Tensor"]:
-        lowest = (-math.inf if largest else math.inf) if self.dtype.is_float else \
-            (self.dtype.min if largest else self.dtype.max)
-        pick = (lambda a, b: a.maximum(b)) if largest else (lambda a, b: a.minimum(b))  # noqa: E731
-        values = self._scan(pick, lowest, dim)
-        reached = self.eq(values) | (self.isnan() & values.isnan()) if self.dtype.is_float else self.eq(values)
+        """The indices from a running max of the keys (negated or order-flipped for a minimum);
+        the values are x at them, so the gradient goes to those elements, as PyTorch's."""
         d = _dim(dim, self.ndim)
-        pos = Tensor(ir.iota(dt.i64, self.shape, d)) if self.ndim else Tensor(ir.const(0, dt.i64, ()))
-        return values, where(reached, pos, -1)._scan(lambda a, b: a.maximum(b), -1, dim)
+        if self.ndim == 0:
+            return self, Tensor(ir.const(0, dt.i64, ()))
+        x = self.cast(dt.u8) if self.dtype is dt.bool_ else self
+        key = x if largest else -x if x.dtype.is_float else x._flip_order()
+        best = Tensor(ir.stop_gradient(key._scan("max", d).node))
+        reached = key.eq(best) | (key.isnan() & best.isnan()) if key.dtype.is_float else key.eq(best)
+        idx = where(reached, Tensor(ir.iota(dt.i64, self.shape, d)), -1)._scan("max", d)
+        return _take_along_last(self.movedim(d, -1), idx.movedim(d, -1)).movedim(-1, d), idx
 
     def movedim(self, source: int, destination: int) -> "Tensor":
         s, d = _dim(source, self.ndim), _dim(destination, self.ndim)
@@ -1547,6 +1582,17 @@ class Tensor:
         d = self - self.mean(dim, keepdim=True)
         # n <= correction divides by zero, as PyTorch does: inf, or NaN where all values are equal
         return (d * d).sum(dim, keepdim) / float(max(n - correction, 0))
+
+    def norm(self, p: Any = "fro", dim: Any = None, keepdim: bool = False) -> "Tensor":
+        """The vector p-norm over dim (all of it by default): 2 ('fro'), inf, -inf, 0 (the count of
+        nonzeros) or any other p, as torch.norm."""
+        if p in ("fro", 2):
+            return (self * self).sum(dim, keepdim).sqrt()
+        if p in (math.inf, -math.inf):
+            return self.abs().amax(dim, keepdim) if p > 0 else self.abs().amin(dim, keepdim)
+        if p == 0:
+            return self.ne(0).sum(dim, keepdim).cast(self.dtype)
+        return self.abs().pow(p).sum(dim, keepdim).pow(1 / p)
 
     def std(self, dim: Any = None, keepdim: bool = False, correction: int = 1) -> "Tensor":
         return self.var(dim, keepdim, correction).sqrt()
@@ -1771,6 +1817,8 @@ def _sort(x: Tensor, dim: int, descending: bool) -> tuple[Tensor, Tensor]:
         return x, Tensor(ir.const(0, dt.i64, ()))
     d = _dim(dim, x.ndim)
     src = x.movedim(d, -1)
+    if src.numel() == 0:   # nothing to sort
+        return x, zeros(x.shape, dtype=dt.i64)
     key = src.cast(dt.u8) if src.dtype is dt.bool_ else src  # compared as numbers
     v = Tensor(key.numpy(), key.dtype)
     n = v.shape[-1]
@@ -1826,14 +1874,91 @@ def _true_positions(flat: Tensor) -> Tensor:
 
 
 def _take_along_last(x: Tensor, idx: Tensor) -> Tensor:
-    """out[..., j] = x[..., idx[..., j]]: a max over where(i == idx[j], x[i], lowest), exact and
-    differentiable in x."""
+    """out[..., j] = x[..., idx[..., j]] (_pick), exact and differentiable in x."""
     if x.dtype is dt.bool_:
         return _take_along_last(x.cast(dt.u8), idx).cast(dt.bool_)
     n = x.shape[-1]
     hit = idx.unsqueeze(-1).eq(Tensor(ir.iota(dt.i64, (n,), 0)))     # [..., j, i]
-    lowest = -math.inf if x.dtype.is_float else x.dtype.min
-    return where(hit, x.unsqueeze(-2), lowest).amax(-1)
+    return _pick(hit, x.unsqueeze(-2), -1)
+
+
+def _block_scan(x: Tensor, kind: str, block: int = 128) -> Tensor:
+    """Tensor._scan along the last dim."""
+    n = x.shape[-1]
+    if kind == "sum":
+        ident = x._const(-0.0 if x.dtype.is_float else 0)   # -0.0: x + -0.0 is x, -0.0 included
+    elif kind == "prod":
+        ident = x._const(1)
+    else:
+        ident = x._const(-math.inf) if x.dtype.is_float else x._const(x.dtype.min)
+    if n <= block:   # one block: row i reduces the elements j <= i
+        keep = Tensor(ir.iota(dt.i64, (n, n), 1)) <= Tensor(ir.iota(dt.i64, (n, n), 0))
+        xs = x.unsqueeze(-2)
+        if kind == "lse":   # the row's max subtracted (no gradient through it, as softmax's)
+            m = Tensor(ir.stop_gradient(where(keep, xs, ident).amax(-1, keepdim=True).node))
+            m = where(m.isfinite(), m, 0.0).cast(x.dtype)
+            return where(keep, xs - m, ident).exp().sum(-1).log() + m.squeeze(-1)
+        if kind == "prod":
+            return _block_cumprod(x, keep)
+        masked = where(keep, xs, ident)
+        return masked.sum(-1) if kind == "sum" else masked.amax(-1)
+    m = -(-n // block)
+    blocks = x.pad([0, m * block - n], value=ident.item()).unflatten(-1, (m, block))
+    local = _block_scan(blocks, kind, block)                                     # [..., m, B]
+    before = _block_scan(local[..., -1], kind, block)                            # the totals' scan
+    before = cat([ident._broadcast_to(before.shape[:-1] + (1,)), before[..., :-1]], -1).unsqueeze(-1)
+    combined = {"sum": lambda: before + local, "prod": lambda: before * local, "max": lambda: before.maximum(local),
+                "lse": lambda: before.logaddexp(local)}[kind]()
+    return combined.flatten(-2)[..., :n]
+
+
+def _block_cumprod(x: Tensor, keep: Tensor) -> Tensor:
+    """A block's running product. Integers: log2(n) doubling steps (no gradient to carry). Floats:
+    from the running sums of log|x| in f64, the count of zeros and the count of negatives; its
+    gradient is given through d y_i / d x_j = prod over k <= i, k != j of x_k (exact at zeros: no
+    division), as stop(y) + sum_j w_ij (x_j - stop(x_j)) with w_ij computed the same way."""
+    n = x.shape[-1]
+    if not x.dtype.is_float:
+        step = 1
+        while step < n:
+            x, step = x * x.pad([step, 0], value=1)[..., :n], step * 2
+        return x
+    w = Tensor(ir.stop_gradient(x.node)).cast(dt.f64)
+    zero, neg = w.eq(0).cast(dt.f64), (w < 0).cast(dt.f64)
+    logs = where(w.eq(0), 0.0, w.abs().log()).cast(dt.f64)
+    row = lambda v: where(keep, v.unsqueeze(-2), 0.0).cast(dt.f64).sum(-1, keepdim=True)  # noqa: E731  [..., i, 1]
+    zs, ns, ls = row(zero), row(neg), row(logs)                                        # running counts and sums
+
+    def product(z: Tensor, n_: Tensor, lg: Tensor) -> Tensor:
+        odd = (n_ * 0.5).floor().ne(n_ * 0.5)
+        mag = where(z > 0, 0.0, lg.exp()).cast(dt.f64)
+        return where(lg.isnan(), math.nan, where(odd, -mag, mag)).cast(dt.f64)
+    y = product(zs, ns, ls).squeeze(-1).cast(x.dtype)
+    others = product(zs - zero.unsqueeze(-2), ns - neg.unsqueeze(-2), ls - logs.unsqueeze(-2))   # [..., i, j]
+    others = where(keep & others.isfinite(), others, 0.0).cast(dt.f64).cast(x.dtype)
+    delta = x - Tensor(ir.stop_gradient(x.node))                                       # 0, with x's gradient
+    return Tensor(ir.stop_gradient(y.node)) + (Tensor(ir.stop_gradient(others.node)) * delta.unsqueeze(-2)).sum(-1)
+
+
+def _check_index(index: Tensor, n: int, name: str) -> None:
+    """An index with data (a leaf's) must lie in [0, n), as PyTorch checks; a computed index is
+    not computed here to check it (see docs/api.md)."""
+    v = index.value() if index.is_leaf else None
+    if v is not None and index.numel():
+        v = _host(v)
+        bad = v[(v < 0) | (v >= n)]
+        if bad.size:
+            raise IndexError(f"{name}: index {bad.flat[0]} is out of bounds for dimension with size {n}")
+
+
+def _pick(hit: Tensor, x: Tensor, axis: int) -> Tensor:
+    """The element of x where hit is true along axis (at most one is): for floats the sum of
+    where(hit, x, -0.0), exact for -0.0, inf and NaN (x + -0.0 is x) and with the gradient on the
+    picked element alone (a max split it among ties, -inf ones included); the compiler makes it a
+    load (lower.selections_to_loads). Integers: the max over where(hit, x, lowest)."""
+    if x.dtype.is_float:
+        return where(hit, x, -0.0).sum(axis)
+    return where(hit, x, x.dtype.min).amax(axis)
 
 
 def _pow(x: Tensor, e: Tensor) -> Tensor:
@@ -2072,8 +2197,10 @@ def eye(n: int, m: int | None = None, dtype: Any = dt.f32, requires_grad: bool =
 
 def linspace(start: float, end: float, steps: int, dtype: Any = dt.f32, requires_grad: bool = False) -> Tensor:
     """PyTorch's: the first half counted from start, the second back from end (symmetric)."""
-    if steps < 1:
-        raise ShapeError(f"linspace: steps must be at least 1, got {steps}")
+    if steps < 0:
+        raise ShapeError(f"linspace: number of steps must be non-negative, got {steps}")
+    if steps == 0:
+        return _leaf(zeros(0, dtype=dtype), requires_grad)
     if steps == 1:
         return _leaf(full((1,), start, dtype), requires_grad)
     step = (end - start) / (steps - 1)
@@ -2187,7 +2314,7 @@ for _name in ("abs", "acos", "acosh", "add", "all", "amax", "amin", "aminmax", "
               "index_select", "isclose", "isfinite", "isinf", "isnan", "kthvalue", "le", "lerp", "log", "log10",
               "log1p", "log2", "logaddexp", "logcumsumexp", "logical_and", "logical_not", "logical_or",
               "logical_xor", "logsumexp", "lt", "masked_fill", "masked_select", "matmul", "max", "maximum", "mean",
-              "median", "min", "minimum", "mm", "movedim", "mul", "mv", "nan_to_num", "ne", "neg", "nonzero",
+              "median", "min", "minimum", "mm", "movedim", "mul", "mv", "nan_to_num", "ne", "neg", "nonzero", "norm",
               "outer", "permute", "pow", "prod", "reciprocal", "remainder", "repeat_interleave", "reshape", "roll",
               "round", "rsqrt", "scatter", "scatter_add", "scatter_reduce", "sigmoid", "sign", "signbit", "sin",
               "sinh", "sort", "sqrt", "square", "squeeze", "std", "std_mean", "sub", "sum", "t", "tan", "tanh",
