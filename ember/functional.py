@@ -523,6 +523,12 @@ def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, 
                            "conv_transpose2d")
 
 
+def conv_transpose3d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1,  # noqa: A002
+                     padding: Any = 0, output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
+    return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, 3,
+                           "conv_transpose3d")
+
+
 def _adaptive(x: Tensor, output_size: Any, nsp: int, kind: str) -> Tensor:
     """PyTorch's windows [floor(i L / O), ceil((i + 1) L / O)), one spatial dim after another
     (a rectangle's max or mean is that of its rows' maxima or means)."""
@@ -561,12 +567,17 @@ def adaptive_max_pool2d(input: Tensor, output_size: Any) -> Tensor:  # noqa: A00
 
 def interpolate(input: Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",  # noqa: A002
                 align_corners: bool | None = None) -> Tensor:
-    """nearest, linear (1 spatial dim) and bilinear (2), one dim at a time. The source positions
-    and weights depend only on the sizes, so they are constants of the graph."""
+    """nearest, nearest-exact, linear (1 spatial dim), bilinear (2) and trilinear (3), one dim at a
+    time. The source positions and weights depend only on the sizes, so they are constants of the
+    graph. Integer inputs interpolate in f32, rounded half up as PyTorch's uint8 kernels."""
     nsp = input.ndim - 2
-    if mode not in ("nearest", "linear", "bilinear") or (mode == "linear" and nsp != 1) or \
-            (mode == "bilinear" and nsp != 2):
-        raise ValueError(f"interpolate: mode {mode!r} for {nsp} spatial dims (nearest, linear for 1, bilinear for 2)")
+    linear = {"linear": 1, "bilinear": 2, "trilinear": 3}
+    if mode not in ("nearest", "nearest-exact", *linear) or linear.get(mode, nsp) != nsp:
+        raise ValueError(f"interpolate: mode {mode!r} for {nsp} spatial dims (nearest, nearest-exact, linear for 1, "
+                         "bilinear for 2, trilinear for 3)")
+    if mode in linear and not input.dtype.is_float:
+        out = interpolate(input.float(), size, scale_factor, mode, align_corners)
+        return (out + 0.5).floor().clamp(input.dtype.min, input.dtype.max).cast(input.dtype)
     if (size is None) == (scale_factor is None):
         raise ValueError("interpolate: give exactly one of size and scale_factor")
     ins = input.shape[2:]
@@ -579,8 +590,9 @@ def interpolate(input: Tensor, size: Any = None, scale_factor: Any = None, mode:
     for d in range(nsp):
         axis, n, o = 2 + d, ins[d], outs[d]
         dst = np.arange(o, dtype=np.float64)
-        if mode == "nearest":
-            src = np.minimum(np.floor(dst * scales[d]).astype(np.int64), n - 1)
+        if mode.startswith("nearest"):
+            src = np.minimum(np.floor((dst + (0.5 if mode == "nearest-exact" else 0)) * scales[d]).astype(np.int64),
+                             n - 1)
             y = y.index_select(axis, Tensor(src))
             continue
         if align_corners:

@@ -333,6 +333,10 @@ class ConvTranspose2d(_ConvTransposeNd):
     nsp = 2
 
 
+class ConvTranspose3d(_ConvTransposeNd):
+    nsp = 3
+
+
 class Upsample(Module):
     def __init__(self, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
                  align_corners: bool | None = None):

@@ -475,6 +475,9 @@ class Tensor:
     def _binary(self, op: Op, other: Any, reverse: bool = False, name: str = "") -> "Tensor":
         a, b = (self._wrap(other), self) if reverse else (self, self._wrap(other))
         a, b = _promote(a, b)
+        if a.dtype is dt.bool_ and op in (Op.CMPLT, Op.MAX):   # the IR orders numbers: bools as 0 and 1
+            out = a.cast(dt.u8)._binary(op, b.cast(dt.u8), name=name)
+            return out.cast(dt.bool_) if op is Op.MAX else out
         a, b = _broadcast(a, b, name or op.name.lower())
         return _call(name or op.name.lower(), lambda: ir.binary(op, a.node, b.node), a, b)
 
@@ -687,7 +690,7 @@ class Tensor:
         k = (w * (2 / math.pi)).round()
         r = w - k * 1.57079632673412561417 - k * 6.07710050630396597660e-11 - k * 2.02226624871116645580e-21
         q = k - (k * 0.25).floor() * 4    # k mod 4: cos r, -sin r, -cos r, sin r
-        s = (r + where((q.eq(0) | q.eq(2)), math.pi / 2, 0.0).cast(dt.f64))._unary(Op.SIN)
+        s = (r + where(q.eq(0) | q.eq(2), r._const(math.pi / 2), r._const(0.0)))._unary(Op.SIN)
         return where(q.eq(1) | q.eq(2), -s, s).cast(x.dtype)
     def trunc(self) -> "Tensor": return self._unary(Op.TRUNC) if self.dtype.is_float else self  # noqa: E704
     fix = trunc
@@ -986,7 +989,14 @@ class Tensor:
             shape = tuple(self.numel() // known if s == -1 else s for s in shape)
         return _call("reshape", lambda: ir.reshape(self.node, shape), self)
 
-    view = reshape
+    def view(self, *shape: Any) -> "Tensor":
+        """reshape, or with a dtype of the same width, the same bits read as that dtype."""
+        if len(shape) == 1 and not isinstance(shape[0], (int, tuple, list)):
+            d = as_dtype(shape[0])
+            if d.itemsize != self.dtype.itemsize or dt.bool_ in (d, self.dtype):
+                raise ShapeError(f"view({d}): only a dtype of the same width as {self.dtype} (and not bool)")
+            return self if d is self.dtype else Tensor(ir.unary(Op.BITCAST, self.node, d))
+        return self.reshape(*shape)
 
     def permute(self, *order: Any) -> "Tensor":
         order = tuple(_dim(o, self.ndim) for o in _shape_arg(order))
@@ -1060,12 +1070,21 @@ class Tensor:
                     node = out.node
                     if node.numel == 0:  # padding nothing: the value everywhere (when anything is left)
                         shape = tuple(s + b + a for s, b, a in zip(node.shape, before, after))
-                        out = Tensor(ir.const(v, out.dtype, shape))
+                        out = _from_empty(Tensor(ir.const(v, out.dtype, shape)), out)
                         continue
                     out = _call("pad", lambda: ir.pad(node, tuple(before), tuple(after), v), out)
                 continue
-            if lo < 0 or hi < 0:
-                raise ShapeError(f"pad: {mode} padding takes no negative pads, got {list(pads)}")
+            if lo < 0 or hi < 0:   # each output position's source in the input, as PyTorch maps it
+                src = np.arange(n + lo + hi) - lo
+                if mode == "reflect":
+                    period = max(2 * (n - 1), 1)
+                    src = np.abs(src) % period
+                    src = np.where(src >= n, period - src, src)
+                if mode == "circular":   # PyTorch crops first and wraps around what is left
+                    cut = n - max(-lo, 0) - max(-hi, 0)
+                    src = max(-lo, 0) + (np.arange(n + lo + hi) - max(lo, 0)) % cut
+                out = out.index_select(d, Tensor(np.clip(src, 0, n - 1)))
+                continue
             limit = n - 1 if mode == "reflect" else n
             if mode != "replicate" and (lo > limit or hi > limit):
                 raise ShapeError(f"pad: {mode} padding of {lo} and {hi} needs a dim larger than them (size {n})")
@@ -1086,6 +1105,18 @@ class Tensor:
             out = cat(pieces, d) if len(pieces) > 1 else out
         return out
 
+    def unfold(self, dimension: int, size: int, step: int) -> "Tensor":
+        """Windows of size along dimension, step apart: that dim becomes their count, and a last
+        dim of size is added (movement ops only, as the convolutions' windows)."""
+        from .functional import _axis_windows
+        d = _dim(dimension, self.ndim)
+        n = self.shape[d] if self.ndim else 1
+        if size > n or step < 1:
+            raise ShapeError(f"unfold: size {size} (at most {n}) and step {step} (at least 1) for dim {d}")
+        x = self if self.ndim else self.reshape(1)
+        w = _axis_windows(x, d, size, step, 1, (n - size) // step + 1)
+        return w.movedim(d + 1, -1) if self.ndim else w.reshape(size)
+
     def flip(self, dims: Iterable[int]) -> "Tensor":
         axes = tuple(_dim(d, self.ndim) for d in ([dims] if isinstance(dims, int) else dims))
         return _call("flip", lambda: ir.flip(self.node, axes), self)
@@ -1103,7 +1134,10 @@ class Tensor:
         if isinstance(idx, Tensor) and idx.dtype is dt.bool_:
             return self._masked(idx)
         idx = idx if isinstance(idx, tuple) else (idx,)
-        idx = tuple(Tensor(np.asarray(i)) if isinstance(i, list) else i for i in idx)
+        idx = tuple(Tensor(np.asarray(i)) if isinstance(i, (list, tuple)) else i for i in idx)
+        # a 0-d integer tensor indexes as its int (PyTorch's rule: a basic index, not an advanced one)
+        idx = tuple(int(i.item()) if isinstance(i, Tensor) and i.ndim == 0 and not i.dtype.is_float
+                    and i.dtype is not dt.bool_ else i for i in idx)
         used = sum(1 for i in idx if i is not None and i is not Ellipsis)
         if any(i is Ellipsis for i in idx):
             k = next(j for j, i in enumerate(idx) if i is Ellipsis)   # (index() would call Tensor.__eq__)
@@ -1192,7 +1226,7 @@ class Tensor:
         rows = self.reshape((math.prod(mask.shape),) + self.shape[mask.ndim:])
         return rows.gather_rows(_true_positions(mask.reshape(-1)))
 
-    def split(self, size: int, dim: int = 0) -> list["Tensor"]:
+    def split(self, size: Any, dim: int = 0) -> list["Tensor"]:
         return split(self, size, dim)
 
     def chunk(self, chunks: int, dim: int = 0) -> list["Tensor"]:
@@ -1217,7 +1251,8 @@ class Tensor:
         if any(self.shape[a] == 0 for a in axes):  # over nothing: the identity, or no maximum
             if op is Op.RMAX:
                 raise ShapeError(f"max/min over an empty dim of shape {list(self.shape)} has no value (as PyTorch)")
-            out = Tensor(ir.const(0, self.dtype, tuple(1 if d in axes else n for d, n in enumerate(self.shape))))
+            out = _from_empty(Tensor(ir.const(0, self.dtype, tuple(1 if d in axes else n
+                                                               for d, n in enumerate(self.shape)))), self)
         else:
             out = _call("sum" if op is Op.SUM else "max", lambda: ir.reduce(op, self.node, axes), self)
         return out if keepdim else out.reshape(tuple(s for d, s in enumerate(out.shape) if d not in axes))
@@ -1746,13 +1781,36 @@ def _needs_grad(node: Node) -> bool:
             leaf = _LEAVES.get(n)
             if leaf is not None and leaf._rg:
                 return True
+            todo.extend(_EMPTY_SRC.get(n, ()))
         elif ir.stopped(n) is None:
             todo.extend(n.srcs)
     return False
 
 
+_EMPTY_SRC: "weakref.WeakKeyDictionary[Node, tuple[Node, ...]]" = weakref.WeakKeyDictionary()
+
+
+def _from_empty(out: Tensor, *empty: Tensor) -> Tensor:
+    """out, made without its empty sources (a sum over nothing is a constant): when one of them
+    needs a gradient, out becomes a leaf of its own that remembers them, so backward() gives their
+    leaves zeros, as PyTorch does, where None would say the loss never read them."""
+    srcs = tuple(e.node for e in empty if e.requires_grad)
+    if not srcs:
+        return out
+    realize(out)
+    node = ir.param(new_name(), out.dtype, out.shape)
+    _DATA[node], _EMPTY_SRC[node] = out.value(), srcs
+    return Tensor(node)
+
+
 def _leaves(t: Tensor) -> list[Tensor]:
-    return [leaf for n in ir.toposort([t.node]) if n.op is Op.PARAM and (leaf := _LEAVES.get(n)) is not None]
+    nodes, todo, seen = [], [t.node], set()
+    while todo:   # the graph, and the empty graphs its constants came from (_from_empty)
+        new = [n for n in ir.toposort(todo) if n not in seen]
+        seen.update(new)
+        nodes += new
+        todo = [s for n in new for s in _EMPTY_SRC.get(n, ())]
+    return [leaf for n in nodes if n.op is Op.PARAM and (leaf := _LEAVES.get(n)) is not None]
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -1963,6 +2021,7 @@ def _pick(hit: Tensor, x: Tensor, axis: int) -> Tensor:
 
 def _pow(x: Tensor, e: Tensor) -> Tensor:
     """Elementwise x ** e for tensors (PyTorch's promotion and C's pow rules)."""
+    const_e = e.node.op is Op.CONST
     x, e = _promote(x, e)
     x, e = _broadcast(x, e, "pow")
     if not x.dtype.is_float:  # square and multiply over the exponent's bits; negative: 0, 1 or -1
@@ -1989,8 +2048,19 @@ def _pow(x: Tensor, e: Tensor) -> Tensor:
     nan = (where(invalid, x, 1.0).cast(x.dtype).log2() * e).exp2()
     negative = where(whole, signed, where(ax.isinf(), mag, nan))
     out = where(x < 0, negative, where(odd & x.signbit(), -mag, mag))
-    # x ** 0 and 1 ** y are 1, NaN and inf included (C's pow); 1 ** finite y keeps its gradient
-    return where(e.eq(0) | (x.eq(1) & e.isfinite().logical_not()), 1.0, out).cast(x.dtype)
+    # x ** 0 and 1 ** y are 1, NaN and inf included (C's pow); finite nonzero x ** 0 computes 1
+    # through mag, whose gradient with respect to e is ln x there, as PyTorch's
+    special = ax.eq(0) | ax.isinf() | x.isnan()
+    out = where((e.eq(0) & special) | (x.eq(1) & e.isfinite().logical_not()), 1.0, out).cast(x.dtype)
+    # the base's gradient e x^(e-1) is 1 at e = 1 where x is 0 (mag's there is 0): out - (stop(x)
+    # - x) * m adds it, with the value unchanged (+0, and -0.0 stays -0.0)
+    m = where(ax.eq(0) & e.eq(1), 1.0, 0.0).cast(x.dtype)
+    out = out - (Tensor(ir.stop_gradient(x.node)) - x) * m
+    if not const_e:   # the exponent's gradient at a negative base is NaN (ln x), as PyTorch's: the
+        # derivative of sqrt at 0 through e - e (inf - inf), on a term whose value is +0
+        ef = where(e.isfinite(), e, 0.0).cast(x.dtype)
+        out = out - (where(x < 0, ef - ef, 1.0).cast(x.dtype).sqrt() - where(x < 0, 0.0, 1.0).cast(x.dtype))
+    return out
 
 
 def _scalar(v: Any) -> Tensor:
@@ -2140,6 +2210,32 @@ def rand(*shape: Any, dtype: Any = dt.f32, requires_grad: bool = False) -> Tenso
     return _leaf(Tensor(out.numpy(), out.dtype), requires_grad)
 
 
+def randint(low: int, high: int | None = None, size: Any = None, dtype: Any = dt.i64) -> Tensor:
+    """Integers uniform in [low, high) (randint(high, size) counts from 0), drawn now."""
+    low, high, size = (0, low, high) if size is None else (low, high, size)
+    if high is None or size is None or high <= low:
+        raise ValueError(f"randint: needs low < high and a size, got low={low}, high={high}, size={size}")
+    bits = Tensor(_random_bits(tuple(_shape_arg((size,)))))
+    out = Tensor(ir.binary(Op.MOD, bits.node, ir.const(high - low, dt.u64, bits.shape))).cast(dt.i64) + low
+    return Tensor(out.numpy(), as_dtype(dtype))
+
+
+def randperm(n: int, dtype: Any = dt.i64) -> Tensor:
+    return rand(n).argsort().cast(as_dtype(dtype)) if n else zeros(0, dtype=dtype)
+
+
+def multinomial(probs: Tensor, num_samples: int = 1, replacement: bool = False) -> Tensor:
+    """One draw (num_samples=1) per row of probs (weights, not necessarily normalized): the first
+    class whose running sum passes a uniform draw times the row's sum."""
+    if num_samples != 1:
+        raise ValueError("multinomial: only num_samples=1 is supported")
+    p = probs if probs.ndim == 2 else probs.unsqueeze(0)
+    c = p.float().cumsum(-1)
+    u = rand(p.shape[0], 1) * c[..., -1:]
+    out = (c <= u).cast(dt.i64).sum(-1, keepdim=True).clamp(max=p.shape[-1] - 1)
+    return Tensor(out.numpy()) if probs.ndim == 2 else Tensor(out.numpy().reshape(1))
+
+
 def randn(*shape: Any, dtype: Any = dt.f32, requires_grad: bool = False) -> Tensor:
     """Standard normal, Box-Muller on two uniform draws."""
     shape = _shape_arg(shape)
@@ -2264,8 +2360,20 @@ def einsum(equation: str, *operands: Tensor) -> Tensor:
     eq = equation.replace(" ", "")
     lhs, _, rhs = eq.partition("->")
     terms = lhs.split(",")
-    if "." in eq or len(terms) != len(ops):
-        raise ShapeError(f"einsum: {equation!r} with {len(ops)} operands (labels only; '...' is not supported)")
+    if len(terms) != len(ops) or eq.replace("...", "").count("."):
+        raise ShapeError(f"einsum: {equation!r} with {len(ops)} operands")
+    if "..." in eq:   # '...' stands for the same unused labels in every term, aligned from the right
+        free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq]
+        widths = [t.ndim - (len(term) - 3) for term, t in zip(terms, ops) if "..." in term]
+        most = max(widths, default=0)
+        ell = "".join(free[:most])
+        terms = [term.replace("...", ell[most - (t.ndim - len(term) + 3):]) for term, t in zip(terms, ops)]
+        lhs = ",".join(terms)
+        if _:
+            rhs = rhs.replace("...", ell)
+        else:
+            counts = {c: lhs.count(c) for c in lhs if c != ","}
+            rhs, _ = ell + "".join(sorted(c for c, n in counts.items() if n == 1 and c not in ell)), "->"
     if not _:
         counts = {c: lhs.count(c) for c in lhs if c != ","}
         rhs = "".join(sorted(c for c, n in counts.items() if n == 1))
@@ -2351,8 +2459,9 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     if any(t.numel() == 0 for t in tensors):  # empty pieces add nothing
         kept = [t for t in tensors if t.numel()]
         if not kept:
-            return Tensor(ir.const(0, d, tensors[0].shape[:dim] + (total,) + tensors[0].shape[dim + 1:]))
-        return cat(kept, dim).cast(d)
+            return _from_empty(Tensor(ir.const(0, d, tensors[0].shape[:dim] + (total,) + tensors[0].shape[dim + 1:])),
+                               *tensors)
+        return _from_empty(cat(kept, dim).cast(d), *[t for t in tensors if not t.numel()])
     out, offset = None, 0
     for t in tensors:
         pads = [0, 0] * (t.ndim - dim - 1) + [offset, total - offset - t.shape[dim]]
@@ -2371,8 +2480,13 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     return cat([t.unsqueeze(dim) for t in tensors], dim)
 
 
-def split(t: Tensor, size: int, dim: int = 0) -> list[Tensor]:
+def split(t: Tensor, size: Any, dim: int = 0) -> list[Tensor]:
+    """Pieces of size (the last shorter), or of the sizes in a list, which must add up to the dim."""
     dim = _dim(dim, t.ndim)
+    if not isinstance(size, int):
+        if sum(size) != t.shape[dim]:
+            raise ShapeError(f"split: sizes {list(size)} do not add up to dim {dim}'s size {t.shape[dim]}")
+        return t.tensor_split(list(itertools.accumulate(size))[:-1], dim)
     out = []
     for s in range(0, t.shape[dim], size):
         idx = [slice(None)] * t.ndim
