@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import ember
-import ember.nn.functional as F
 from ember import backends
+from ember.nn import functional as F
 
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional
