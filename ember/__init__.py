@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from . import tensor
 
 __version__ = "0.1.0"
-_SUBMODULES = ("tensor", "nn", "optim", "functional", "backends", "data", "ir", "dtype", "models", "distributed")
+_SUBMODULES = ("tensor", "nn", "optim", "functional", "utils", "backends", "data", "ir", "dtype", "models",
+               "distributed")
 
 
 def set_default_device(device: str) -> None:

@@ -252,8 +252,8 @@ class Tensor:
             self._value = None
             _DATA[self.node] = np.ascontiguousarray(arr, dtype=_np_dtype(d)).reshape(arr.shape)  # keeps 0-d
             _LEAVES[self.node] = self
-        if self.is_leaf:
-            self._rg = bool(requires_grad)
+        if self.is_leaf and (requires_grad or not isinstance(value, Node)):
+            self._rg = bool(requires_grad)   # (a param node wrapped again asks its leaf: requires_grad)
         elif requires_grad:
             self.requires_grad = True
         self.grad: Tensor | None = None
@@ -290,7 +290,7 @@ class Tensor:
     def _inplace(self, new: "Tensor") -> "Tensor":
         """x.add_(y) and friends: x becomes the result, in x's dtype and shape. A leaf takes the
         value now (computed); a result takes the new node, so gradients flow through it."""
-        if self.is_leaf and self._rg and context.grad_enabled:
+        if self.is_leaf and self.requires_grad and context.grad_enabled:
             raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
         new = self._wrap(new).cast(self.dtype)
         if _broadcast_shape(self.shape, new.shape, "in-place op") != self.shape:
@@ -336,6 +336,11 @@ class Tensor:
         return self
 
     def __float__(self) -> float: return float(self._one("float"))  # noqa: E704
+
+    def __index__(self) -> int:   # an integer tensor of one element as a Python index (a[t:t + 3])
+        if self.dtype.is_float or self.dtype is dt.bool_:
+            raise TypeError(f"only integer tensors of a single element can be converted to an index, got {self.dtype}")
+        return int(self._one("index"))
     def __int__(self) -> int: return int(self._one("int"))  # noqa: E704
 
     def _one(self, name: str) -> Any:
@@ -395,6 +400,15 @@ class Tensor:
     def item(self) -> float | int:
         if self.numel() != 1:
             raise ShapeError(f"item() needs a tensor of one element, got shape {list(self.shape)}")
+        if self.value() is None and context.trace is None and len(ir.toposort([self.node])) <= 8 \
+                and default_device() != "cuda":
+            # a scalar of a few ops (a[i:i + 16] with a tensor i) by the reference evaluator, the
+            # spec's semantics exactly: a compiled program's call costs more than the arithmetic
+            saved, context.device = context.device, "ref"
+            try:
+                realize(self)
+            finally:
+                context.device = saved
         return self.numpy().reshape(()).item()
 
     def tolist(self) -> Any:
@@ -848,6 +862,9 @@ class Tensor:
             if equal_nan:
                 close = close | (a.isnan() & b.isnan())
         return close
+    def allclose(self, o: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> bool:
+        return bool(self.isclose(o, rtol, atol, equal_nan).all())
+
     def relu(self) -> "Tensor":
         """PyTorch's: -0.0 and NaN pass through, and the gradient at 0 is 0."""
         if not self.dtype.is_float:
@@ -987,6 +1004,9 @@ class Tensor:
             if shape.count(-1) > 1 or known == 0 or self.numel() % known:
                 raise ShapeError(f"reshape: cannot reshape {list(self.shape)} to {list(shape)}")
             shape = tuple(self.numel() // known if s == -1 else s for s in shape)
+        if self.is_leaf and context.trace is None and isinstance(self.value(), np.ndarray) \
+                and math.prod(shape) == self.numel() and not self.requires_grad:
+            return Tensor(self.value().reshape(shape), self.dtype)   # data reshaped is data (see __getitem__)
         return _call("reshape", lambda: ir.reshape(self.node, shape), self)
 
     def view(self, *shape: Any) -> "Tensor":
@@ -1174,6 +1194,9 @@ class Tensor:
             steps.append((len(shape), abs(step), d))
             shape.append(-(-(e - s) // abs(step)))
             d += 1
+        if self.is_leaf and context.trace is None and isinstance(self.value(), np.ndarray) and not self.requires_grad:
+            # a slice of data is data: a loop's batches x[i:i + 64] are not constants of its program
+            return Tensor(np.array(self.value()[idx]).reshape(shape), self.dtype)
         out = _call("index", lambda: ir.shrink(self.node, tuple(start), tuple(end)), self)
         if flips:
             out = out.flip(flips)
@@ -2052,10 +2075,9 @@ def _pow(x: Tensor, e: Tensor) -> Tensor:
     # through mag, whose gradient with respect to e is ln x there, as PyTorch's
     special = ax.eq(0) | ax.isinf() | x.isnan()
     out = where((e.eq(0) & special) | (x.eq(1) & e.isfinite().logical_not()), 1.0, out).cast(x.dtype)
-    # the base's gradient e x^(e-1) is 1 at e = 1 where x is 0 (mag's there is 0): out - (stop(x)
-    # - x) * m adds it, with the value unchanged (+0, and -0.0 stays -0.0)
-    m = where(ax.eq(0) & e.eq(1), 1.0, 0.0).cast(x.dtype)
-    out = out - (Tensor(ir.stop_gradient(x.node)) - x) * m
+    # the base's gradient e x^(e-1) is 1 at e = 1 where x is 0 (mag's there is 0): subtracting
+    # stop(x) - x there adds it, with the value unchanged (+0, and -0.0 stays -0.0)
+    out = out - where(ax.eq(0) & e.eq(1), Tensor(ir.stop_gradient(x.node)) - x, 0.0).cast(x.dtype)
     if not const_e:   # the exponent's gradient at a negative base is NaN (ln x), as PyTorch's: the
         # derivative of sqrt at 0 through e - e (inf - inf), on a term whose value is +0
         ef = where(e.isfinite(), e, 0.0).cast(x.dtype)
@@ -2419,7 +2441,8 @@ for _name in ("abs", "acos", "acosh", "add", "all", "amax", "amin", "aminmax", "
               "asin", "asinh", "atan", "atan2", "atanh", "bmm", "ceil", "clamp", "clip", "clone", "copysign", "cos",
               "cosh", "cummax", "cummin", "cumprod", "cumsum", "diag", "diagonal", "div", "dot", "eq", "erf", "erfc",
               "exp", "exp2", "expm1", "flatten", "flip", "floor", "fmod", "frac", "gather", "ge", "gt", "hypot",
-              "index_select", "isclose", "isfinite", "isinf", "isnan", "kthvalue", "le", "lerp", "log", "log10",
+              "index_select", "isclose", "allclose", "isfinite", "isinf", "isnan", "kthvalue", "le", "lerp", "log",
+              "log10",
               "log1p", "log2", "logaddexp", "logcumsumexp", "logical_and", "logical_not", "logical_or",
               "logical_xor", "logsumexp", "lt", "masked_fill", "masked_select", "matmul", "max", "maximum", "mean",
               "median", "min", "minimum", "mm", "movedim", "mul", "mv", "nan_to_num", "ne", "neg", "nonzero", "norm",
@@ -2455,6 +2478,8 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     d = tensors[0].dtype
     for t in tensors[1:]:
         d = _promote_dtype(d, t.dtype)
+    if _host_data(tensors):
+        return Tensor(np.concatenate([t.value() for t in tensors], dim).astype(_np_dtype(d)), d)
     total = sum(t.shape[dim] for t in tensors)
     if any(t.numel() == 0 for t in tensors):  # empty pieces add nothing
         kept = [t for t in tensors if t.numel()]
@@ -2476,7 +2501,16 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     return out
 
 
+def _host_data(tensors: Sequence[Tensor]) -> bool:
+    """Whether all are data on the host that needs no gradient: joined (cat, stack) on the host,
+    data stays data (a batch stacked from slices of a dataset, a sequence that generation grows),
+    so it does not grow the graph of the program that reads it."""
+    return context.trace is None and all(isinstance(t.value(), np.ndarray) and not t.requires_grad for t in tensors)
+
+
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    if tensors and _host_data(tensors) and len({(t.shape, t.dtype) for t in tensors}) == 1:
+        return Tensor(np.stack([t.value() for t in tensors], _dim(dim, tensors[0].ndim + 1)), tensors[0].dtype)
     return cat([t.unsqueeze(dim) for t in tensors], dim)
 
 
