@@ -1,6 +1,6 @@
 """A PyTorch tutorial's CNN classifier, run by Ember: only the imports differ from the PyTorch
 script. The task is synthetic (no dataset to download): which quadrant of a 16x16 image holds
-the bright square? Run: python examples/torch_cnn.py"""
+the bright square? About 25 s on 2 cores, most of it compiling. Run: python examples/torch_cnn.py"""
 import ember as torch                                    # import torch  # noqa: I001
 import ember.nn as nn                                    # import torch.nn as nn
 import ember.nn.functional as F                          # import torch.nn.functional as F

@@ -35,5 +35,5 @@ def test_torch_style_cnn(tmp_path: Path) -> None:
 def test_torch_style_transformer(tmp_path: Path) -> None:
     out = run("torch_transformer.py", tmp_path)
     val = [float(v) for v in re.findall(r"val loss ([0-9.]+)", out)]
-    assert val[-1] < 1.0 < val[0], out
+    assert val[-1] < 0.5 * val[0], out
     assert out.strip().splitlines()[-1].startswith("the quick brown fox jumps"), out
