@@ -1,7 +1,7 @@
 """A PyTorch tutorial's small character-level transformer (a GPT in the style of "Let's build
 GPT"), run by Ember: only the imports differ from the PyTorch script. It learns a short text by
-heart and then writes it from its first characters (about 40 s on 2 cores, most of it the first
-step's compile). Run: python examples/torch_transformer.py"""
+heart and then writes it from its first characters (about 40 s on 2 loaded cores, half of it
+compiling). Run: python examples/torch_transformer.py"""
 import ember as torch                  # import torch  # noqa: I001
 import ember.nn as nn                  # import torch.nn as nn
 from ember.nn import functional as F   # from torch.nn import functional as F
