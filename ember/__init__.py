@@ -7,6 +7,7 @@ ember.save and ember.load, ember.cuda.is_available()."""
 from __future__ import annotations
 
 import importlib
+import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -23,10 +24,13 @@ def set_default_device(device: str) -> None:
     set_device(device)
 
 
-def autocast(dtype: str = "bfloat16", enabled: bool = True, **_: Any) -> "tensor.autocast":
-    """Mixed precision for matmuls (ember.tensor.autocast)."""
+def autocast(*args: Any, dtype: Any = None, enabled: bool = True, **_: Any) -> "tensor.autocast":
+    """Mixed precision for matmuls (ember.tensor.autocast): autocast("bfloat16"), or PyTorch's
+    autocast("cuda", dtype=ember.bfloat16)."""
     from .tensor import autocast as cast_context
-    return cast_context(dtype, enabled)
+    if args and args[0] in ("cuda", "cpu"):   # PyTorch's first argument is the device type
+        args = args[1:]
+    return cast_context(args[0] if args else dtype or "bfloat16", args[1] if len(args) > 1 else enabled)
 
 
 def jit(fn):  # type: ignore[no-untyped-def]
@@ -49,6 +53,7 @@ def load(path: Any, **_: Any) -> Any:
 
 
 Size = tuple
+pi, e, inf, nan = math.pi, math.e, math.inf, math.nan
 
 
 class cuda:

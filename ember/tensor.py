@@ -301,6 +301,10 @@ class Tensor:
         self.node, self._value, self._rg = new.node, None, None
         return self
 
+    def new_zeros(self, *size: Any, dtype: Any = None) -> "Tensor": return zeros(*size, dtype=dtype or self.dtype)  # noqa: E704,E501
+    def new_ones(self, *size: Any, dtype: Any = None) -> "Tensor": return ones(*size, dtype=dtype or self.dtype)  # noqa: E704,E501
+    def new_full(self, size: Any, v: Any, dtype: Any = None) -> "Tensor": return full(size, v, dtype or self.dtype)  # noqa: E704,E501
+    def new_tensor(self, v: Any, dtype: Any = None) -> "Tensor": return Tensor(v, dtype or self.dtype)  # noqa: E704
     def zero_(self) -> "Tensor": return self._inplace(zeros_like(self))  # noqa: E704
     def fill_(self, v: Any) -> "Tensor": return self._inplace(self._wrap(v))  # noqa: E704
     def copy_(self, src: Any) -> "Tensor": return self._inplace(src)  # noqa: E704

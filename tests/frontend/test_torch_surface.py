@@ -335,3 +335,36 @@ def test_matmul_of_two_vectors() -> None:
     close(ember.tensor(a) @ ember.tensor(b), torch.tensor(a) @ torch.tensor(b))
     with pytest.raises(ValueError):
         ember.tensor(a) @ ember.tensor(arr(4))
+
+
+def test_a_hand_written_training_loop_and_top_level_names() -> None:
+    ember.manual_seed(0)
+    a = arr(16, 3)
+    w, b = ember.zeros(3, 1, requires_grad=True), ember.zeros(1, requires_grad=True)
+    tw, tb = torch.zeros(3, 1, requires_grad=True), torch.zeros(1, requires_grad=True)
+    true = np.array([[1.0], [2.0], [3.0]], np.float32)
+    for _ in range(5):
+        for m, (ww, bb), x in ((ember, (w, b), ember.tensor(a)), (torch, (tw, tb), torch.tensor(a))):
+            loss = ((x @ ww + bb - x @ m.tensor(true)) ** 2).mean()
+            loss.backward()
+            with m.no_grad():
+                ww -= 0.1 * ww.grad
+                bb.sub_(0.1 * bb.grad)
+                ww.grad.zero_()
+                bb.grad.zero_()
+    close(w, tw)
+    close(b, tb)
+    x = ember.tensor(a)
+    close(ember.max(x, 1)[0], torch.max(torch.tensor(a), 1)[0])
+    close(ember.softmax(x, dim=1), torch.softmax(torch.tensor(a), dim=1))
+    assert ember.sum(x).shape == () and x.new_zeros(2, 3).shape == (2, 3) and ember.pi == math.pi
+    assert isinstance(x, ember.Tensor) and x.size(0) == 16 and ember.Size is tuple
+    with ember.autocast("cpu", dtype=ember.bfloat16, enabled=False):
+        pass
+    loader = ember.utils.data.DataLoader(ember.utils.data.TensorDataset(x, ember.arange(16)), batch_size=5,
+                                         shuffle=True)
+    batches = list(loader)
+    assert len(loader) == 4 and [len(bx) for bx, _ in batches] == [5, 5, 5, 1]
+    seen = np.concatenate([by.numpy() for _, by in batches])
+    assert sorted(seen) == list(range(16)) and all(bx.is_leaf for bx, _ in batches)
+    np.testing.assert_array_equal(np.concatenate([bx.numpy() for bx, _ in batches]), a[seen])
