@@ -2082,6 +2082,12 @@ def _pow(x: Tensor, e: Tensor) -> Tensor:
     # the base's gradient e x^(e-1) is 1 at e = 1 where x is 0 (mag's there is 0): subtracting
     # stop(x) - x there adds it, with the value unchanged (+0, and -0.0 stays -0.0)
     out = out - where(ax.eq(0) & e.eq(1), Tensor(ir.stop_gradient(x.node)) - x, 0.0).cast(x.dtype)
+    # and infinite where x is 0 and e < 1 (e != 0): sqrt's derivative at 0, through x - stop(x),
+    # on a term whose value is +0, signed as e x^(e-1) is
+    z = ax.eq(0) & (e < 1) & e.ne(0)
+    sign = where((e < 0).ne(x.signbit() & whole & odd.logical_not()), -1.0, 1.0).cast(x.dtype)
+    out = out + sign * (where(z, x - Tensor(ir.stop_gradient(x.node)), 1.0).cast(x.dtype).sqrt()
+                        - where(z, 0.0, 1.0).cast(x.dtype))
     if not const_e:   # the exponent's gradient at a negative base is NaN (ln x), as PyTorch's: the
         # derivative of sqrt at 0 through e - e (inf - inf), on a term whose value is +0
         ef = where(e.isfinite(), e, 0.0).cast(x.dtype)

@@ -54,6 +54,12 @@ def test_pow_gradients() -> None:
     ((-2.0) ** te).sum().backward()
     assert np.isnan(ee.grad.numpy()).all() and torch.isnan(te.grad).all()
     both(lambda t: 0.7 ** t[0], np.array([0.0, 1.0, -2.0], np.float32))
+    zeros = np.array([0.0, -0.0, 0.0, -0.0, 0.0, -0.0, 0.0], np.float32)   # the base's gradient at 0
+    powers = np.array([0.3, 0.3, -0.5, -0.5, -1.0, -1.0, -2.0], np.float32)
+    x, tx = ember.tensor(zeros, requires_grad=True), torch.tensor(zeros, requires_grad=True)
+    (x ** ember.tensor(powers)).sum().backward()
+    (tx ** torch.tensor(powers)).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), tx.grad.numpy())
 
 
 def test_selection_gradients_go_to_the_picked_element() -> None:
