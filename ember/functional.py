@@ -82,6 +82,42 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     return x.gelu(approximate)
 
 
+def quick_gelu(x: Tensor) -> Tensor:
+    """x * sigmoid(1.702 x), CLIP's approximation of gelu."""
+    return x * (x * 1.702).sigmoid()
+
+
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:  # noqa: A002
+    if input.shape[-1:] != weight.shape[-1:]:
+        raise ShapeError(f"linear: input {list(input.shape)} and weight {list(weight.shape)} (out, in) do not fit")
+    y = input @ weight.T
+    return y + bias if bias is not None else y
+
+
+def layer_norm(input: Tensor, normalized_shape: Any, weight: Tensor | None = None,  # noqa: A002
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """Over the last len(normalized_shape) dims, with the biased variance, as PyTorch."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if input.shape[input.ndim - len(shape):] != shape:
+        raise ShapeError(f"layer_norm: input {list(input.shape)} does not end in normalized_shape {list(shape)}")
+    dims = tuple(range(-len(shape), 0)) if len(shape) > 1 else -1
+    d = input - input.mean(dims, keepdim=True)
+    y = d * ((d * d).mean(dims, keepdim=True) + eps).rsqrt()
+    y = y * weight if weight is not None else y
+    return y + bias if bias is not None else y
+
+
+def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:  # noqa: A002
+    """weight's rows at input; the padding row's gets no gradient, as PyTorch's."""
+    if input.dtype.is_float:
+        raise ShapeError(f"embedding: indices must be integers, got {input.dtype}")
+    rows = weight.gather_rows(input)
+    if padding_idx is None:
+        return rows
+    pad = padding_idx % weight.shape[0]
+    return where(input.eq(pad).unsqueeze(-1), Tensor(ir.stop_gradient(rows.node)), rows)
+
+
 def sigmoid(x: Tensor) -> Tensor:
     return x.sigmoid()
 
@@ -104,8 +140,7 @@ def softmin(x: Tensor, dim: int = -1) -> Tensor:
 
 def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
     """x / max(||x||_p, eps) along dim."""
-    norm = x.abs().pow(p).sum(dim, keepdim=True).pow(1 / p) if p != 2 else (x * x).sum(dim, keepdim=True).sqrt()
-    return x / norm.clamp(min=eps)
+    return x / x.norm(p, dim, keepdim=True).clamp(min=eps)
 
 
 # --------------------------------------------------------------------------------- losses
@@ -256,8 +291,17 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
-                                 is_causal: bool = False, scale: float | None = None) -> Tensor:
-    """softmax(q k^T * scale + mask) v, with PyTorch's mask conventions (bool: True keeps)."""
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """softmax(q k^T * scale + mask) v, with PyTorch's mask conventions (bool: True keeps);
+    enable_gqa: k and v have fewer heads (dim -3), each shared by a group of q's heads."""
+    if is_causal and attn_mask is not None:
+        raise ValueError("scaled_dot_product_attention: an explicit attn_mask must not be set with is_causal=True")
+    if enable_gqa and k.shape[-3] != q.shape[-3]:
+        if q.shape[-3] % k.shape[-3]:
+            raise ShapeError(f"scaled_dot_product_attention: {q.shape[-3]} query heads are not a multiple of "
+                             f"{k.shape[-3]} key heads")
+        k, v = (t.repeat_interleave(q.shape[-3] // k.shape[-3], -3) for t in (k, v))
     s = (q @ k.transpose(-2, -1)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
     if is_causal:
         t, u = q.shape[-2], k.shape[-2]
@@ -266,7 +310,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
         s = where(cols <= rows, s, -math.inf)
     if attn_mask is not None:
         s = where(attn_mask, s, -math.inf) if attn_mask.dtype.name == "bool" else s + attn_mask
-    return s.softmax(-1) @ v
+    return (dropout(s.softmax(-1), dropout_p) if dropout_p else s.softmax(-1)) @ v
 
 
 # ----------------------------------------------------------------- convolution and pooling
@@ -484,6 +528,12 @@ def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, 
                            "conv_transpose2d")
 
 
+def conv_transpose3d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1,  # noqa: A002
+                     padding: Any = 0, output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
+    return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, 3,
+                           "conv_transpose3d")
+
+
 def _adaptive(x: Tensor, output_size: Any, nsp: int, kind: str) -> Tensor:
     """PyTorch's windows [floor(i L / O), ceil((i + 1) L / O)), one spatial dim after another
     (a rectangle's max or mean is that of its rows' maxima or means)."""
@@ -522,12 +572,17 @@ def adaptive_max_pool2d(input: Tensor, output_size: Any) -> Tensor:  # noqa: A00
 
 def interpolate(input: Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",  # noqa: A002
                 align_corners: bool | None = None) -> Tensor:
-    """nearest, linear (1 spatial dim) and bilinear (2), one dim at a time. The source positions
-    and weights depend only on the sizes, so they are constants of the graph."""
+    """nearest, nearest-exact, linear (1 spatial dim), bilinear (2) and trilinear (3), one dim at a
+    time. The source positions and weights depend only on the sizes, so they are constants of the
+    graph. Integer inputs interpolate in f32, rounded half up as PyTorch's uint8 kernels."""
     nsp = input.ndim - 2
-    if mode not in ("nearest", "linear", "bilinear") or (mode == "linear" and nsp != 1) or \
-            (mode == "bilinear" and nsp != 2):
-        raise ValueError(f"interpolate: mode {mode!r} for {nsp} spatial dims (nearest, linear for 1, bilinear for 2)")
+    linear = {"linear": 1, "bilinear": 2, "trilinear": 3}
+    if mode not in ("nearest", "nearest-exact", *linear) or linear.get(mode, nsp) != nsp:
+        raise ValueError(f"interpolate: mode {mode!r} for {nsp} spatial dims (nearest, nearest-exact, linear for 1, "
+                         "bilinear for 2, trilinear for 3)")
+    if mode in linear and not input.dtype.is_float:
+        out = interpolate(input.float(), size, scale_factor, mode, align_corners)
+        return (out + 0.5).floor().clamp(input.dtype.min, input.dtype.max).cast(input.dtype)
     if (size is None) == (scale_factor is None):
         raise ValueError("interpolate: give exactly one of size and scale_factor")
     ins = input.shape[2:]
@@ -540,8 +595,9 @@ def interpolate(input: Tensor, size: Any = None, scale_factor: Any = None, mode:
     for d in range(nsp):
         axis, n, o = 2 + d, ins[d], outs[d]
         dst = np.arange(o, dtype=np.float64)
-        if mode == "nearest":
-            src = np.minimum(np.floor(dst * scales[d]).astype(np.int64), n - 1)
+        if mode.startswith("nearest"):
+            src = np.minimum(np.floor((dst + (0.5 if mode == "nearest-exact" else 0)) * scales[d]).astype(np.int64),
+                             n - 1)
             y = y.index_select(axis, Tensor(src))
             continue
         if align_corners:

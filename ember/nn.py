@@ -1,26 +1,42 @@
 """Layers with PyTorch's names, and state dicts in the safetensors format."""
 from __future__ import annotations
 
+import json
 import math
 import os
+import sys
+import types
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
-from . import data
+from . import data, functional, init
 from . import dtype as dt
 from . import tensor as T
 from .tensor import ShapeError, Tensor
 
 
-def parameter(value: Tensor | np.ndarray) -> Tensor:
-    """A trainable leaf: the value is computed now (random inits run as compiled code)."""
-    arr = value.numpy() if isinstance(value, Tensor) else value
-    return Tensor(arr, requires_grad=True)
+class Parameter(Tensor):
+    """nn.Parameter: a leaf that requires grad (by default), its value computed now (random
+    inits run as compiled code); a Module registers it as a parameter."""
+    __slots__ = ()
+
+    def __init__(self, data: Any = None, requires_grad: bool = True):
+        data = np.zeros(0, np.float32) if data is None else data
+        if isinstance(data, Tensor):
+            T.realize(data)
+            super().__init__(data.value(), data.dtype, requires_grad)
+        else:
+            super().__init__(data, None, requires_grad)
+
+
+parameter = Parameter
 
 
 class Module:
+    """PyTorch's Module: attributes that are Parameters (or leaves that require grad), Modules
+    (also in lists) and registered buffers make up its parameters and state dict."""
     training = True
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -29,32 +45,68 @@ class Module:
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} defines no forward")
 
+    def named_children(self) -> Iterator[tuple[str, "Module"]]:
+        for name, value in vars(self).items():
+            if isinstance(value, Module):
+                yield name, value
+            elif isinstance(value, (list, tuple)):
+                yield from ((f"{name}.{i}", m) for i, m in enumerate(value) if isinstance(m, Module))
+
+    def children(self) -> Iterator["Module"]:
+        return (m for _, m in self.named_children())
+
     def named_parameters(self, prefix: str = "", _seen: set[int] | None = None) -> Iterator[tuple[str, Tensor]]:
         """Each parameter once, as PyTorch: a tensor shared by two modules (tied embeddings)
         under its first name."""
         seen = set() if _seen is None else _seen
+        yield from self._own_parameters(prefix, seen)
+        for name, m in self.named_children():
+            yield from m.named_parameters(f"{prefix}{name}.", seen)
+
+    def _own_parameters(self, prefix: str, seen: set[int]) -> Iterator[tuple[str, Tensor]]:
         for name, value in vars(self).items():
-            if isinstance(value, Tensor) and value.requires_grad:
+            if isinstance(value, Parameter) or isinstance(value, Tensor) and value.is_leaf and value.requires_grad:
                 if id(value) not in seen:
                     seen.add(id(value))
                     yield prefix + name, value
-            elif isinstance(value, Module):
-                yield from value.named_parameters(f"{prefix}{name}.", seen)
-            elif isinstance(value, (list, tuple)):
-                for i, item in enumerate(value):
-                    if isinstance(item, Module):
-                        yield from item.named_parameters(f"{prefix}{name}.{i}.", seen)
 
-    def parameters(self) -> list[Tensor]:
+    def parameters(self, recurse: bool = True) -> list[Tensor]:
         return [p for _, p in self.named_parameters()]
 
+    def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
+        setattr(self, name, tensor)
+        if persistent:
+            self.__dict__.setdefault("_buffer_names", []).append(name)
+
+    def register_parameter(self, name: str, param: Tensor | None) -> None:
+        setattr(self, name, param)
+
+    def add_module(self, name: str, module: "Module") -> None:
+        setattr(self, name, module)
+
+    def named_buffers(self, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
+        for name in vars(self).get("_buffer_names", []):
+            if isinstance(getattr(self, name), Tensor):
+                yield prefix + name, getattr(self, name)
+        for name, m in self.named_children():
+            yield from m.named_buffers(f"{prefix}{name}.")
+
+    def buffers(self) -> list[Tensor]:
+        return [b for _, b in self.named_buffers()]
+
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+        yield prefix, self
+        for name, m in self.named_children():
+            yield from m.named_modules(f"{prefix}.{name}" if prefix else name)
+
     def modules(self) -> Iterator["Module"]:
-        yield self
-        for value in vars(self).values():
-            items = value if isinstance(value, (list, tuple)) else [value]
-            for item in items:
-                if isinstance(item, Module):
-                    yield from item.modules()
+        return (m for _, m in self.named_modules())
+
+    def apply(self, fn: Any) -> "Module":
+        for m in self.children():
+            m.apply(fn)
+        fn(self)
+        return self
 
     def train(self, mode: bool = True) -> "Module":
         for m in self.modules():
@@ -64,14 +116,58 @@ class Module:
     def eval(self) -> "Module":
         return self.train(False)
 
-    def state_dict(self) -> dict[str, Tensor]:
-        return dict(self.named_parameters())
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.parameters():
+            p.grad = None if set_to_none or p.grad is None else T.zeros_like(p.grad)
 
-    def load_state_dict(self, state: dict[str, Tensor | np.ndarray]) -> None:
+    def requires_grad_(self, requires_grad: bool = True) -> "Module":
+        for p in self.parameters():
+            p.requires_grad = requires_grad
+        return self
+
+    def to(self, *args: Any, dtype: Any = None, device: Any = None, **_: Any) -> "Module":
+        """Module.to(device) picks where programs run (as Tensor.to); to(dtype) casts the floating
+        point parameters and buffers, in place."""
+        for a in args:
+            if isinstance(a, str) and a.removeprefix("torch.") not in T._NAMES:
+                device = a
+            else:
+                dtype = a
+        if device is not None:
+            T.zeros(()).to(device)
+        if dtype is not None:
+            with T.no_grad():
+                for t in self.parameters() + self.buffers():
+                    if t.dtype.is_float:
+                        t._rebind(t.cast(dtype))
+        return self
+
+    def cuda(self, device: Any = None) -> "Module":
+        return self.to("cuda")
+
+    def cpu(self) -> "Module":
+        return self
+
+    def float(self) -> "Module": return self.to(dt.f32)  # noqa: E704
+    def double(self) -> "Module": return self.to(dt.f64)  # noqa: E704
+    def half(self) -> "Module": return self.to(dt.f16)  # noqa: E704
+
+    def state_dict(self, prefix: str = "", _seen: set[int] | None = None) -> dict[str, Tensor]:
+        """Each module's parameters, then its buffers, then its children's, as PyTorch orders them."""
+        seen = set() if _seen is None else _seen
+        out = dict(self._own_parameters(prefix, seen))
+        out.update({prefix + n: b for n, b in self.named_buffers() if "." not in n})
+        for name, m in self.named_children():
+            out.update(m.state_dict(f"{prefix}{name}.", seen))
+        return out
+
+    def load_state_dict(self, state: dict[str, Tensor | np.ndarray], strict: bool = True) -> None:
         own = self.state_dict()
         missing = sorted(set(own) - set(state))
-        if missing:
-            raise KeyError(f"load_state_dict: missing {', '.join(missing)}")
+        unexpected = sorted(set(state) - set(own))
+        if missing or (strict and unexpected):
+            raise KeyError(f"load_state_dict: missing {', '.join(missing) or 'nothing'}; "
+                           f"unexpected {', '.join(unexpected) or 'nothing'}")
         for name, p in own.items():
             value = state[name]
             arr = value.numpy() if isinstance(value, Tensor) else np.asarray(value)
@@ -87,10 +183,10 @@ class Linear(Module):
         self.bias = parameter(T.rand(out_features) * (2 * bound) - bound) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.shape[-1] != self.weight.shape[1]:
+        from .functional import linear
+        if x.shape[-1:] != self.weight.shape[1:]:
             raise ShapeError(f"Linear({self.weight.shape[1]}, {self.weight.shape[0]}) got input {list(x.shape)}")
-        y = x @ self.weight.T
-        return y + self.bias if self.bias is not None else y
+        return linear(x, self.weight, self.bias)
 
 
 class Sequential(Module):
@@ -107,6 +203,12 @@ class Sequential(Module):
 
     def __len__(self) -> int:
         return len(self.layers)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self.layers)
+
+    def named_children(self) -> Iterator[tuple[str, Module]]:   # PyTorch's names: "0.weight"
+        return ((str(i), m) for i, m in enumerate(self.layers))
 
 
 class ModuleList(Module):
@@ -125,6 +227,9 @@ class ModuleList(Module):
     def append(self, m: Module) -> "ModuleList":
         self.items.append(m)
         return self
+
+    def named_children(self) -> Iterator[tuple[str, Module]]:
+        return ((str(i), m) for i, m in enumerate(self.items))
 
 
 class Flatten(Module):
@@ -228,6 +333,10 @@ class ConvTranspose2d(_ConvTransposeNd):
     nsp = 2
 
 
+class ConvTranspose3d(_ConvTransposeNd):
+    nsp = 3
+
+
 class Upsample(Module):
     def __init__(self, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
                  align_corners: bool | None = None):
@@ -267,8 +376,8 @@ class _BatchNorm(Module):
         self.eps, self.momentum = eps, momentum
         self.weight = parameter(np.ones(num_features, np.float32)) if affine else None
         self.bias = parameter(np.zeros(num_features, np.float32)) if affine else None
-        self.running_mean = Tensor(np.zeros(num_features, np.float32))
-        self.running_var = Tensor(np.ones(num_features, np.float32))
+        self.register_buffer("running_mean", Tensor(np.zeros(num_features, np.float32)))
+        self.register_buffer("running_var", Tensor(np.ones(num_features, np.float32)))
 
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim < 2 or x.shape[1] != self.running_mean.shape[0]:
@@ -319,22 +428,28 @@ class GroupNorm(Module):
 
 
 class Embedding(Module):
-    def __init__(self, num_embeddings: int, embedding_dim: int):
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None):
         self.weight = parameter(T.randn(num_embeddings, embedding_dim))
+        self.padding_idx = padding_idx
+        if padding_idx is not None:   # its row starts at zero, as PyTorch's
+            with T.no_grad():
+                self.weight[padding_idx] = 0.0
 
     def forward(self, idx: Tensor) -> Tensor:
-        return self.weight.gather_rows(idx)
+        from .functional import embedding
+        return embedding(idx, self.weight, self.padding_idx)
 
 
 class LayerNorm(Module):
-    def __init__(self, dim: int, eps: float = 1e-5):
-        self.weight, self.bias = parameter(np.ones(dim, np.float32)), parameter(np.zeros(dim, np.float32))
+    def __init__(self, normalized_shape: Any, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True):
+        self.shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.weight = parameter(np.ones(self.shape, np.float32)) if elementwise_affine else None
+        self.bias = parameter(np.zeros(self.shape, np.float32)) if elementwise_affine and bias else None
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        mu = x.mean(-1, keepdim=True)
-        d = x - mu
-        return d * ((d * d).mean(-1, keepdim=True) + self.eps).rsqrt() * self.weight + self.bias
+        from .functional import layer_norm
+        return layer_norm(x, self.shape, self.weight, self.bias, self.eps)
 
 
 class RMSNorm(Module):
@@ -354,18 +469,66 @@ class Dropout(Module):
         return dropout(x, self.p, self.training)
 
 
-def clip_grad_norm_(parameters: Any, max_norm: float, eps: float = 1e-6) -> Tensor:
+def _loss(cls: str, name: str, **defaults: Any) -> type:
+    """The loss module `cls` around ember.functional.<name>(input, target, **options)."""
+    def __init__(self: Module, *args: Any, **kwargs: Any) -> None:
+        if len(args) > len(defaults) or set(kwargs) - set(defaults) - {"size_average", "reduce"}:
+            raise TypeError(f"{cls} takes {list(defaults)}, got {args} {kwargs}")
+        self.options = {**defaults, **dict(zip(defaults, args)),
+                        **{k: v for k, v in kwargs.items() if k in defaults}}
+
+    def forward(self: Module, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
+        from . import functional
+        return getattr(functional, name)(input, target, **self.options)  # type: ignore[attr-defined]
+    return type(cls, (Module,), {"__init__": __init__, "forward": forward, "__doc__": f"F.{name} as a module."})
+
+
+MSELoss, L1Loss = _loss("MSELoss", "mse_loss", reduction="mean"), _loss("L1Loss", "l1_loss", reduction="mean")
+CrossEntropyLoss = _loss("CrossEntropyLoss", "cross_entropy", weight=None, ignore_index=-100, reduction="mean",
+                         label_smoothing=0.0)
+NLLLoss = _loss("NLLLoss", "nll_loss", weight=None, ignore_index=-100, reduction="mean")
+BCELoss = _loss("BCELoss", "binary_cross_entropy", weight=None, reduction="mean")
+BCEWithLogitsLoss = _loss("BCEWithLogitsLoss", "binary_cross_entropy_with_logits", weight=None, reduction="mean",
+                          pos_weight=None)
+SmoothL1Loss = _loss("SmoothL1Loss", "smooth_l1_loss", reduction="mean", beta=1.0)
+HuberLoss = _loss("HuberLoss", "huber_loss", reduction="mean", delta=1.0)
+KLDivLoss = _loss("KLDivLoss", "kl_div", reduction="mean", log_target=False)
+
+
+def clip_grad_norm_(parameters: Any, max_norm: float, norm_type: float = 2.0, eps: float = 1e-6) -> Tensor:
     """torch.nn.utils.clip_grad_norm_: scale every gradient by min(1, max_norm / (norm + eps)),
     the norm taken over all of them together; returns that norm. Lazy like the gradients: the
     next optimizer step computes the norm and the scaled updates in its one program."""
-    grads = [p for p in parameters if p.grad is not None]
+    grads = [p for p in ([parameters] if isinstance(parameters, Tensor) else parameters) if p.grad is not None]
     if not grads:
         return Tensor(np.array(0.0, np.float32))
-    total = T.stack([(p.grad.float() * p.grad.float()).sum() for p in grads]).sum().sqrt()
+    if norm_type == math.inf:
+        total = T.stack([p.grad.float().abs().amax() for p in grads]).amax()
+    else:
+        total = T.stack([p.grad.float().abs().pow(norm_type).sum() for p in grads]).sum().pow(1 / norm_type)
     scale = (max_norm / (total + eps)).clamp(max=1.0)
     for p in grads:
         p.grad = p.grad * scale.to(p.grad.dtype)
     return total
+
+
+def clip_grad_value_(parameters: Any, clip_value: float) -> None:
+    for p in ([parameters] if isinstance(parameters, Tensor) else parameters):
+        if p.grad is not None:
+            p.grad = p.grad.clamp(-clip_value, clip_value)
+
+
+def _submodule(name: str, **members: Any) -> types.ModuleType:
+    """ember.nn.<name> as an importable module (`import ember.nn.functional as F`)."""
+    module = types.ModuleType(f"{__name__}.{name}")
+    module.__dict__.update(members)
+    sys.modules[module.__name__] = module
+    return module
+
+
+utils = _submodule("utils", clip_grad_norm_=clip_grad_norm_, clip_grad_value_=clip_grad_value_)
+sys.modules[f"{__name__}.functional"] = functional
+sys.modules[f"{__name__}.init"] = init
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, wide: "dt.DType | None" = None) -> Tensor:
@@ -491,3 +654,41 @@ def load_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str,
         arr = np.frombuffer(info["data"], dtype=np.dtype(d.np_name).newbyteorder("<")).reshape(info["shape"])
         out[name] = data.from_storage(arr, d)
     return out, meta
+
+
+def save(obj: Any, path: str | Path) -> None:
+    """ember.save: a state dict (tensors, arrays, numbers; dicts of them nested, an optimizer's
+    with its param_groups) as safetensors; the nesting and the numbers go in the metadata."""
+    tensors: dict[str, Any] = {}
+
+    def flatten(value: Any, key: str) -> Any:
+        if isinstance(value, dict):
+            return {"dict": {str(k): flatten(v, f"{key}{k}.") for k, v in value.items()}}
+        if isinstance(value, (list, tuple)):
+            return {"list": [flatten(v, f"{key}{i}.") for i, v in enumerate(value)]}
+        if isinstance(value, (Tensor, np.ndarray)):
+            tensors[key[:-1]] = value
+            return {"tensor": key[:-1]}
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return {"value": value}
+        raise TypeError(f"ember.save: cannot save a {type(value).__name__} (tensors, arrays, numbers, "
+                        "strings and dicts or lists of them)")
+    skeleton = flatten(obj, "")
+    save_safetensors(tensors, path, {"ember.save": json.dumps(skeleton)})
+
+
+def load(path: str | Path) -> Any:
+    """ember.load of ember.save's file (tensors as Tensors), or of any safetensors file (a dict)."""
+    arrays, meta = load_safetensors(path)
+
+    def build(node: dict) -> Any:
+        if "dict" in node:
+            return {k: build(v) for k, v in node["dict"].items()}
+        if "list" in node:
+            return [build(v) for v in node["list"]]
+        if "tensor" in node:
+            return Tensor(arrays[node["tensor"]])
+        return node["value"]
+    if "ember.save" not in meta:
+        return {k: Tensor(v) for k, v in arrays.items()}
+    return build(json.loads(meta["ember.save"]))

@@ -79,6 +79,7 @@ class Context:
     pending_assigns: dict = field(default_factory=dict)  # leaf node -> (leaf, value): assign(lazy=True)
     trace: Any = None                  # ember.jit's record of the step being captured
     averaged: set = field(default_factory=set)  # params whose gradients are all-reduced (DataParallel)
+    grad_enabled: bool = True          # False under no_grad: results carry no gradient path
 
 
 context = Context()
@@ -102,6 +103,75 @@ class autocast:
 
     def __exit__(self, *exc: Any) -> None:
         context.autocast = self.saved
+
+
+class set_grad_enabled:
+    """torch.set_grad_enabled, and the base of no_grad, enable_grad and inference_mode: a context
+    manager or a decorator. Results computed with gradients off have requires_grad False and
+    pass no gradient back (their nodes are wrapped in ir.stop_gradient), as in PyTorch."""
+    mode = True
+
+    def __init__(self, mode: Any = None):
+        self.fn = mode if callable(mode) else None   # a bare @no_grad, as PyTorch allows
+        if mode is not None and self.fn is None:
+            self.mode = bool(mode)
+        self.saved: list[bool] = []
+        self.applied = type(self) is set_grad_enabled and self.fn is None
+        if self.applied:   # set_grad_enabled(False) as a call acts at once, as in PyTorch
+            self.saved.append(context.grad_enabled)
+            context.grad_enabled = self.mode
+
+    def __enter__(self) -> "set_grad_enabled":
+        if not self.applied:
+            self.saved.append(context.grad_enabled)
+            context.grad_enabled = self.mode
+        self.applied = False
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        context.grad_enabled = self.saved.pop()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fn is not None:   # this is the decorated function
+            with self:
+                return self.fn(*args, **kwargs)
+        fn = args[0]
+
+        @functools.wraps(fn)
+        def wrapped(*a: Any, **k: Any) -> Any:
+            with self:
+                return fn(*a, **k)
+        return wrapped
+
+
+class no_grad(set_grad_enabled):
+    mode = False
+
+
+class enable_grad(set_grad_enabled):
+    mode = True
+
+
+class inference_mode(no_grad):
+    def __init__(self, mode: Any = True):
+        super().__init__(mode if callable(mode) else None)
+        self.mode = self.mode if callable(mode) else not mode
+
+
+def is_grad_enabled() -> bool:
+    return context.grad_enabled
+
+
+class device(str):
+    """torch.device: a name ("cpu", "cuda", "cuda:0") with .type and .index; equal to its string."""
+
+    @property
+    def type(self) -> str:
+        return self.split(":")[0]
+
+    @property
+    def index(self) -> int | None:
+        return int(self.split(":")[1]) if ":" in self else None
 
 
 def default_device() -> str:
@@ -171,10 +241,14 @@ def _half_in_f32(f: Callable[..., "Tensor"]) -> Callable[..., "Tensor"]:
 class Tensor:
     """A lazy tensor: an IR node, plus (for leaves) the data of its param."""
 
-    __slots__ = ("node", "requires_grad", "grad", "_value", "__weakref__")
+    __slots__ = ("node", "_rg", "grad", "_value", "__weakref__")
 
     def __init__(self, value: Any, dtype: DType | None = None, requires_grad: bool = False):
         if isinstance(value, Node):
+            self._rg = None if context.grad_enabled else False
+            if not context.grad_enabled and value.dtype.is_float and value.op not in (Op.PARAM, Op.CONST) \
+                    and ir.stopped(value) is None:
+                value = ir.stop_gradient(value)
             self.node = value
             self._value = None
         elif hasattr(value, "ptr"):  # a DeviceArray: a value that stays on the GPU
@@ -190,8 +264,113 @@ class Tensor:
             self._value = None
             _DATA[self.node] = np.ascontiguousarray(arr, dtype=_np_dtype(d)).reshape(arr.shape)  # keeps 0-d
             _LEAVES[self.node] = self
-        self.requires_grad = requires_grad
+        if self.is_leaf and (requires_grad or not isinstance(value, Node)):
+            self._rg = bool(requires_grad)   # (a param node wrapped again asks its leaf: requires_grad)
+        elif requires_grad:
+            self.requires_grad = True
         self.grad: Tensor | None = None
+
+    @property
+    def requires_grad(self) -> bool:
+        """A leaf's flag; for a result, whether a leaf that requires grad is in its graph (as
+        PyTorch's, and False for what no_grad computed)."""
+        if self._rg is None:
+            self._rg = _needs_grad(self.node)
+        return self._rg
+
+    @requires_grad.setter
+    def requires_grad(self, flag: bool) -> None:
+        if not self.is_leaf and flag != self.requires_grad:
+            if not flag:
+                raise RuntimeError("you can only change requires_grad flags of leaf variables (use detach())")
+            self._rebind(self)   # a result that needs no gradient becomes a leaf, as in PyTorch
+        self._rg = bool(flag)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        self.requires_grad = requires_grad
+        return self
+
+    def _rebind(self, new: "Tensor") -> "Tensor":
+        """This tensor takes new's value as a leaf of its own (in-place ops on leaves, requires_grad_
+        on results): graphs built before keep the old value, as PyTorch's version counters demand."""
+        realize(new)
+        node = ir.param(new_name(), new.dtype, new.shape)
+        _DATA[node], _LEAVES[node] = new.value(), self
+        self.node, self._value = node, None
+        return self
+
+    def _inplace(self, new: "Tensor") -> "Tensor":
+        """x.add_(y) and friends: x becomes the result, in x's dtype and shape. A leaf takes the
+        value now (computed); a result takes the new node, so gradients flow through it."""
+        if self.is_leaf and self.requires_grad and context.grad_enabled:
+            raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+        new = self._wrap(new).cast(self.dtype)
+        if _broadcast_shape(self.shape, new.shape, "in-place op") != self.shape:
+            raise ShapeError(f"in-place op: the result's shape {list(new.shape)} does not fit {list(self.shape)}")
+        new = new._broadcast_to(self.shape)
+        if self.is_leaf:
+            return self._rebind(new)
+        self.node, self._value, self._rg = new.node, None, None
+        return self
+
+    def new_zeros(self, *size: Any, dtype: Any = None) -> "Tensor": return zeros(*size, dtype=dtype or self.dtype)  # noqa: E704,E501
+    def new_ones(self, *size: Any, dtype: Any = None) -> "Tensor": return ones(*size, dtype=dtype or self.dtype)  # noqa: E704,E501
+    def new_full(self, size: Any, v: Any, dtype: Any = None) -> "Tensor": return full(size, v, dtype or self.dtype)  # noqa: E704,E501
+    def new_tensor(self, v: Any, dtype: Any = None) -> "Tensor": return Tensor(v, dtype or self.dtype)  # noqa: E704
+    def zero_(self) -> "Tensor": return self._inplace(zeros_like(self))  # noqa: E704
+    def fill_(self, v: Any) -> "Tensor": return self._inplace(self._wrap(v))  # noqa: E704
+    def copy_(self, src: Any) -> "Tensor": return self._inplace(src)  # noqa: E704
+
+    def uniform_(self, a: float = 0.0, b: float = 1.0) -> "Tensor":
+        return self._inplace(rand(self.shape, dtype=self.dtype) * (b - a) + a)
+
+    def normal_(self, mean: float = 0.0, std: float = 1.0) -> "Tensor":
+        return self._inplace(randn(self.shape, dtype=self.dtype) * std + mean)
+
+    @property
+    def data(self) -> "Tensor":
+        return self.detach()
+
+    @data.setter
+    def data(self, value: "Tensor") -> None:
+        self._rebind(value)
+
+    @property
+    def device(self) -> device:
+        return device("cuda" if default_device() == "cuda" else "cpu")
+
+    @property
+    def is_cuda(self) -> bool:
+        return default_device() == "cuda"
+
+    def cuda(self, device: Any = None) -> "Tensor":
+        return self.to("cuda")
+
+    def cpu(self) -> "Tensor":
+        """The tensor itself: values come to the host when they are read (numpy(), item()), and
+        the device is one for all tensors, so this does not move the others' programs."""
+        return self
+
+    def __float__(self) -> float: return float(self._one("float"))  # noqa: E704
+
+    def __index__(self) -> int:   # an integer tensor of one element as a Python index (a[t:t + 3])
+        if self.dtype.is_float or self.dtype is dt.bool_:
+            raise TypeError(f"only integer tensors of a single element can be converted to an index, got {self.dtype}")
+        return int(self._one("index"))
+    def __int__(self) -> int: return int(self._one("int"))  # noqa: E704
+
+    def _one(self, name: str) -> Any:
+        if self.numel() != 1:
+            raise ValueError(f"only one element tensors can be converted to Python scalars ({name}() of a tensor "
+                             f"of shape {list(self.shape)})")
+        return self.item()
+
+    def __format__(self, spec: str) -> str:
+        return format(self.item(), spec) if self.ndim == 0 else object.__format__(self, spec)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = self.numpy()
+        return a if dtype is None else a.astype(dtype)
 
     # ------------------------------------------------------------------------ properties
     @property
@@ -237,21 +416,38 @@ class Tensor:
     def item(self) -> float | int:
         if self.numel() != 1:
             raise ShapeError(f"item() needs a tensor of one element, got shape {list(self.shape)}")
+        if self.value() is None and context.trace is None and len(ir.toposort([self.node])) <= 8 \
+                and default_device() != "cuda":
+            # a scalar of a few ops (a[i:i + 16] with a tensor i) by the reference evaluator, the
+            # spec's semantics exactly: a compiled program's call costs more than the arithmetic
+            saved, context.device = context.device, "ref"
+            try:
+                realize(self)
+            finally:
+                context.device = saved
         return self.numpy().reshape(()).item()
 
     def tolist(self) -> Any:
         return self.numpy().tolist()
 
-    def to(self, target: Any) -> "Tensor":
-        """`.to(dtype)` casts; `.to("cpu"/"cuda")` picks where programs run (one device at a time)."""
-        if isinstance(target, DType) or (isinstance(target, str) and target.removeprefix("torch.") in _NAMES) \
-                or isinstance(target, (np.dtype, type)):
-            return self.cast(as_dtype(target))
-        name = backends.backend_of(target)
-        if name is None:
-            raise ShapeError(f"to({target!r}): devices are 'cpu' and 'cuda'")
-        context.device = name if name in backends.available() else default_device()
-        return self
+    def to(self, *args: Any, dtype: Any = None, device: Any = None, **_: Any) -> "Tensor":
+        """`.to(dtype)` casts; `.to("cuda")` picks where programs run (one device for all tensors;
+        "cuda" without a GPU is a RuntimeError saying why; unlike cpu(), which moves nothing);
+        `.to(other)` takes other's dtype. Both, and keywords, as PyTorch."""
+        for a in args:
+            if isinstance(a, Tensor):
+                dtype = a.dtype
+            elif isinstance(a, DType) or (isinstance(a, str) and a.removeprefix("torch.") in _NAMES) \
+                    or isinstance(a, (np.dtype, type)):
+                dtype = a
+            else:
+                device = a
+        if device is not None:
+            name = backends.backend_of(str(device).split(":")[0])
+            if name is None:
+                raise ShapeError(f"to({device!r}): devices are 'cpu' and 'cuda'")
+            set_default_device(str(device).split(":")[0])
+        return self.cast(as_dtype(dtype)) if dtype is not None else self
 
     def detach(self) -> "Tensor":
         """The same value with no gradient path to this tensor (a leaf shares its data)."""
@@ -309,6 +505,9 @@ class Tensor:
     def _binary(self, op: Op, other: Any, reverse: bool = False, name: str = "") -> "Tensor":
         a, b = (self._wrap(other), self) if reverse else (self, self._wrap(other))
         a, b = _promote(a, b)
+        if a.dtype is dt.bool_ and op in (Op.CMPLT, Op.MAX):   # the IR orders numbers: bools as 0 and 1
+            out = a.cast(dt.u8)._binary(op, b.cast(dt.u8), name=name)
+            return out.cast(dt.bool_) if op is Op.MAX else out
         a, b = _broadcast(a, b, name or op.name.lower())
         return _call(name or op.name.lower(), lambda: ir.binary(op, a.node, b.node), a, b)
 
@@ -516,7 +715,17 @@ class Tensor:
     def rsqrt(self) -> "Tensor": return self.sqrt()._unary(Op.RECIP)  # noqa: E704
     def reciprocal(self) -> "Tensor": return self._unary(Op.RECIP)  # noqa: E704
     def sin(self) -> "Tensor": return self._unary(Op.SIN)  # noqa: E704
-    def cos(self) -> "Tensor": return (self + math.pi / 2)._unary(Op.SIN)  # noqa: E704
+    def cos(self) -> "Tensor":
+        """cos x = +-sin(r) or +-sin(r + pi/2) of r = x - k pi/2, |r| <= pi/4, reduced in f64 with
+        pi/2 in three parts (Cody-Waite): sin(x + pi/2) in x's precision lost x's low bits
+        (cos(1e6) in f32 was off by 3e-3)."""
+        x = self if self.dtype.is_float else self.float()
+        w = x.cast(dt.f64)
+        k = (w * (2 / math.pi)).round()
+        r = w - k * 1.57079632673412561417 - k * 6.07710050630396597660e-11 - k * 2.02226624871116645580e-21
+        q = k - (k * 0.25).floor() * 4    # k mod 4: cos r, -sin r, -cos r, sin r
+        s = (r + where(q.eq(0) | q.eq(2), r._const(math.pi / 2), r._const(0.0)))._unary(Op.SIN)
+        return where(q.eq(1) | q.eq(2), -s, s).cast(x.dtype)
     def trunc(self) -> "Tensor": return self._unary(Op.TRUNC) if self.dtype.is_float else self  # noqa: E704
     fix = trunc
     def frac(self) -> "Tensor": return self - self.trunc()  # noqa: E704
@@ -673,6 +882,9 @@ class Tensor:
             if equal_nan:
                 close = close | (a.isnan() & b.isnan())
         return close
+    def allclose(self, o: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> bool:
+        return bool(self.isclose(o, rtol, atol, equal_nan).all())
+
     def relu(self) -> "Tensor":
         """PyTorch's: -0.0 and NaN pass through, and the gradient at 0 is 0."""
         if not self.dtype.is_float:
@@ -779,6 +991,8 @@ class Tensor:
 
     def clamp(self, min: Any = None, max: Any = None) -> "Tensor":  # noqa: A002
         """PyTorch's clamp: NaN stays NaN, and the gradient is 1 on [min, max], bounds included."""
+        if min is None and max is None:
+            raise ValueError("clamp: at least one of 'min' or 'max' must not be None")
         out = self
         if min is not None:
             lo = out._wrap(min)
@@ -810,9 +1024,19 @@ class Tensor:
             if shape.count(-1) > 1 or known == 0 or self.numel() % known:
                 raise ShapeError(f"reshape: cannot reshape {list(self.shape)} to {list(shape)}")
             shape = tuple(self.numel() // known if s == -1 else s for s in shape)
+        if self.is_leaf and context.trace is None and isinstance(self.value(), np.ndarray) \
+                and math.prod(shape) == self.numel() and not self.requires_grad:
+            return Tensor(self.value().reshape(shape), self.dtype)   # data reshaped is data (see __getitem__)
         return _call("reshape", lambda: ir.reshape(self.node, shape), self)
 
-    view = reshape
+    def view(self, *shape: Any) -> "Tensor":
+        """reshape, or with a dtype of the same width, the same bits read as that dtype."""
+        if len(shape) == 1 and not isinstance(shape[0], (int, tuple, list)):
+            d = as_dtype(shape[0])
+            if d.itemsize != self.dtype.itemsize or dt.bool_ in (d, self.dtype):
+                raise ShapeError(f"view({d}): only a dtype of the same width as {self.dtype} (and not bool)")
+            return self if d is self.dtype else Tensor(ir.unary(Op.BITCAST, self.node, d))
+        return self.reshape(*shape)
 
     def permute(self, *order: Any) -> "Tensor":
         order = tuple(_dim(o, self.ndim) for o in _shape_arg(order))
@@ -886,12 +1110,21 @@ class Tensor:
                     node = out.node
                     if node.numel == 0:  # padding nothing: the value everywhere (when anything is left)
                         shape = tuple(s + b + a for s, b, a in zip(node.shape, before, after))
-                        out = Tensor(ir.const(v, out.dtype, shape))
+                        out = _from_empty(Tensor(ir.const(v, out.dtype, shape)), out)
                         continue
                     out = _call("pad", lambda: ir.pad(node, tuple(before), tuple(after), v), out)
                 continue
-            if lo < 0 or hi < 0:
-                raise ShapeError(f"pad: {mode} padding takes no negative pads, got {list(pads)}")
+            if lo < 0 or hi < 0:   # each output position's source in the input, as PyTorch maps it
+                src = np.arange(n + lo + hi) - lo
+                if mode == "reflect":
+                    period = max(2 * (n - 1), 1)
+                    src = np.abs(src) % period
+                    src = np.where(src >= n, period - src, src)
+                if mode == "circular":   # PyTorch crops first and wraps around what is left
+                    cut = n - max(-lo, 0) - max(-hi, 0)
+                    src = max(-lo, 0) + (np.arange(n + lo + hi) - max(lo, 0)) % cut
+                out = out.index_select(d, Tensor(np.clip(src, 0, n - 1)))
+                continue
             limit = n - 1 if mode == "reflect" else n
             if mode != "replicate" and (lo > limit or hi > limit):
                 raise ShapeError(f"pad: {mode} padding of {lo} and {hi} needs a dim larger than them (size {n})")
@@ -912,6 +1145,18 @@ class Tensor:
             out = cat(pieces, d) if len(pieces) > 1 else out
         return out
 
+    def unfold(self, dimension: int, size: int, step: int) -> "Tensor":
+        """Windows of size along dimension, step apart: that dim becomes their count, and a last
+        dim of size is added (movement ops only, as the convolutions' windows)."""
+        from .functional import _axis_windows
+        d = _dim(dimension, self.ndim)
+        n = self.shape[d] if self.ndim else 1
+        if size > n or step < 1:
+            raise ShapeError(f"unfold: size {size} (at most {n}) and step {step} (at least 1) for dim {d}")
+        x = self if self.ndim else self.reshape(1)
+        w = _axis_windows(x, d, size, step, 1, (n - size) // step + 1)
+        return w.movedim(d + 1, -1) if self.ndim else w.reshape(size)
+
     def flip(self, dims: Iterable[int]) -> "Tensor":
         axes = tuple(_dim(d, self.ndim) for d in ([dims] if isinstance(dims, int) else dims))
         return _call("flip", lambda: ir.flip(self.node, axes), self)
@@ -929,27 +1174,20 @@ class Tensor:
         if isinstance(idx, Tensor) and idx.dtype is dt.bool_:
             return self._masked(idx)
         idx = idx if isinstance(idx, tuple) else (idx,)
-        idx = tuple(Tensor(np.asarray(i)) if isinstance(i, list) else i for i in idx)
+        idx = tuple(Tensor(np.asarray(i)) if isinstance(i, (list, tuple)) else i for i in idx)
+        # a 0-d integer tensor indexes as its int (PyTorch's rule: a basic index, not an advanced one)
+        idx = tuple(int(i.item()) if isinstance(i, Tensor) and i.ndim == 0 and not i.dtype.is_float
+                    and i.dtype is not dt.bool_ else i for i in idx)
         used = sum(1 for i in idx if i is not None and i is not Ellipsis)
         if any(i is Ellipsis for i in idx):
-            k = idx.index(Ellipsis)
+            k = next(j for j, i in enumerate(idx) if i is Ellipsis)   # (index() would call Tensor.__eq__)
             idx = idx[:k] + (slice(None),) * (self.ndim - used) + idx[k + 1:]
             used = self.ndim
         if used > self.ndim:
             raise IndexError(f"too many indices for a tensor of {self.ndim} dims: {idx!r}")
         tensors = [k for k, i in enumerate(idx) if isinstance(i, Tensor)]
-        if len(tensors) > 1:
-            raise ShapeError("indexing with more than one list or tensor is not supported (index one dim at a time)")
         if tensors:
-            k = tensors[0]
-            index = idx[k]
-            if index.dtype is dt.bool_ or index.dtype.is_float:
-                raise ShapeError(f"an index tensor inside a tuple must hold integers, got {index.dtype}")
-            out = self[idx[:k] + (slice(None),) + idx[k + 1:]]
-            pos = sum(1 for i in idx[:k] if not isinstance(i, int))  # output dims before it
-            picked = out.movedim(pos, 0).gather_rows(index)             # index dims first
-            return picked.permute(list(range(index.ndim, index.ndim + pos)) + list(range(index.ndim))
-                                  + list(range(index.ndim + pos, picked.ndim)))
+            return self._advanced(idx, tensors)
         start, end, flips, steps, shape = [], [], [], [], []
         d = 0
         for i in idx + (slice(None),) * (self.ndim - used):
@@ -976,6 +1214,9 @@ class Tensor:
             steps.append((len(shape), abs(step), d))
             shape.append(-(-(e - s) // abs(step)))
             d += 1
+        if self.is_leaf and context.trace is None and isinstance(self.value(), np.ndarray) and not self.requires_grad:
+            # a slice of data is data: a loop's batches x[i:i + 64] are not constants of its program
+            return Tensor(np.array(self.value()[idx]).reshape(shape), self.dtype)
         out = _call("index", lambda: ir.shrink(self.node, tuple(start), tuple(end)), self)
         if flips:
             out = out.flip(flips)
@@ -988,17 +1229,36 @@ class Tensor:
                 out = g[tuple([slice(None)] * (dim + 1) + [slice(0, 1)])].squeeze(dim + 1)
         return out.reshape(tuple(shape))
 
+    def _advanced(self, idx: tuple, tensors: list[int]) -> "Tensor":
+        """Integer tensors (and lists) in an index, as PyTorch (numpy's rules): broadcast together,
+        they pick elements of their dims, whose result dims stand where the first of them stood
+        when they are adjacent, else first. Negative entries count from the end."""
+        for k in tensors:
+            if idx[k].dtype is dt.bool_ or idx[k].dtype.is_float:
+                raise IndexError(f"tensors used as indices must be integer (or a bool mask alone), got {idx[k].dtype}")
+        out = self[tuple(slice(None) if k in tensors else i for k, i in enumerate(idx))]
+        pos = [sum(1 for i in idx[:k] if not isinstance(i, (int, np.integer))) for k in tensors]  # their dims in out
+        shape = functools.reduce(lambda a, b: _broadcast_shape(a, b, "index"), [idx[k].shape for k in tensors])
+        flat = None
+        for k, p in zip(tensors, pos):   # one flat index over the indexed dims, row-major
+            n, i = out.shape[p], idx[k].cast(dt.i64)
+            i = where(i < 0, i + n, i)._broadcast_to(shape)
+            flat = i if flat is None else flat * n + i
+        rest = [d for d in range(out.ndim) if d not in pos]
+        moved = out.permute(pos + rest)
+        picked = moved.reshape((math.prod(out.shape[p] for p in pos),) + moved.shape[len(pos):]).gather_rows(flat)
+        at = pos[0] if tensors == list(range(tensors[0], tensors[-1] + 1)) else 0
+        b = len(shape)
+        return picked.permute(list(range(b, b + at)) + list(range(b)) + list(range(b + at, picked.ndim)))
+
     def gather_rows(self, index: "Tensor") -> "Tensor":
-        """self[index] for an integer tensor: rows of self picked by index. Each output row is the
-        max over rows of where(row is picked, row, lowest): exact for -0.0, inf and NaN, which a
-        one-hot matmul is not (0 * inf). An index out of range gives the lowest value."""
+        """self[index] for an integer tensor: rows of self picked by index (_pick: the gradient goes
+        to the picked row alone). An index out of range gives -0.0 (floats) or the lowest value."""
         if self.dtype is dt.bool_:
             return self.cast(dt.u8).gather_rows(index).cast(dt.bool_)
         n = self.shape[0]
         picked = index.one_hot(n).cast(dt.bool_).unsqueeze(-1)
-        flat = self.reshape(n, -1)
-        lowest = -math.inf if self.dtype.is_float else self.dtype.min
-        return where(picked, flat, lowest).amax(-2).reshape(index.shape + self.shape[1:])
+        return _pick(picked, self.reshape(n, -1), -2).reshape(index.shape + self.shape[1:])
 
     def _masked(self, mask: "Tensor") -> "Tensor":
         """self[mask] for a bool mask over the leading dims. The result's length depends on the
@@ -1009,7 +1269,7 @@ class Tensor:
         rows = self.reshape((math.prod(mask.shape),) + self.shape[mask.ndim:])
         return rows.gather_rows(_true_positions(mask.reshape(-1)))
 
-    def split(self, size: int, dim: int = 0) -> list["Tensor"]:
+    def split(self, size: Any, dim: int = 0) -> list["Tensor"]:
         return split(self, size, dim)
 
     def chunk(self, chunks: int, dim: int = 0) -> list["Tensor"]:
@@ -1034,7 +1294,8 @@ class Tensor:
         if any(self.shape[a] == 0 for a in axes):  # over nothing: the identity, or no maximum
             if op is Op.RMAX:
                 raise ShapeError(f"max/min over an empty dim of shape {list(self.shape)} has no value (as PyTorch)")
-            out = Tensor(ir.const(0, self.dtype, tuple(1 if d in axes else n for d, n in enumerate(self.shape))))
+            out = _from_empty(Tensor(ir.const(0, self.dtype, tuple(1 if d in axes else n
+                                                               for d, n in enumerate(self.shape)))), self)
         else:
             out = _call("sum" if op is Op.SUM else "max", lambda: ir.reduce(op, self.node, axes), self)
         return out if keepdim else out.reshape(tuple(s for d, s in enumerate(out.shape) if d not in axes))
@@ -1102,7 +1363,9 @@ class Tensor:
             cols.append(rest % n)
             rest = rest // n
         cols = cols[::-1]
-        return tuple(cols) if as_tuple else stack(cols, 1) if cols else flat.reshape(-1, 0)
+        if not cols:   # a 0-d tensor: a row of no indices if it is nonzero
+            return (flat,) if as_tuple else zeros(flat.shape[0], 0, dtype=dt.i64)
+        return tuple(cols) if as_tuple else stack(cols, 1)
 
     def index_select(self, dim: int, index: "Tensor") -> "Tensor":
         d = _dim(dim, self.ndim)
@@ -1113,6 +1376,7 @@ class Tensor:
         d = _dim(dim, self.ndim)
         if index.ndim != self.ndim:
             raise ShapeError(f"gather: index has {index.ndim} dims, input {self.ndim}")
+        _check_index(index, self.shape[d] if self.ndim else 1, "gather")
         src = self[tuple(slice(0, index.shape[k]) if k != d else slice(None) for k in range(self.ndim))]
         return _take_along_last(src.movedim(d, -1), index.movedim(d, -1)).movedim(-1, d)
 
@@ -1125,7 +1389,7 @@ class Tensor:
         """torch.scatter: src (or value) written at index along dim; reduce='add' or 'multiply'
         combines instead. Repeated indices: PyTorch leaves the winner unspecified, Ember writes
         the largest of them."""
-        values = src if src is not None else self._wrap(value)._broadcast_to(index.shape)
+        values = src if src is not None else self._wrap(value).cast(self.dtype)._broadcast_to(index.shape)
         if reduce is not None:
             return self.scatter_reduce(dim, index, values, {"add": "sum", "multiply": "prod"}[reduce])
         return self._scatter(dim, index, values, "amax", include_self=False)
@@ -1139,6 +1403,9 @@ class Tensor:
 
     def _scatter(self, dim: int, index: "Tensor", src: "Tensor", reduce: str, include_self: bool) -> "Tensor":
         d = _dim(dim, self.ndim)
+        if src.dtype is not self.dtype:
+            raise TypeError(f"scatter: expected self.dtype to be equal to src.dtype, got {self.dtype} and {src.dtype}")
+        _check_index(index, self.shape[d] if self.ndim else 1, "scatter")
         x = self.movedim(d, -1)
         idx = index.movedim(d, -1)
         val = src[tuple(slice(0, index.shape[k]) for k in range(src.ndim))].movedim(d, -1).cast(self.dtype)
@@ -1180,11 +1447,10 @@ class Tensor:
         flat_sel, flat_v = sel.reshape(-1, 1), v.reshape(-1, 1)
         slots = Tensor(ir.iota(dt.i64, (1, self.numel()), 1))
         hit = flat_sel.eq(slots)                                                  # [selected, numel]
-        lowest = -math.inf if self.dtype.is_float else self.dtype.min
-        written = where(hit, flat_v, lowest).amax(0) if self.dtype is not dt.bool_ else \
+        written = _pick(hit, flat_v, 0) if self.dtype is not dt.bool_ else \
             where(hit, flat_v.cast(dt.u8), 0).amax(0).cast(dt.bool_)
         new = where(hit.cast(dt.u8).amax(0).cast(dt.bool_), written, self.reshape(-1)).reshape(self.shape)
-        self.node, self._value = new.node, None
+        self._inplace(new)
 
     def tril(self, diagonal: int = 0) -> "Tensor":
         return where(self._band() <= diagonal, self, self._const(0))
@@ -1209,9 +1475,13 @@ class Tensor:
 
     def roll(self, shifts: Any, dims: Any = None) -> "Tensor":
         if dims is None:
-            return self.reshape(-1).roll(shifts, 0).reshape(self.shape)
+            return self.reshape(-1).roll(shifts, 0).reshape(self.shape) if self.numel() else self
         shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
         dims = (dims,) if isinstance(dims, int) else tuple(dims)
+        if len(shifts) != len(dims):
+            raise ValueError(f"roll: shifts and dimensions must align, got {len(shifts)} shifts and {len(dims)} dims")
+        if self.numel() == 0:
+            return self
         out = self
         for sh, dm in zip(shifts, dims):
             d = _dim(dm, self.ndim)
@@ -1226,16 +1496,17 @@ class Tensor:
 
     def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> "Tensor":
         a, b = _dim(dim1, self.ndim), _dim(dim2, self.ndim)
+        if a == b:
+            raise ValueError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
         x = self.movedim(a, -1).movedim(b if b < a else b - 1, -1) if a != b else self
         rows, cols = x.shape[-2], x.shape[-1]
         n = max(0, min(rows, cols - offset) if offset >= 0 else min(rows + offset, cols))
         r0, c0 = (0, offset) if offset >= 0 else (-offset, 0)
         sq = x[..., r0:r0 + n, c0:c0 + n]
         hit = Tensor(ir.iota(dt.i64, (n, n), 0)).eq(Tensor(ir.iota(dt.i64, (n, n), 1)))
-        lowest = -math.inf if self.dtype.is_float else self.dtype.min
         if self.dtype is dt.bool_:
             return sq.cast(dt.u8).diagonal(0, -2, -1).cast(dt.bool_)
-        return where(hit, sq, lowest).amax(-1)
+        return _pick(hit, sq, -1)
 
     def diag(self, diagonal: int = 0) -> "Tensor":
         if self.ndim == 2:
@@ -1275,27 +1546,28 @@ class Tensor:
         return out
 
     # ------------------------------------------------------------------------ scans
-    def _scan(self, combine: Any, identity: float, dim: int) -> "Tensor":
-        """Inclusive scan along dim in log2(n) steps (Hillis-Steele): each adds in the value
-        `step` places back, the first `step` places taking the identity."""
+    def _scan(self, kind: str, dim: int) -> "Tensor":
+        """Inclusive scan along dim ("sum", "prod", "max" or "lse", log-sum-exp): blocks of up to
+        128 elements each scanned by one masked reduction over [..., B, B] (j <= i), the blocks'
+        totals scanned the same way and combined in. The depth is log_128(n), and so is the
+        backward pass's, which autodiff gives as the transposed reductions (a sum's gradient is
+        a reversed cumsum). A doubling scan's log2(n) steps, fused, made gradients whose code
+        grew as 2^steps (a cumprod of 128 took 277 s to compile)."""
+        dim = _dim(dim, self.ndim)
         x = self.movedim(dim, -1) if self.ndim else self.reshape(1)
-        n, step = x.shape[-1], 1
-        while step < n:
-            back = x.pad([step, 0], value=identity)[..., :n]
-            x = combine(x, back)
-            step *= 2
-        return x.movedim(-1, dim) if self.ndim else x.reshape(())
+        out = _block_scan(x, kind)
+        return out.movedim(-1, dim) if self.ndim else out.reshape(())
 
     def cumsum(self, dim: int, dtype: Any = None) -> "Tensor":
         x = self.cast(as_dtype(dtype)) if dtype is not None else self if self.dtype.is_float else self.cast(dt.i64)
-        return x._scan(lambda a, b: a + b, 0, dim)
+        return x._scan("sum", dim)
 
     def cumprod(self, dim: int, dtype: Any = None) -> "Tensor":
         x = self.cast(as_dtype(dtype)) if dtype is not None else self if self.dtype.is_float else self.cast(dt.i64)
-        return x._scan(lambda a, b: a * b, 1, dim)
+        return x._scan("prod", dim)
 
     def logcumsumexp(self, dim: int) -> "Tensor":
-        return self._scan(lambda a, b: a.logaddexp(b), -math.inf, dim)
+        return (self if self.dtype.is_float else self.float())._scan("lse", dim)
 
     def cummax(self, dim: int) -> tuple["Tensor", "Tensor"]:
         """Running maximum and the index where it was (last) attained, as PyTorch."""
@@ -1305,14 +1577,17 @@ class Tensor:
         return ValuesIndices(*self._cum_extreme(dim, False))
 
     def _cum_extreme(self, dim: int, largest: bool) -> tuple["Tensor", "Tensor"]:
-        lowest = (-math.inf if largest else math.inf) if self.dtype.is_float else \
-            (self.dtype.min if largest else self.dtype.max)
-        pick = (lambda a, b: a.maximum(b)) if largest else (lambda a, b: a.minimum(b))  # noqa: E731
-        values = self._scan(pick, lowest, dim)
-        reached = self.eq(values) | (self.isnan() & values.isnan()) if self.dtype.is_float else self.eq(values)
+        """The indices from a running max of the keys (negated or order-flipped for a minimum);
+        the values are x at them, so the gradient goes to those elements, as PyTorch's."""
         d = _dim(dim, self.ndim)
-        pos = Tensor(ir.iota(dt.i64, self.shape, d)) if self.ndim else Tensor(ir.const(0, dt.i64, ()))
-        return values, where(reached, pos, -1)._scan(lambda a, b: a.maximum(b), -1, dim)
+        if self.ndim == 0:
+            return self, Tensor(ir.const(0, dt.i64, ()))
+        x = self.cast(dt.u8) if self.dtype is dt.bool_ else self
+        key = x if largest else -x if x.dtype.is_float else x._flip_order()
+        best = Tensor(ir.stop_gradient(key._scan("max", d).node))
+        reached = key.eq(best) | (key.isnan() & best.isnan()) if key.dtype.is_float else key.eq(best)
+        idx = where(reached, Tensor(ir.iota(dt.i64, self.shape, d)), -1)._scan("max", d)
+        return _take_along_last(self.movedim(d, -1), idx.movedim(d, -1)).movedim(-1, d), idx
 
     def movedim(self, source: int, destination: int) -> "Tensor":
         s, d = _dim(source, self.ndim), _dim(destination, self.ndim)
@@ -1386,6 +1661,17 @@ class Tensor:
         # n <= correction divides by zero, as PyTorch does: inf, or NaN where all values are equal
         return (d * d).sum(dim, keepdim) / float(max(n - correction, 0))
 
+    def norm(self, p: Any = "fro", dim: Any = None, keepdim: bool = False) -> "Tensor":
+        """The vector p-norm over dim (all of it by default): 2 ('fro'), inf, -inf, 0 (the count of
+        nonzeros) or any other p, as torch.norm."""
+        if p in ("fro", 2):
+            return (self * self).sum(dim, keepdim).sqrt()
+        if p in (math.inf, -math.inf):
+            return self.abs().amax(dim, keepdim) if p > 0 else self.abs().amin(dim, keepdim)
+        if p == 0:
+            return self.ne(0).sum(dim, keepdim).cast(self.dtype)
+        return self.abs().pow(p).sum(dim, keepdim).pow(1 / p)
+
     def std(self, dim: Any = None, keepdim: bool = False, correction: int = 1) -> "Tensor":
         return self.var(dim, keepdim, correction).sqrt()
 
@@ -1456,6 +1742,10 @@ class Tensor:
 
     def matmul(self, other: "Tensor") -> "Tensor":
         a, b = _promote(self, other)
+        if a.ndim == 1 and b.ndim == 1:
+            if a.shape != b.shape:
+                raise ShapeError(f"matmul: {list(a.shape)} @ {list(b.shape)}: the vectors' lengths differ")
+            return (a * b).sum()
         if a.ndim == 1:
             return a.unsqueeze(0).matmul(b).squeeze(-2)
         if b.ndim == 1:
@@ -1491,6 +1781,8 @@ class Tensor:
             return (self * gradient).sum().backward()
         if self.numel() != 1:
             raise ShapeError(f"backward() needs a scalar (or a gradient argument), got shape {list(self.shape)}")
+        if not self.requires_grad:
+            raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
         leaves = [t for t in _leaves(self) if t.requires_grad]
         for t in leaves:
             g = Tensor(ir.grad(self.node, t.node))
@@ -1504,8 +1796,64 @@ class Tensor:
                 t.grad = t.grad.detach()   # would otherwise compute this rank's gradients again)
 
 
+def _inplace_form(name: str) -> Callable[..., Tensor]:
+    def method(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        return self._inplace(getattr(self, name)(*args, **kwargs))
+    method.__name__ = method.__qualname__ = name + "_"
+    method.__doc__ = f"x.{name}_(...): x becomes x.{name}(...) (Tensor._inplace)."
+    return method
+
+
+for _name in ("add", "sub", "mul", "div", "pow", "clamp", "clip", "clamp_min", "clamp_max", "neg", "abs", "sqrt",
+              "exp", "log", "masked_fill", "lerp", "relu", "sigmoid", "tanh", "floor", "ceil", "round", "fmod",
+              "remainder", "square", "reciprocal", "t", "transpose", "unsqueeze", "squeeze"):
+    setattr(Tensor, _name + "_", _inplace_form(_name))
+Tensor.__iadd__, Tensor.__isub__, Tensor.__imul__, Tensor.__itruediv__ = (  # type: ignore[method-assign]
+    Tensor.add_, Tensor.sub_, Tensor.mul_, Tensor.div_)  # type: ignore[attr-defined]
+
+
+def _needs_grad(node: Node) -> bool:
+    """Whether a leaf that requires grad is in node's graph, not behind a stop_gradient."""
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op is Op.PARAM:
+            leaf = _LEAVES.get(n)
+            if leaf is not None and leaf._rg:
+                return True
+            todo.extend(_EMPTY_SRC.get(n, ()))
+        elif ir.stopped(n) is None:
+            todo.extend(n.srcs)
+    return False
+
+
+_EMPTY_SRC: "weakref.WeakKeyDictionary[Node, tuple[Node, ...]]" = weakref.WeakKeyDictionary()
+
+
+def _from_empty(out: Tensor, *empty: Tensor) -> Tensor:
+    """out, made without its empty sources (a sum over nothing is a constant): when one of them
+    needs a gradient, out becomes a leaf of its own that remembers them, so backward() gives their
+    leaves zeros, as PyTorch does, where None would say the loss never read them."""
+    srcs = tuple(e.node for e in empty if e.requires_grad)
+    if not srcs:
+        return out
+    realize(out)
+    node = ir.param(new_name(), out.dtype, out.shape)
+    _DATA[node], _EMPTY_SRC[node] = out.value(), srcs
+    return Tensor(node)
+
+
 def _leaves(t: Tensor) -> list[Tensor]:
-    return [leaf for n in ir.toposort([t.node]) if n.op is Op.PARAM and (leaf := _LEAVES.get(n)) is not None]
+    nodes, todo, seen = [], [t.node], set()
+    while todo:   # the graph, and the empty graphs its constants came from (_from_empty)
+        new = [n for n in ir.toposort(todo) if n not in seen]
+        seen.update(new)
+        nodes += new
+        todo = [s for n in new for s in _EMPTY_SRC.get(n, ())]
+    return [leaf for n in nodes if n.op is Op.PARAM and (leaf := _LEAVES.get(n)) is not None]
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -1570,6 +1918,8 @@ def _sort(x: Tensor, dim: int, descending: bool) -> tuple[Tensor, Tensor]:
         return x, Tensor(ir.const(0, dt.i64, ()))
     d = _dim(dim, x.ndim)
     src = x.movedim(d, -1)
+    if src.numel() == 0:   # nothing to sort
+        return x, zeros(x.shape, dtype=dt.i64)
     key = src.cast(dt.u8) if src.dtype is dt.bool_ else src  # compared as numbers
     v = Tensor(key.numpy(), key.dtype)
     n = v.shape[-1]
@@ -1625,18 +1975,96 @@ def _true_positions(flat: Tensor) -> Tensor:
 
 
 def _take_along_last(x: Tensor, idx: Tensor) -> Tensor:
-    """out[..., j] = x[..., idx[..., j]]: a max over where(i == idx[j], x[i], lowest), exact and
-    differentiable in x."""
+    """out[..., j] = x[..., idx[..., j]] (_pick), exact and differentiable in x."""
     if x.dtype is dt.bool_:
         return _take_along_last(x.cast(dt.u8), idx).cast(dt.bool_)
     n = x.shape[-1]
     hit = idx.unsqueeze(-1).eq(Tensor(ir.iota(dt.i64, (n,), 0)))     # [..., j, i]
-    lowest = -math.inf if x.dtype.is_float else x.dtype.min
-    return where(hit, x.unsqueeze(-2), lowest).amax(-1)
+    return _pick(hit, x.unsqueeze(-2), -1)
+
+
+def _block_scan(x: Tensor, kind: str, block: int = 128) -> Tensor:
+    """Tensor._scan along the last dim."""
+    n = x.shape[-1]
+    if kind == "sum":
+        ident = x._const(-0.0 if x.dtype.is_float else 0)   # -0.0: x + -0.0 is x, -0.0 included
+    elif kind == "prod":
+        ident = x._const(1)
+    else:
+        ident = x._const(-math.inf) if x.dtype.is_float else x._const(x.dtype.min)
+    if n <= block:   # one block: row i reduces the elements j <= i
+        keep = Tensor(ir.iota(dt.i64, (n, n), 1)) <= Tensor(ir.iota(dt.i64, (n, n), 0))
+        xs = x.unsqueeze(-2)
+        if kind == "lse":   # the row's max subtracted (no gradient through it, as softmax's)
+            m = Tensor(ir.stop_gradient(where(keep, xs, ident).amax(-1, keepdim=True).node))
+            m = where(m.isfinite(), m, 0.0).cast(x.dtype)
+            return where(keep, xs - m, ident).exp().sum(-1).log() + m.squeeze(-1)
+        if kind == "prod":
+            return _block_cumprod(x, keep)
+        masked = where(keep, xs, ident)
+        return masked.sum(-1) if kind == "sum" else masked.amax(-1)
+    m = -(-n // block)
+    blocks = x.pad([0, m * block - n], value=ident.item()).unflatten(-1, (m, block))
+    local = _block_scan(blocks, kind, block)                                     # [..., m, B]
+    before = _block_scan(local[..., -1], kind, block)                            # the totals' scan
+    before = cat([ident._broadcast_to(before.shape[:-1] + (1,)), before[..., :-1]], -1).unsqueeze(-1)
+    combined = {"sum": lambda: before + local, "prod": lambda: before * local, "max": lambda: before.maximum(local),
+                "lse": lambda: before.logaddexp(local)}[kind]()
+    return combined.flatten(-2)[..., :n]
+
+
+def _block_cumprod(x: Tensor, keep: Tensor) -> Tensor:
+    """A block's running product. Integers: log2(n) doubling steps (no gradient to carry). Floats:
+    from the running sums of log|x| in f64, the count of zeros and the count of negatives; its
+    gradient is given through d y_i / d x_j = prod over k <= i, k != j of x_k (exact at zeros: no
+    division), as stop(y) + sum_j w_ij (x_j - stop(x_j)) with w_ij computed the same way."""
+    n = x.shape[-1]
+    if not x.dtype.is_float:
+        step = 1
+        while step < n:
+            x, step = x * x.pad([step, 0], value=1)[..., :n], step * 2
+        return x
+    w = Tensor(ir.stop_gradient(x.node)).cast(dt.f64)
+    zero, neg = w.eq(0).cast(dt.f64), (w < 0).cast(dt.f64)
+    logs = where(w.eq(0), 0.0, w.abs().log()).cast(dt.f64)
+    row = lambda v: where(keep, v.unsqueeze(-2), 0.0).cast(dt.f64).sum(-1, keepdim=True)  # noqa: E731  [..., i, 1]
+    zs, ns, ls = row(zero), row(neg), row(logs)                                        # running counts and sums
+
+    def product(z: Tensor, n_: Tensor, lg: Tensor) -> Tensor:
+        odd = (n_ * 0.5).floor().ne(n_ * 0.5)
+        mag = where(z > 0, 0.0, lg.exp()).cast(dt.f64)
+        return where(lg.isnan(), math.nan, where(odd, -mag, mag)).cast(dt.f64)
+    y = product(zs, ns, ls).squeeze(-1).cast(x.dtype)
+    others = product(zs - zero.unsqueeze(-2), ns - neg.unsqueeze(-2), ls - logs.unsqueeze(-2))   # [..., i, j]
+    others = where(keep & others.isfinite(), others, 0.0).cast(dt.f64).cast(x.dtype)
+    delta = x - Tensor(ir.stop_gradient(x.node))                                       # 0, with x's gradient
+    return Tensor(ir.stop_gradient(y.node)) + (Tensor(ir.stop_gradient(others.node)) * delta.unsqueeze(-2)).sum(-1)
+
+
+def _check_index(index: Tensor, n: int, name: str) -> None:
+    """An index with data (a leaf's) must lie in [0, n), as PyTorch checks; a computed index is
+    not computed here to check it (see docs/api.md)."""
+    v = index.value() if index.is_leaf else None
+    if v is not None and index.numel():
+        v = _host(v)
+        bad = v[(v < 0) | (v >= n)]
+        if bad.size:
+            raise IndexError(f"{name}: index {bad.flat[0]} is out of bounds for dimension with size {n}")
+
+
+def _pick(hit: Tensor, x: Tensor, axis: int) -> Tensor:
+    """The element of x where hit is true along axis (at most one is): for floats the sum of
+    where(hit, x, -0.0), exact for -0.0, inf and NaN (x + -0.0 is x) and with the gradient on the
+    picked element alone (a max split it among ties, -inf ones included); the compiler makes it a
+    load (lower.selections_to_loads). Integers: the max over where(hit, x, lowest)."""
+    if x.dtype.is_float:
+        return where(hit, x, -0.0).sum(axis)
+    return where(hit, x, x.dtype.min).amax(axis)
 
 
 def _pow(x: Tensor, e: Tensor) -> Tensor:
     """Elementwise x ** e for tensors (PyTorch's promotion and C's pow rules)."""
+    const_e = e.node.op is Op.CONST
     x, e = _promote(x, e)
     x, e = _broadcast(x, e, "pow")
     if not x.dtype.is_float:  # square and multiply over the exponent's bits; negative: 0, 1 or -1
@@ -1663,8 +2091,24 @@ def _pow(x: Tensor, e: Tensor) -> Tensor:
     nan = (where(invalid, x, 1.0).cast(x.dtype).log2() * e).exp2()
     negative = where(whole, signed, where(ax.isinf(), mag, nan))
     out = where(x < 0, negative, where(odd & x.signbit(), -mag, mag))
-    # x ** 0 and 1 ** y are 1, NaN and inf included (C's pow); 1 ** finite y keeps its gradient
-    return where(e.eq(0) | (x.eq(1) & e.isfinite().logical_not()), 1.0, out).cast(x.dtype)
+    # x ** 0 and 1 ** y are 1, NaN and inf included (C's pow); finite nonzero x ** 0 computes 1
+    # through mag, whose gradient with respect to e is ln x there, as PyTorch's
+    special = ax.eq(0) | ax.isinf() | x.isnan()
+    out = where((e.eq(0) & special) | (x.eq(1) & e.isfinite().logical_not()), 1.0, out).cast(x.dtype)
+    # the base's gradient e x^(e-1) is 1 at e = 1 where x is 0 (mag's there is 0): subtracting
+    # stop(x) - x there adds it, with the value unchanged (+0, and -0.0 stays -0.0)
+    out = out - where(ax.eq(0) & e.eq(1), Tensor(ir.stop_gradient(x.node)) - x, 0.0).cast(x.dtype)
+    # and infinite where x is 0 and e < 1 (e != 0): sqrt's derivative at 0, through x - stop(x),
+    # on a term whose value is +0, signed as e x^(e-1) is
+    z = ax.eq(0) & (e < 1) & e.ne(0)
+    sign = where((e < 0).ne(x.signbit() & whole & odd.logical_not()), -1.0, 1.0).cast(x.dtype)
+    out = out + sign * (where(z, x - Tensor(ir.stop_gradient(x.node)), 1.0).cast(x.dtype).sqrt()
+                        - where(z, 0.0, 1.0).cast(x.dtype))
+    if not const_e:   # the exponent's gradient at a negative base is NaN (ln x), as PyTorch's: the
+        # derivative of sqrt at 0 through e - e (inf - inf), on a term whose value is +0
+        ef = where(e.isfinite(), e, 0.0).cast(x.dtype)
+        out = out - (where(x < 0, ef - ef, 1.0).cast(x.dtype).sqrt() - where(x < 0, 0.0, 1.0).cast(x.dtype))
+    return out
 
 
 def _scalar(v: Any) -> Tensor:
@@ -1814,6 +2258,32 @@ def rand(*shape: Any, dtype: Any = dt.f32, requires_grad: bool = False) -> Tenso
     return _leaf(Tensor(out.numpy(), out.dtype), requires_grad)
 
 
+def randint(low: int, high: int | None = None, size: Any = None, dtype: Any = dt.i64) -> Tensor:
+    """Integers uniform in [low, high) (randint(high, size) counts from 0), drawn now."""
+    low, high, size = (0, low, high) if size is None else (low, high, size)
+    if high is None or size is None or high <= low:
+        raise ValueError(f"randint: needs low < high and a size, got low={low}, high={high}, size={size}")
+    bits = Tensor(_random_bits(tuple(_shape_arg((size,)))))
+    out = Tensor(ir.binary(Op.MOD, bits.node, ir.const(high - low, dt.u64, bits.shape))).cast(dt.i64) + low
+    return Tensor(out.numpy(), as_dtype(dtype))
+
+
+def randperm(n: int, dtype: Any = dt.i64) -> Tensor:
+    return rand(n).argsort().cast(as_dtype(dtype)) if n else zeros(0, dtype=dtype)
+
+
+def multinomial(probs: Tensor, num_samples: int = 1, replacement: bool = False) -> Tensor:
+    """One draw (num_samples=1) per row of probs (weights, not necessarily normalized): the first
+    class whose running sum passes a uniform draw times the row's sum."""
+    if num_samples != 1:
+        raise ValueError("multinomial: only num_samples=1 is supported")
+    p = probs if probs.ndim == 2 else probs.unsqueeze(0)
+    c = p.float().cumsum(-1)
+    u = rand(p.shape[0], 1) * c[..., -1:]
+    out = (c <= u).cast(dt.i64).sum(-1, keepdim=True).clamp(max=p.shape[-1] - 1)
+    return Tensor(out.numpy()) if probs.ndim == 2 else Tensor(out.numpy().reshape(1))
+
+
 def randn(*shape: Any, dtype: Any = dt.f32, requires_grad: bool = False) -> Tensor:
     """Standard normal, Box-Muller on two uniform draws."""
     shape = _shape_arg(shape)
@@ -1871,8 +2341,10 @@ def eye(n: int, m: int | None = None, dtype: Any = dt.f32, requires_grad: bool =
 
 def linspace(start: float, end: float, steps: int, dtype: Any = dt.f32, requires_grad: bool = False) -> Tensor:
     """PyTorch's: the first half counted from start, the second back from end (symmetric)."""
-    if steps < 1:
-        raise ShapeError(f"linspace: steps must be at least 1, got {steps}")
+    if steps < 0:
+        raise ShapeError(f"linspace: number of steps must be non-negative, got {steps}")
+    if steps == 0:
+        return _leaf(zeros(0, dtype=dtype), requires_grad)
     if steps == 1:
         return _leaf(full((1,), start, dtype), requires_grad)
     step = (end - start) / (steps - 1)
@@ -1936,8 +2408,20 @@ def einsum(equation: str, *operands: Tensor) -> Tensor:
     eq = equation.replace(" ", "")
     lhs, _, rhs = eq.partition("->")
     terms = lhs.split(",")
-    if "." in eq or len(terms) != len(ops):
-        raise ShapeError(f"einsum: {equation!r} with {len(ops)} operands (labels only; '...' is not supported)")
+    if len(terms) != len(ops) or eq.replace("...", "").count("."):
+        raise ShapeError(f"einsum: {equation!r} with {len(ops)} operands")
+    if "..." in eq:   # '...' stands for the same unused labels in every term, aligned from the right
+        free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq]
+        widths = [t.ndim - (len(term) - 3) for term, t in zip(terms, ops) if "..." in term]
+        most = max(widths, default=0)
+        ell = "".join(free[:most])
+        terms = [term.replace("...", ell[most - (t.ndim - len(term) + 3):]) for term, t in zip(terms, ops)]
+        lhs = ",".join(terms)
+        if _:
+            rhs = rhs.replace("...", ell)
+        else:
+            counts = {c: lhs.count(c) for c in lhs if c != ","}
+            rhs, _ = ell + "".join(sorted(c for c, n in counts.items() if n == 1 and c not in ell)), "->"
     if not _:
         counts = {c: lhs.count(c) for c in lhs if c != ","}
         rhs = "".join(sorted(c for c, n in counts.items() if n == 1))
@@ -1983,10 +2467,11 @@ for _name in ("abs", "acos", "acosh", "add", "all", "amax", "amin", "aminmax", "
               "asin", "asinh", "atan", "atan2", "atanh", "bmm", "ceil", "clamp", "clip", "clone", "copysign", "cos",
               "cosh", "cummax", "cummin", "cumprod", "cumsum", "diag", "diagonal", "div", "dot", "eq", "erf", "erfc",
               "exp", "exp2", "expm1", "flatten", "flip", "floor", "fmod", "frac", "gather", "ge", "gt", "hypot",
-              "index_select", "isclose", "isfinite", "isinf", "isnan", "kthvalue", "le", "lerp", "log", "log10",
+              "index_select", "isclose", "allclose", "isfinite", "isinf", "isnan", "kthvalue", "le", "lerp", "log",
+              "log10",
               "log1p", "log2", "logaddexp", "logcumsumexp", "logical_and", "logical_not", "logical_or",
               "logical_xor", "logsumexp", "lt", "masked_fill", "masked_select", "matmul", "max", "maximum", "mean",
-              "median", "min", "minimum", "mm", "movedim", "mul", "mv", "nan_to_num", "ne", "neg", "nonzero",
+              "median", "min", "minimum", "mm", "movedim", "mul", "mv", "nan_to_num", "ne", "neg", "nonzero", "norm",
               "outer", "permute", "pow", "prod", "reciprocal", "remainder", "repeat_interleave", "reshape", "roll",
               "round", "rsqrt", "scatter", "scatter_add", "scatter_reduce", "sigmoid", "sign", "signbit", "sin",
               "sinh", "sort", "sqrt", "square", "squeeze", "std", "std_mean", "sub", "sum", "t", "tan", "tanh",
@@ -1996,8 +2481,10 @@ for _name in ("abs", "acos", "acosh", "add", "all", "amax", "amin", "aminmax", "
         globals()[_name] = _function(_name)
 
 
-def tensor(value: Any, dtype: DType | None = None, requires_grad: bool = False) -> Tensor:
-    return Tensor(value, dtype, requires_grad)
+def tensor(value: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """torch.tensor: data (numbers, nested lists, arrays, tensors of one element) as a new leaf."""
+    out = Tensor(value, dtype, requires_grad)
+    return out.to(device) if device is not None else out
 
 
 def from_numpy(arr: np.ndarray) -> Tensor:
@@ -2017,12 +2504,15 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     d = tensors[0].dtype
     for t in tensors[1:]:
         d = _promote_dtype(d, t.dtype)
+    if _host_data(tensors):
+        return Tensor(np.concatenate([t.value() for t in tensors], dim).astype(_np_dtype(d)), d)
     total = sum(t.shape[dim] for t in tensors)
     if any(t.numel() == 0 for t in tensors):  # empty pieces add nothing
         kept = [t for t in tensors if t.numel()]
         if not kept:
-            return Tensor(ir.const(0, d, tensors[0].shape[:dim] + (total,) + tensors[0].shape[dim + 1:]))
-        return cat(kept, dim).cast(d)
+            return _from_empty(Tensor(ir.const(0, d, tensors[0].shape[:dim] + (total,) + tensors[0].shape[dim + 1:])),
+                               *tensors)
+        return _from_empty(cat(kept, dim).cast(d), *[t for t in tensors if not t.numel()])
     out, offset = None, 0
     for t in tensors:
         pads = [0, 0] * (t.ndim - dim - 1) + [offset, total - offset - t.shape[dim]]
@@ -2037,12 +2527,26 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     return out
 
 
+def _host_data(tensors: Sequence[Tensor]) -> bool:
+    """Whether all are data on the host that needs no gradient: joined (cat, stack) on the host,
+    data stays data (a batch stacked from slices of a dataset, a sequence that generation grows),
+    so it does not grow the graph of the program that reads it."""
+    return context.trace is None and all(isinstance(t.value(), np.ndarray) and not t.requires_grad for t in tensors)
+
+
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    if tensors and _host_data(tensors) and len({(t.shape, t.dtype) for t in tensors}) == 1:
+        return Tensor(np.stack([t.value() for t in tensors], _dim(dim, tensors[0].ndim + 1)), tensors[0].dtype)
     return cat([t.unsqueeze(dim) for t in tensors], dim)
 
 
-def split(t: Tensor, size: int, dim: int = 0) -> list[Tensor]:
+def split(t: Tensor, size: Any, dim: int = 0) -> list[Tensor]:
+    """Pieces of size (the last shorter), or of the sizes in a list, which must add up to the dim."""
     dim = _dim(dim, t.ndim)
+    if not isinstance(size, int):
+        if sum(size) != t.shape[dim]:
+            raise ShapeError(f"split: sizes {list(size)} do not add up to dim {dim}'s size {t.shape[dim]}")
+        return t.tensor_split(list(itertools.accumulate(size))[:-1], dim)
     out = []
     for s in range(0, t.shape[dim], size):
         idx = [slice(None)] * t.ndim
@@ -2054,3 +2558,16 @@ def split(t: Tensor, size: int, dim: int = 0) -> list[Tensor]:
 def chunk(t: Tensor, chunks: int, dim: int = 0) -> list[Tensor]:
     return split(t, -(-t.shape[_dim(dim, t.ndim)] // chunks), dim)
 
+
+
+class _CallableModule(type(builtins)):  # type: ignore[misc]
+    """`ember.tensor(data)` is torch.tensor (ember.tensor.tensor), and `import ember.tensor as et`
+    still gives the module: an `import ember as torch` script reaches both."""
+
+    def __call__(self, value: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+        return tensor(value, dtype, device, requires_grad)
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _CallableModule
