@@ -25,6 +25,8 @@ def add_commands(sub: Any, fmt: type) -> None:
                         "of their code's fingerprints (0.25 when given alone)")
     p.add_argument("--similarity-base", metavar="DIR", help="starter code whose fingerprints never count")
     p.add_argument("--max-test-mib", type=bounded(float, 0.001), default=16.0, help="a larger test file is invalid")
+    p.add_argument("--max-tests-per-author", type=bounded(int, 1), default=100,
+                   help="an author's tests past this many (in path order) are not read")
     p.add_argument("--validate-mib", type=bounded(float, 1), default=2048.0, help="memory for validating one test")
     p.add_argument("--validate-timeout", type=bounded(float, 0.001), default=60.0,
                    help="CPU and wall seconds for validating one test")

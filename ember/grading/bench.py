@@ -41,6 +41,7 @@ MIN_CLAIM = 2        # ... and a report that makes them shorter than MIN_CLAIM x
 SLACK, SHORT = 2.0, 1.5  # extra wall time within [claimed / SHORT - noise, SLACK x load x claimed + noise + host]
 PER_RUN_S = 20e-6    # host time a device clock does not see in one run (launches, a sync)
 MAX_RUNS = 10**6     # at most this many extra runs
+CPU_SHARE = 0.25     # a CPU target's extra runs use at least this part of the reference's CPU share
 MIN_BAND = 0.005     # ties: CUDA-event medians of two processes of one program differ by about 0.2%
 
 SEED = re.compile(r"(?<!\S)seed=\S+")
@@ -95,7 +96,7 @@ def bench_task(sandbox: Sandbox, subs: dict[str, Submission], name: str, runs: i
                             wall=timeout, trusted=sub.folder is None)
             m = None if r.failure() else protocol.bench_median(r.stdout)
             rec = {"n": n, "stdout": r.stdout, "failure": r.failure(), "timeout": r.killed == "timeout",
-                   "wall": r.wall, "median": m}
+                   "wall": r.wall, "cpu": r.cpu, "median": m}
             if i == 0 or m is None or not m > 0 or (n - runs) * m * 1e-3 >= MIN_CLAIM * noise or n - runs >= MAX_RUNS:
                 break
             n = _runs_to_judge(runs, m, noise)   # warmer than its first run: judge it over more runs
@@ -139,17 +140,21 @@ def _round(prog: Program, rec: dict[str, Any], answers: list[dict[str, np.ndarra
     claimed = (r2["n"] * r2["median"] - r1["n"] * r1["median"]) * 1e-3
     return {"ms": r2["median"], "extra": extra, "wall": wall, "claimed": claimed,
             "over": wall - (SLACK * load * claimed + noise + PER_RUN_S * extra),
-            "under": claimed / SHORT - noise - wall}
+            "under": claimed / SHORT - noise - wall, "cpu": r2["cpu"] - r1["cpu"]}
 
 
-def judge_compiler(rounds: list[tuple[str, str] | dict[str, float]], noise: float) -> dict[str, Any]:
+def judge_compiler(rounds: list[tuple[str, str] | dict[str, float]], noise: float,
+                   cpu_share: float | None = None) -> dict[str, Any]:
     """bench.json's entry for one compiler on one program from its rounds (the clock check on
-    the medians over rounds, so one round disturbed by load is forgiven)."""
+    the medians over rounds, so one round disturbed by load is forgiven). cpu_share: on a CPU
+    target, the share of its claimed time the reference's extra runs spent on a CPU (at most 1):
+    a compiler whose extra runs used under CPU_SHARE of that share did not do them (it slept)."""
     for k, r in enumerate(rounds, 1):
         if isinstance(r, tuple):
             return {"median_ms": None, "status": r[0], "note": f"round {k}: {r[1]}", "rounds_ms": []}
     ok: list[dict[str, float]] = rounds  # type: ignore[assignment]
-    med = {key: statistics.median(r[key] for r in ok) for key in ("ms", "extra", "wall", "claimed", "over", "under")}
+    keys = ("ms", "extra", "wall", "claimed", "over", "under", "cpu")
+    med = {key: statistics.median(r[key] for r in ok) for key in keys}
     lie = None
     if med["claimed"] < MIN_CLAIM * noise:
         lie = (f"its runs cannot be checked: {med['extra']:.0f} more runs at the {med['ms']:.4g} ms it reports "
@@ -160,6 +165,10 @@ def judge_compiler(rounds: list[tuple[str, str] | dict[str, float]], noise: floa
     elif med["under"] > 0:
         lie = (f"dishonest timing: {med['extra']:.0f} more runs of the reported {med['ms']:.4g} ms would take "
                f"{med['claimed']:.4g} s, but took {med['wall']:.4g} s of the grader's clock")
+    elif cpu_share is not None and med["cpu"] < CPU_SHARE * cpu_share * med["claimed"]:
+        lie = (f"dishonest timing: {med['extra']:.0f} more runs of the reported {med['ms']:.4g} ms would take "
+               f"{med['claimed']:.4g} s, but used {med['cpu']:.3g} s of CPU (the reference's runs: "
+               f"{cpu_share:.2g} s a second): runs not done")
     if lie:
         return {"median_ms": None, "status": "error", "note": lie, "rounds_ms": []}
     return {"median_ms": med["ms"], "status": "ok", "note": None, "rounds_ms": [r["ms"] for r in ok]}
@@ -179,7 +188,7 @@ def _answers(prog: Program, rec: dict[str, Any]) -> list[dict[str, np.ndarray]] 
 
 
 def score_program(prog: Program, names: list[str], recs: list[dict[str, dict[str, Any]]], floor_ms: float,
-                  noise: float) -> tuple[dict[str, dict[str, Any]] | None, str | dict[str, float]]:
+                  noise: float, cpu: bool = False) -> tuple[dict[str, dict[str, Any]] | None, str | dict[str, float]]:
     """(entries, {band, load}) for a program, or (None, why it leaves the suite): it fails closed when the
     reference cannot run it, or when its result does not depend on the seeds the grader chose."""
     answers = []
@@ -196,8 +205,10 @@ def score_program(prog: Program, names: list[str], recs: list[dict[str, dict[str
     if bad:
         return None, f"the reference failed: {bad[1]}"
     loads = [max(1.0, r["wall"] / r["claimed"]) if r["claimed"] > 0 else 1.0 for r in ref]  # type: ignore[index]
+    share = (min(1.0, statistics.median(r["cpu"] / r["claimed"] if r["claimed"] > 0 else 1.0  # type: ignore[index]
+                                        for r in ref)) if cpu else None)
     row = {n: judge_compiler([_round(prog, rec[n], a, floor_ms, noise, load)
-                              for rec, a, load in zip(recs, answers, loads)], noise) for n in names}
+                              for rec, a, load in zip(recs, answers, loads)], noise, share) for n in names}
     if row[REFERENCE]["status"] != "ok":
         return None, f"the reference's own run failed the checks: {row[REFERENCE]['note']}"
     ok = [r for r in row.values() if r["status"] == "ok"]
@@ -250,8 +261,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for p, prog in enumerate(progs):
         name = files[p].name
         rounds = [{n: recs[r, p, n] for n in names} for r in range(args.rounds)]
-        row, info = score_program(prog, names, rounds,
-                                  floor_bytes(prog) / peak * 1e3, args.clock_noise)
+        row, info = score_program(prog, names, rounds, floor_bytes(prog) / peak * 1e3, args.clock_noise,
+                                  cpu=backends.default() == "c")   # on a GPU, waiting for it uses no CPU
         if isinstance(info, str):
             report["dropped"][name] = info
         else:

@@ -38,6 +38,8 @@ HEADER = ("student", "team", "repo", "extra_late_days")
 PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 
+REFERENCE = "reference"   # the submission Ember itself takes part as
+
 
 class CourseError(ValueError):
     """A bad roster, option, collection or state folder: its lines are printed as they are, status 2."""
@@ -76,7 +78,7 @@ def read_roster(path: Path) -> dict[str, list[Student]]:
         f = {k: v.strip() for k, v in zip(header, row)}
         extra = f.get("extra_late_days") or "0"
         for what, value in (("student", f["student"]), ("team", f["team"])):
-            if value and (not PLAIN.fullmatch(value) or value == "reference"):
+            if value and (not PLAIN.fullmatch(value) or value == REFERENCE):
                 problems.append(f"{path}:{line}: {what} '{value}' must be a plain name (letters, digits, . _ -), "
                                 f"not 'reference'")
         if not f["student"]:
@@ -388,6 +390,10 @@ def sources(args: argparse.Namespace) -> tuple[list[Source], list[Path]]:
         if not folder.is_dir():
             raise CourseError(f"ember {args.cmd}: --submissions {folder} is not a folder")
         found = [Source(p.name, p) for p in sorted(folder.iterdir()) if p.is_dir() and not p.name.startswith(".")]
+        if any(s.name == REFERENCE for s in found):  # one student's folder name must not stop a week's grading
+            print(f"ember {args.cmd}: {folder / REFERENCE}: not graded: the name '{REFERENCE}' is kept for Ember "
+                  "itself (rename the folder)", file=sys.stderr)
+            found = [s for s in found if s.name != REFERENCE]
         hide = [folder]
     else:
         if args.collection is None:

@@ -26,7 +26,7 @@ from . import course, similarity, week
 from .cluster import Context, Runner
 from .reports import _cell, _write_csv, _write_json, _write_text, prepare_out
 from .sandbox import Result, Sandbox, level
-from .submissions import Submission, _fail, run_compiler
+from .submissions import REFERENCE, Submission, _fail, run_compiler, without_expects
 
 TOLERANCE = re.compile(r"#\s*tolerance:\s*atol=(\S+)\s+rtol=(\S+)")
 
@@ -80,21 +80,28 @@ def _parse_once(source: bytes, key: str) -> Program:
     return parse_bytes(source, key)
 
 
-def find_tests(folder: Path, max_bytes: int) -> list[Test]:
-    """Every *.eir under each author's folder, read once. Links are never followed: a linked
-    author or subfolder is skipped, a linked or special file is an invalid test."""
-    tests = []
+def find_tests(folder: Path, max_bytes: int, per_author: int = 100) -> tuple[list[Test], dict[str, int]]:
+    """Every *.eir under each author's folder, read once, at most per_author of them (the
+    uncounted rest per author is returned: a flood of tests would stall a week's grading). Links
+    are never followed: a linked author or subfolder is skipped, a linked or special file is an
+    invalid test. A test with the same bytes as an earlier one is invalid: it would count twice."""
+    tests, skipped, seen = [], {}, {}
     authors = [p for p in folder.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")]
     for author in sorted(authors):
-        for f in _eir_files(author):
+        for i, f in enumerate(_eir_files(author)):
+            if i >= per_author:
+                skipped[author.name] = skipped.get(author.name, 0) + 1
+                continue
             t = Test(f"{author.name}/{f.relative_to(author).as_posix()}", f)
             try:
                 t.source = read_test(f, max_bytes)
                 t.want = protocol.expected_error(t.source)
             except ValueError as e:
                 t.valid, t.reason = False, str(e)
+            if t.valid and seen.setdefault(t.source, t.key) != t.key:
+                t.valid, t.reason = False, f"has the same bytes as {seen[t.source]}, which counts already"
             tests.append(t)
-    return tests
+    return tests, skipped
 
 
 def _eir_files(author: Path) -> Iterator[Path]:
@@ -121,6 +128,8 @@ def read_test(path: Path, max_bytes: int) -> bytes:
             st = os.fstat(f.fileno())
             if not stat.S_ISREG(st.st_mode):
                 raise ValueError("is not a regular file (a test must be one)")
+            if st.st_nlink > 1:   # another name of a file elsewhere (a root-only secret, say)
+                raise ValueError("is a hard link: a test must be a file of its own")
             if st.st_size > max_bytes:
                 raise ValueError(too_large)
             raw = f.read(max_bytes + 1)
@@ -142,9 +151,10 @@ def validate(t: Test) -> None:
     """A test is valid when it parses, has at least one expect line, and its expectations hold
     on the reference evaluator in both of spec 8's modes (each op's result rounded to its dtype,
     and every intermediate kept wide); a test of an error message, when the reference rejects it on its
-    line with its words. Runs in a child process with limits (validate_limited)."""
+    line with its words, as a compiler gets it (its expect lines blanked: an error on an expect
+    line is no error a compiler can find). Runs in a child process with limits (validate_limited)."""
     try:
-        prog = parse_bytes(t.source, t.key)
+        prog = parse_bytes(t.source if t.want is None else without_expects(t.source), t.key)
         protocol.check_inputs(prog)
     except EirError as e:
         if t.want is None or e.line != t.want[0] or t.want[1] not in e.msg:
@@ -247,7 +257,10 @@ def cmd_grade(args: argparse.Namespace) -> int:
     base = Path(args.similarity_base) if args.similarity_base else None
     if base is not None and not base.is_dir():
         return _fail(f"ember grade: --similarity-base {base} is not a folder", 2)
-    tests = find_tests(tests_dir, int(args.max_test_mib * 2**20))
+    tests, skipped = find_tests(tests_dir, int(args.max_test_mib * 2**20), args.max_tests_per_author)
+    for author, n in skipped.items():
+        print(f"ember grade: {author}: {n} tests past --max-tests-per-author {args.max_tests_per_author} "
+              "not read", file=sys.stderr)
     if not tests:
         return _fail(f"ember grade: no tests in {tests_dir} (one subfolder of .eir files per author)", 2)
     out = prepare_out(out)
@@ -271,11 +284,19 @@ def cmd_grade(args: argparse.Namespace) -> int:
             if problem is not None:
                 failures[n][t.key] = problem
                 t.broken_by.append(n)
+    for t in valid:   # fail closed: a test the reference compiler fails counts for no one
+        if REFERENCE in t.broken_by:
+            t.valid, t.reason, t.broken_by = False, f"the reference compiler fails it: {failures[REFERENCE][t.key]}", []
+            for f in failures.values():
+                f.pop(t.key, None)
+    valid = [t for t in valid if t.valid]
     report = {
         "tests": {t.key: {"valid": t.valid, "reason": t.reason, "broken_by": sorted(t.broken_by)} for t in tests},
         "submissions": {n: {"passed": len(valid) - len(failures[n]), "failed": len(failures[n]),
                             "rate": (len(valid) - len(failures[n])) / len(valid) if valid else 0.0,
                             "failures": dict(sorted(failures[n].items()))} for n in names}}
+    if skipped:
+        report["tests_not_read"] = skipped   # per author, past --max-tests-per-author
     if args.similarity is not None:
         report["similarity"] = _similarity(sources, args.similarity, base)
     write_grade(out, report)
@@ -310,10 +331,13 @@ def write_grade(out: Path, report: dict[str, Any]) -> None:
     _write_csv(out / "failures.csv", ["name", "test", "failure"],
                [[n, k, f] for n, s in subs.items() for k, f in s["failures"].items()])
     md = ["# Grades", "", "| compiler | passed | failed | rate |", "|---|---|---|---|"]
-    md += [f"| {n} | {s['passed']} | {s['failed']} | {100 * s['rate']:.1f}% |"
+    md += [f"| {_cell(n)} | {s['passed']} | {s['failed']} | {100 * s['rate']:.1f}% |"
            for n, s in sorted(subs.items(), key=lambda kv: -kv[1]["rate"])]
     md += ["", "## Tests that break compilers (the bonus)", "", "| test | broken by |", "|---|---|"]
-    md += [f"| {_cell(k)} | {', '.join(t['broken_by'])} |" for k, t in tests.items() if t["valid"] and t["broken_by"]]
+    md += [f"| {_cell(k)} | {_cell(', '.join(t['broken_by']))} |" for k, t in tests.items()
+           if t["valid"] and t["broken_by"]]
+    md += [f"\n{_cell(a)}: {n} tests past the cap of tests per author were not read" for a, n in
+           report.get("tests_not_read", {}).items()]
     md += ["", "## Invalid tests", "", "| test | reason |", "|---|---|"]
     md += [f"| {_cell(k)} | {_cell(t['reason'])} |" for k, t in tests.items() if not t["valid"]]
     if "similarity" in report:

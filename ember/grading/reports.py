@@ -13,7 +13,8 @@ from typing import Any
 
 
 def _cell(s: str | None) -> str:
-    return (s or "").replace("|", "\\|").replace("\n", " ")[:300]
+    """Text a student controls (a name, a reason) as one markdown table cell: no pipe, no line end."""
+    return (s or "").replace("|", "\\|").replace("\r", " ").replace("\n", " ")[:300]
 
 
 def prepare_out(out: Path) -> Path:
@@ -57,7 +58,8 @@ def _write_text(path: Path, text: str) -> None:
     _closed(Path(os.path.abspath(path.parent)), Path(os.path.abspath(path.parent)))
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
+        # UTF-8 always; a name that is not (a file named with byte 0xff) is written escaped, never a crash
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
             f.write(text)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)

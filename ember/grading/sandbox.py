@@ -23,6 +23,7 @@ import fcntl
 import itertools
 import os
 import queue
+import resource
 import selectors
 import shutil
 import signal
@@ -72,6 +73,8 @@ class Result:
     stderr: str
     killed: str | None             # 'timeout' or 'output limit' when the grader killed the run
     wall: float                    # seconds
+    cpu: float = 0.0               # CPU seconds of the run's processes (exact for runs one at a time:
+                                   # the grader's children's rusage; ember bench runs so)
 
     def failure(self) -> str | None:
         """One line saying why the run failed, or None when it exited 0."""
@@ -167,6 +170,9 @@ def _copy(src: Path, dest: Path, cap: int, links: bool = True) -> None:
             elif stat.S_ISLNK(st.st_mode) and links:
                 os.symlink(os.readlink(name, dir_fd=parent), name, dir_fd=dfd)
             elif stat.S_ISREG(st.st_mode):
+                if st.st_nlink > 1 and links:   # another name of a file elsewhere (a root-only secret, say);
+                    # a .git copy (links=False) only feeds git's own clone, which reads objects, not names
+                    raise ValueError(f"holds a hard-linked file ({name[:80]!r}): a copy takes only files of its own")
                 fin = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=parent)
                 with open(fin, "rb") as r, open(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
                                                         st.st_mode & 0o700, dir_fd=dfd), "wb") as w:
@@ -177,6 +183,13 @@ def _copy(src: Path, dest: Path, cap: int, links: bool = True) -> None:
         _rmtree(dest)
         raise
     os.close(dfd)
+
+
+def _children_cpu() -> float:
+    """User and system seconds of the grader's ended children and what they waited for (a run's
+    PID namespace reaps its processes, so they count too)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 # ----------------------------------------------------------------------------- probing the host
@@ -515,7 +528,7 @@ class Sandbox:
         return NAMESPACES + body if self.level == "namespaces" else body
 
     def _spawn(self, full: list[str], name: str, work: Path, wall: float, contained: bool) -> Result:
-        start = time.monotonic()
+        start, cpu0 = time.monotonic(), _children_cpu()
         try:
             proc = subprocess.Popen(full, cwd=work, env=self._env(work, contained), stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
@@ -558,7 +571,7 @@ class Sandbox:
         proc.stderr.close()  # type: ignore[union-attr]
         status = None if killed else proc.returncode
         return Result(status, out.decode(errors="replace"), err.decode(errors="replace"), killed,
-                      time.monotonic() - start)
+                      time.monotonic() - start, _children_cpu() - cpu0)
 
     def _sweep(self, uid: int, cgroups: list[Path]) -> None:
         """Kill every process of the run: its cgroups, then every process of its user (those that left

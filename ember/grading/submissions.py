@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Callable
 
 from . import course
+from .course import REFERENCE
 from .sandbox import Result, Sandbox
-
-REFERENCE = "reference"
 
 
 def _fail(msg: str, status: int) -> int:

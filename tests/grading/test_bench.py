@@ -21,7 +21,8 @@ from .fakes import SUM, fake
 
 FLOOR_MS = 0.012   # between the skimp's median (a few us) and the reference's (about 0.03 ms)
 PEAK = bench.floor_bytes(parse(SUM)) / (FLOOR_MS * 1e-3)
-FORGERS = ["zero", "nan", "inf", "negative", "tiny", "skip", "liar", "skimp", "athome", "stale", "fakerest"]
+FORGERS = ["zero", "nan", "inf", "negative", "tiny", "skip", "liar", "skimp", "athome", "stale", "fakerest",
+           "sleeper"]
 
 
 def run_bench(tmp: Path, subs: Path, *extra: str, rounds: int = 2, suite: dict[str, str] | None = None) -> dict:
@@ -88,6 +89,11 @@ def test_reports_below_the_graders_clock_are_dishonest(hostile: dict[str, Any]) 
 def test_reports_of_runs_not_done_are_dishonest(hostile: dict[str, Any]) -> None:
     r = _row(hostile)["skip"]  # right answers, a plausible median, and no timed runs
     assert r["status"] == "error" and "dishonest" in r["note"] and "would take" in r["note"], r
+
+
+def test_runs_slept_instead_of_done_are_dishonest(hostile: dict[str, Any]) -> None:
+    r = _row(hostile)["sleeper"]  # right answer once, then sleeps exactly what it claims: only the CPU can tell
+    assert r["status"] == "error" and "runs not done" in r["note"], r
 
 
 def test_answers_computed_at_home_are_wrong(hostile: dict[str, Any]) -> None:

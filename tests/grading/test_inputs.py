@@ -92,7 +92,7 @@ def test_a_test_folder_thousands_deep_is_walked(tmp_path: Path) -> None:
         f.write(GOOD_TEST)
     os.close(fd)
     try:
-        tests = find_tests(tmp_path / "tests", 1 << 20)
+        tests, _ = find_tests(tmp_path / "tests", 1 << 20)
         assert [t.key for t in tests] == ["deep/a.eir", "deep/" + "d/" * 1100 + "b.eir"] and all(t.valid for t in tests)
     finally:
         _rmtree(author / "d")   # pytest's own clean-up of tmp_path recurses too
@@ -266,3 +266,86 @@ def test_reports_go_only_into_a_folder_no_one_else_can_write(tmp_path: Path, cap
     fresh = tmp_path / "new" / "out"
     assert main(args + [str(fresh)]) == 0 and (fresh / "grade.json").is_file()
     assert fresh.stat().st_mode & 0o022 == 0
+
+
+# ------------------------------------------------------------------- the red team's attacks
+
+def test_hard_links_are_never_read(tmp_path: Path) -> None:
+    """A hard link passes every test of a regular file: as a test, its first line would be quoted
+    in a reason; inside a submission, the copy would hand a root-only file to the run."""
+    secret = tmp_path / "secret"
+    secret.mkdir(mode=0o700)
+    (secret / "key").write_text("TOKEN=hunter2-SECRET\n")
+    (secret / "key").chmod(0o600)
+    (tmp_path / "tests" / "eve").mkdir(parents=True)
+    (tmp_path / "tests" / "ann").mkdir()
+    (tmp_path / "tests" / "ann" / "good.eir").write_text(GOOD_TEST)
+    os.link(secret / "key", tmp_path / "tests" / "eve" / "leak.eir")
+    _compiler(tmp_path / "subs", "thief", "cat loot >&2; exit 1")
+    os.link(secret / "key", tmp_path / "subs" / "thief" / "loot")
+    proc, report = _grade(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "hard link" in report["tests"]["eve/leak.eir"]["reason"]
+    assert "hard-linked" in report["submissions"]["thief"]["failures"]["ann/good.eir"]
+    assert "hunter2" not in _reports(tmp_path / "out")
+
+
+def test_an_error_on_an_expect_line_is_no_error_test(tmp_path: Path) -> None:
+    """A compiler gets the test with its expect lines blanked: an error there is one no compiler
+    can report, so the test is invalid (it broke every compiler, the reference too)."""
+    (tmp_path / "tests" / "eve").mkdir(parents=True)
+    (tmp_path / "tests" / "eve" / "e.eir").write_text(
+        "# error: 6: which is not returned\nember 1\nx = param f32[1]\ny = neg x\nreturn y\n"
+        "expect q = [1]\ninput x = [1]\n")
+    proc, report = _grade(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    t = report["tests"]["eve/e.eir"]
+    assert not t["valid"] and "but the program is valid" in t["reason"], t
+
+
+def test_a_test_the_reference_fails_counts_for_no_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ember.grading import submissions
+    (tmp_path / "tests" / "ann").mkdir(parents=True)
+    (tmp_path / "tests" / "ann" / "good.eir").write_text(GOOD_TEST)
+    (tmp_path / "tests" / "ann" / "two.eir").write_text(GOOD_TEST.replace("1, 2, -3", "4, 2, -3").replace("-1, -2", "-4, -2"))
+    _compiler(tmp_path / "subs", "right", "echo 'y = [-1, -2, 3]'")
+    wrong_reference = tmp_path / "ref.sh"   # a reference that is right on good.eir alone
+    wrong_reference.write_text("#!/bin/sh\necho 'y = [-1, -2, 3]'\n")
+    wrong_reference.chmod(0o755)
+    real = submissions.Submission.command
+    monkeypatch.setattr(submissions.Submission, "command",
+                        lambda self: [str(wrong_reference)] if self.folder is None else real(self))
+    assert main(["grade", "--tests", str(tmp_path / "tests"), "--submissions", str(tmp_path / "subs"),
+                 "--out", str(tmp_path / "out"), "--jobs", "2"]) == 0
+    report = json.loads((tmp_path / "out" / "grade.json").read_text())
+    assert report["tests"]["ann/two.eir"]["valid"] is False
+    assert report["tests"]["ann/two.eir"]["reason"].startswith("the reference compiler fails it")
+    assert {n: (s["passed"], s["failed"]) for n, s in report["submissions"].items()} == {"reference": (1, 0),
+                                                                                         "right": (1, 0)}
+
+
+def test_odd_names_and_floods_leave_the_reports_whole(tmp_path: Path) -> None:
+    """A test named with a byte that is not UTF-8, a submission named `reference`, a forged table
+    row in a name, an author's flood of tests and copies of one test: the grader writes every
+    report, grades the rest, and counts each test once."""
+    tests = tmp_path / "tests"
+    (tests / "ann").mkdir(parents=True)
+    (tests / "ann" / "good.eir").write_text(GOOD_TEST)
+    with open(os.open(os.fsencode(tests / "ann") + b"/bad\xff.eir", os.O_WRONLY | os.O_CREAT), "w") as f:
+        f.write(GOOD_TEST.replace("1, 2, -3", "5, 2, -3").replace("-1, -2", "-5, -2"))
+    (tests / "flood").mkdir()
+    for i in range(5):
+        (tests / "flood" / f"t{i}.eir").write_text(GOOD_TEST.replace("1, 2, -3", f"1, 2, {i}")
+                                                   .replace("-1, -2, 3", f"-1, -2, {-i}"))
+    (tests / "flood" / "t0.eir").write_text(GOOD_TEST)   # a copy of ann/good.eir
+    _compiler(tmp_path / "subs", "reference", "exit 1")
+    _compiler(tmp_path / "subs", "bad| 100 | 0 | 100.0% |\n| mallory", "exit 1")
+    proc, report = _grade(tmp_path, "--max-tests-per-author", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert "the name 'reference' is kept for Ember itself" in proc.stderr
+    assert {p.name for p in (tmp_path / "out").iterdir()} >= {"grade.json", "summary.md", "tests.csv", "failures.csv"}
+    assert report["tests_not_read"] == {"flood": 2} and "flood/t3.eir" not in report["tests"]
+    assert "same bytes as ann/good.eir" in report["tests"]["flood/t0.eir"]["reason"]
+    assert report["submissions"]["reference"]["rate"] == 1.0 and len(report["submissions"]) == 2
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "\n| mallory" not in summary and "bad\\udcff.eir" in summary   # escaped, not a crash
