@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = Parser(prog="ember", description="Ember: a tensor compiler for the Ember IR (.eir).", formatter_class=fmt)
     ap.add_argument("--version", action="version", version=f"ember {version()}")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    backends_help = "ref, ref-wide (intermediates kept wide, spec 4), c or cuda (default: cuda with a GPU, else c)"
+    backends_help = ("ref, ref-wide (intermediates kept wide, spec 4), ref-reversed (float sums from the end), "
+                     "c or cuda (default: cuda with a GPU, else c)")
 
     p = sub.add_parser("run", help="run a test file and print its outputs (the compiler protocol)", formatter_class=fmt)
     p.add_argument("file", help="the .eir test file")

@@ -8,7 +8,9 @@ done in f64 and rounded once to the result dtype. numpy computing is allowed her
 With wide=True (`--backend ref-wide`) it computes what a compiler that keeps every intermediate in
 the highest precision (spec 4) would: float results stay in f64, unrounded, except a float `cast`
 (its rounding is what it asks for), the source of a `bitcast` (its bits) and the returned values.
-A test is valid only if it holds in both modes (spec 8; docs/ir.md's appendix says why this reading).
+With reverse=True (`--backend ref-reversed`) every float sum is added one by one from its last
+element, in f32 (f64 for f64): spec 4 leaves a sum's order free. A test is valid only if it holds
+in every mode (spec 8; docs/ir.md's appendix says why this reading).
 """
 from __future__ import annotations
 
@@ -92,8 +94,10 @@ INT_BINARY = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.MAX: 
 COMPARE = {Op.CMPLT: np.less, Op.CMPEQ: np.equal, Op.CMPNE: np.not_equal}
 
 
-def eval_node(node: Node, srcs: list[np.ndarray], wide: bool = False) -> np.ndarray:
-    """The value of one node from the values of its sources (wide: float results left unrounded)."""
+def eval_node(node: Node, srcs: list[np.ndarray], wide: bool = False, reverse: bool = False) -> np.ndarray:
+    """The value of one node from the values of its sources (wide: float results left unrounded;
+    reverse: float sums added one by one from the last element, in the narrowest accumulator
+    spec 4 allows: another order a correct compiler may take)."""
     op, d, rnd = node.op, node.dtype, _wide if wide else _float
     x = srcs[0] if srcs else None
     with np.errstate(all="ignore"):
@@ -136,6 +140,12 @@ def eval_node(node: Node, srcs: list[np.ndarray], wide: bool = False) -> np.ndar
         if op is Op.FLIP:
             return np.flip(x, node.arg)
         if op is Op.SUM:
+            if d.is_float and reverse:
+                acc = np.float64 if d is dt.f64 else np.float32   # f16 and bf16 accumulate in f32 at least
+                rows = np.moveaxis(x, node.arg, range(x.ndim - len(node.arg), x.ndim))
+                rows = rows.reshape(rows.shape[:x.ndim - len(node.arg)] + (-1,))[..., ::-1]
+                total = np.cumsum(rows.astype(acc), axis=-1, dtype=acc)[..., -1] if rows.shape[-1] else 0.0
+                return rnd(np.asarray(total, np.float64).reshape(node.shape), d)   # cumsum: one by one
             if d.is_float:
                 return rnd(np.sum(x.astype(np.float64), axis=node.arg, keepdims=True), d)
             return np.sum(x, axis=node.arg, keepdims=True, dtype=x.dtype)  # wraps, as the spec asks
@@ -169,19 +179,22 @@ def _attention(node: Node, srcs: list[np.ndarray], rnd: Callable = _float) -> np
     return rnd(np.concatenate([ds.transpose(0, 2, 1) @ q, p.transpose(0, 2, 1) @ do], -1), node.dtype)
 
 
-def evaluate(outputs: list[Node], inputs: dict[Node, np.ndarray], wide: bool = False) -> list[np.ndarray]:
-    """Values of outputs, given the values of the params they depend on (wide: see the module's note)."""
+def evaluate(outputs: list[Node], inputs: dict[Node, np.ndarray], wide: bool = False,
+             reverse: bool = False) -> list[np.ndarray]:
+    """Values of outputs, given the values of the params they depend on (wide, reverse: see the
+    module's note)."""
     big = next((n for n in toposort(outputs) if n.numel >= 1 << 31 and n.op is not Op.EXPAND), None)
     if big is not None:  # spec 2 allows it; an evaluator that stores every value cannot
         raise Unsupported(f"the reference evaluator stores every value, and one has {big.numel} elements "
                           "(conformance tests keep values under 2^31; use a compiled backend)")
     values: dict[Node, np.ndarray] = {}
-    _fill(outputs, inputs, values, wide)
+    _fill(outputs, inputs, values, wide, reverse)
     out = [_float(values[o], o.dtype) if wide and o.dtype.is_float else values[o] for o in outputs]  # returned: rounded
     return [np.ascontiguousarray(v).reshape(o.shape) for v, o in zip(out, outputs)]
 
 
-def _fill(roots: list[Node], inputs: dict[Node, np.ndarray], values: dict[Node, np.ndarray], wide: bool) -> None:
+def _fill(roots: list[Node], inputs: dict[Node, np.ndarray], values: dict[Node, np.ndarray], wide: bool,
+          reverse: bool = False) -> None:
     for node in toposort(roots):
         if node in values:
             continue
@@ -190,7 +203,7 @@ def _fill(roots: list[Node], inputs: dict[Node, np.ndarray], values: dict[Node, 
         elif node.op is Op.GRAD:
             values[node] = _grad(node.srcs[0], node.srcs[1], inputs, values, wide)
         else:
-            values[node] = eval_node(node, [values[s] for s in node.srcs], wide)
+            values[node] = eval_node(node, [values[s] for s in node.srcs], wide, reverse)
 
 
 # ------------------------------------------------------------------------------------ grad

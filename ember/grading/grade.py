@@ -143,8 +143,10 @@ def read_test(path: Path, max_bytes: int) -> bytes:
 MAX_VALIDATE_NUMEL = 1 << 28  # elements of one value the reference evaluator materializes for validation
 
 
-# the reference evaluator rounding each op's result, then keeping every intermediate wide (spec 4)
-VALIDITY_MODES = (("ref", ""), ("ref-wide", " with intermediates kept wide (spec 8)"))
+# the reference evaluator rounding each op's result, keeping every intermediate wide, and adding
+# sums from their last element (spec 4: a fused kernel's precision and a sum's order are free)
+VALIDITY_MODES = (("ref", ""), ("ref-wide", " with intermediates kept wide (spec 8)"),
+                  ("ref-reversed", " with its float sums added in reverse order (spec 4)"))
 
 
 def validate(t: Test) -> None:
