@@ -68,6 +68,8 @@ med = {{"zero": 0, "nan": "nan", "inf": "inf", "negative": -1, "tiny": 1e-6, "sk
         "sleeper": 0.05}}.get(MODE, med)
 if MODE == "liar":
     med = med / 10
+if MODE == "halver":                            # every run done, a median 2.2 times too small
+    med = med / 2.2
 print(f"# bench runs={{runs}} median_ms={{med}}")
 '''
 

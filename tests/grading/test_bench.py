@@ -22,7 +22,7 @@ from .fakes import SUM, fake
 FLOOR_MS = 0.012   # between the skimp's median (a few us) and the reference's (about 0.03 ms)
 PEAK = bench.floor_bytes(parse(SUM)) / (FLOOR_MS * 1e-3)
 FORGERS = ["zero", "nan", "inf", "negative", "tiny", "skip", "liar", "skimp", "athome", "stale", "fakerest",
-           "sleeper"]
+           "sleeper", "halver"]
 
 
 def run_bench(tmp: Path, subs: Path, *extra: str, rounds: int = 2, suite: dict[str, str] | None = None) -> dict:
@@ -44,7 +44,7 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     token = secrets.token_hex(4)
     fake(tmp / "subs", "honest")
     for mode in FORGERS:
-        fake(tmp / "subs", mode, mode, work=3 if mode == "liar" else 1, token=token)
+        fake(tmp / "subs", mode, mode, work=3 if mode in ("liar", "halver") else 1, token=token)
     report = run_bench(tmp, tmp / "subs", "--peak-bandwidth", str(PEAK), rounds=1)  # 2 runs: enough to catch each
     stale = Path(f"/tmp/ember-test-stale-{token}")
     report["stale_kept"] = stale.is_dir() and any(stale.iterdir())  # /tmp shared between runs
@@ -84,6 +84,11 @@ def test_median_below_the_physical_floor_is_rejected(hostile: dict[str, Any]) ->
 def test_reports_below_the_graders_clock_are_dishonest(hostile: dict[str, Any]) -> None:
     r = _row(hostile)["liar"]  # does every run, reports a tenth of its time
     assert r["status"] == "error" and "dishonest" in r["note"] and "took" in r["note"], r
+
+
+def test_a_median_half_the_graders_clock_is_dishonest(hostile: dict[str, Any]) -> None:
+    r = _row(hostile)["halver"]  # does every run, reports its median divided by 2.2
+    assert r["status"] == "error" and "dishonest" in r["note"], r
 
 
 def test_reports_of_runs_not_done_are_dishonest(hostile: dict[str, Any]) -> None:
