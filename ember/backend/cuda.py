@@ -1,16 +1,7 @@
-"""The CUDA backend: the same lowered kernels rendered for the GPU, compiled with NVRTC and
-launched with the driver API (both through cuda-python), all on one stream.
-
-Two kernel shapes, chosen per kernel from its reductions:
-- thread per output: the output ranges are decoded from the global thread index; reductions
-  run as loops inside the thread (elementwise kernels; reductions over a strided axis, such as
-  column sums, which stay coalesced because neighbouring threads read neighbouring columns);
-- block per row: the ranges every reduction depends on (a prefix of the output ranges, the
-  row) come from the block index; each reduction is strided over the block's threads and
-  combined with warp shuffles and shared memory; the remaining output ranges are strided over
-  the threads (softmax, layernorm, row sums).
-Source generation needs no GPU (CI compiles every kernel with nvcc); running needs cuda-python.
-The renderer is cuda_render.py; this module is the backend's face (prepare, source) and its
+"""The CUDA backend: the lowered kernels rendered for the GPU (cuda_render.py says how: thread
+per output, or block per row), compiled with NVRTC and launched with the driver API (both through
+cuda-python), all on one stream. Source generation needs no GPU (CI compiles every kernel with
+nvcc); running needs cuda-python. This module is the backend's face (prepare, source) and its
 runtime: NVRTC, the device's target, the memory pool, DeviceArray, graphs, the profiler, and the
 data-parallel all-reduces, which distributed.py plugs in (set_averaging) so that this layer
 never imports the frontend.
