@@ -10,7 +10,7 @@ import numpy as np
 
 from . import dtype as dt
 from . import ir
-from .tensor import ShapeError, Tensor, cat, einsum, rand, where
+from .tensor import ShapeError, Tensor, _axis_windows, cat, einsum, rand, where
 
 # ---------------------------------------------------------------------------- activations
 
@@ -353,25 +353,6 @@ def _windows(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...], dilati
         w = _axis_windows(w, first + d, kernel[d], stride[d], dilation[d], sizes[d])
         w = w.permute(tuple(i for i in range(w.ndim) if i != first + d + 1) + (first + d + 1,))
     return w
-
-
-def _axis_windows(x: Tensor, ax: int, k: int, s: int, d: int, out: int) -> Tensor:
-    """Axis ax of length L becomes (out, k) with [q, j] = x[q * s + j * d], by movement alone:
-    repeat the axis, flatten the copies, and cut the run into rows of R = L + d (+ a multiple
-    of L): row j then starts at j * R = j * d (mod L). The compiler folds the resulting
-    (j * R + q * s) mod L back to q * s + j * d, as the bounds of q and j allow."""
-    length = x.shape[ax]
-    row = length + d
-    while row < out * s:
-        row += length
-    copies = -(-k * row // length)
-    lead, rest = x.shape[:ax], x.shape[ax + 1:]
-    w = x.unsqueeze(ax).expand(lead + (copies, length) + rest).reshape(lead + (copies * length,) + rest)
-    idx = (slice(None),) * ax
-    w = w[idx + (slice(0, k * row),)].reshape(lead + (k, row) + rest)
-    w = w[idx + (slice(None), slice(0, out * s))].reshape(lead + (k, out, s) + rest)
-    w = w[idx + (slice(None), slice(None), slice(0, 1))].reshape(lead + (k, out) + rest)
-    return w.transpose(ax, ax + 1)
 
 
 def _pads(padding: Any, kernel: tuple[int, ...], dilation: tuple[int, ...], stride: tuple[int, ...],

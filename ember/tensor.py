@@ -1148,7 +1148,6 @@ class Tensor:
     def unfold(self, dimension: int, size: int, step: int) -> "Tensor":
         """Windows of size along dimension, step apart: that dim becomes their count, and a last
         dim of size is added (movement ops only, as the convolutions' windows)."""
-        from .functional import _axis_windows
         d = _dim(dimension, self.ndim)
         n = self.shape[d] if self.ndim else 1
         if size > n or step < 1:
@@ -2571,3 +2570,22 @@ class _CallableModule(type(builtins)):  # type: ignore[misc]
 import sys as _sys  # noqa: E402
 
 _sys.modules[__name__].__class__ = _CallableModule
+
+
+def _axis_windows(x: Tensor, ax: int, k: int, s: int, d: int, out: int) -> Tensor:
+    """Axis ax of length L becomes (out, k) with [q, j] = x[q * s + j * d], by movement alone:
+    repeat the axis, flatten the copies, and cut the run into rows of R = L + d (+ a multiple
+    of L): row j then starts at j * R = j * d (mod L). The compiler folds the resulting
+    (j * R + q * s) mod L back to q * s + j * d, as the bounds of q and j allow."""
+    length = x.shape[ax]
+    row = length + d
+    while row < out * s:
+        row += length
+    copies = -(-k * row // length)
+    lead, rest = x.shape[:ax], x.shape[ax + 1:]
+    w = x.unsqueeze(ax).expand(lead + (copies, length) + rest).reshape(lead + (copies * length,) + rest)
+    idx = (slice(None),) * ax
+    w = w[idx + (slice(0, k * row),)].reshape(lead + (k, row) + rest)
+    w = w[idx + (slice(None), slice(0, out * s))].reshape(lead + (k, out, s) + rest)
+    w = w[idx + (slice(None), slice(None), slice(0, 1))].reshape(lead + (k, out) + rest)
+    return w.transpose(ax, ax + 1)
