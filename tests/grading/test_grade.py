@@ -131,10 +131,11 @@ def test_grade_contains_misbehaving_compilers(course: Path, capsys: pytest.Captu
 def test_bad_folders_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "t" / "a").mkdir(parents=True)
     (tmp_path / "t" / "a" / "x.eir").write_text("ember 1\nx = param i32[1]\nreturn x\ninput x = [1]\nexpect x = [1]\n")
-    _compiler(tmp_path / "s", "reference", "exit 0")
+    _compiler(tmp_path / "s", "reference", "exit 0")   # one student's folder name: skipped, the week graded
     assert main(["grade", "--tests", str(tmp_path / "t"), "--submissions", str(tmp_path / "s"),
-                 "--out", str(tmp_path / "o")]) == 2
+                 "--out", str(tmp_path / "o")]) == 0
     assert "kept for Ember" in capsys.readouterr().err
+    assert json.loads((tmp_path / "o" / "grade.json").read_text())["submissions"]["reference"]["rate"] == 1.0
     assert main(["grade", "--tests", str(tmp_path / "none"), "--submissions", str(tmp_path / "s"),
                  "--out", str(tmp_path / "o")]) == 2
     assert main(["bench", "--suite", str(tmp_path / "none"), "--submissions", str(tmp_path / "s"),

@@ -89,7 +89,7 @@ def test_a_test_folder_thousands_deep_is_walked(tmp_path: Path) -> None:
         fd, old = os.open("d", os.O_RDONLY, dir_fd=fd), fd
         os.close(old)
     with open(os.open("b.eir", os.O_WRONLY | os.O_CREAT, dir_fd=fd), "w") as f:
-        f.write(GOOD_TEST)
+        f.write(GOOD_TEST + "# deep\n")   # other bytes than a.eir's (a copy would count once)
     os.close(fd)
     try:
         tests, _ = find_tests(tmp_path / "tests", 1 << 20)
@@ -155,8 +155,8 @@ def test_error_tests_need_the_error_on_their_own_line(tmp_path: Path) -> None:
 
 def test_each_test_is_parsed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "tests" / "ann").mkdir(parents=True)
-    for i in range(2):
-        (tmp_path / "tests" / "ann" / f"t{i}.eir").write_text(GOOD_TEST)
+    for i in range(2):   # two tests of different bytes (a copy would count once)
+        (tmp_path / "tests" / "ann" / f"t{i}.eir").write_text(GOOD_TEST + f"# test {i}\n")
     for name in ("a", "b", "c"):
         _compiler(tmp_path / "subs", name, 'exec python3 -m ember run --backend ref "$@"')
     calls, resolved = [], []
