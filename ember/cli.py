@@ -18,14 +18,9 @@ from . import backends
 from .backend import CacheError
 from .backends import BackendError
 from .commands import Failure, HelpWithDefaults, Parser, bounded, internal_error, test_one
+from .commands import fail as _fail
 from .protocol import check_inputs
 from .text import EirError, format_text, parse_file
-
-
-def _fail(msg: str, status: int) -> int:
-    print(msg, file=sys.stderr)
-    return status
-
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import argparse
 import math
 import os
 import subprocess
+import sys
 import traceback
 from typing import Any, Callable, NoReturn
 
@@ -58,6 +59,12 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
+
+
+def fail(msg: str, status: int) -> int:
+    """Say msg on stderr, in one line; the exit status to return."""
+    print(msg, file=sys.stderr)
+    return status
 
 
 def internal_error(path: str, e: BaseException) -> str:

@@ -56,12 +56,12 @@ def key(outputs: list[Node], *options: Any) -> str:
     return h.hexdigest()[:32]
 
 
-def _encode_node_table(roots: list[Node]) -> tuple[list[list], dict[int, int], list[Node]]:
+def _encode_node_table(roots: list[Node]) -> tuple[list[list], dict[int, int]]:
     """Every node reachable from roots (sources and arg nodes first), as rows of a flat table:
-    graphs are thousands of nodes deep, beyond what a recursive encoder takes."""
+    graphs are thousands of nodes deep, beyond what a recursive encoder takes. Rows are keyed by
+    id: every node is reachable from roots, which the caller holds, so no id is reused meanwhile."""
     index: dict[int, int] = {}
     table: list[list] = []
-    keep: list[Node] = []   # the tabled nodes, alive while the table is made (ids stay theirs)
     stack = [(n, False) for n in reversed(roots)]
     while stack:
         n, ready = stack.pop()
@@ -70,11 +70,10 @@ def _encode_node_table(roots: list[Node]) -> tuple[list[list], dict[int, int], l
         if ready:
             index[id(n)] = len(table)
             table.append([n.op.name, n.dtype.name, [index[id(s)] for s in n.srcs], _value(n.arg, index, None), n.shape])
-            keep.append(n)
             continue
         stack.append((n, True))
         stack.extend((d, False) for d in (*n.srcs, *_arg_nodes(n.arg)) if id(d) not in index)
-    return table, index, keep
+    return table, index
 
 
 def _arg_nodes(arg: Any) -> list[Node]:
@@ -188,10 +187,9 @@ def save(k: str, value: Any) -> None:
     """Store value (a schedule) under key k, as JSON behind its own sha256; written whole or not at all."""
     roots: list[Node] = []
     _nodes_in(value, roots, set())
-    table, index, keep = _encode_node_table(roots)
+    table, index = _encode_node_table(roots)
     body = json.dumps({"format": FORMAT, "nodes": table, "value": _value(value, index, {})},
                       separators=(",", ":")).encode()
-    del keep
     path = _path(k)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
     with os.fdopen(fd, "wb") as f:

@@ -24,13 +24,14 @@ from typing import Any
 import numpy as np
 
 from .. import backends, protocol
+from ..commands import fail
 from ..text import EirError, Program, parse_file, split_comment
 from . import course
 from .cluster import Context, Runner
 from .grade import judge
 from .reports import _cell, _write_csv, _write_json, _write_text, prepare_out
 from .sandbox import Result, Sandbox
-from .submissions import EXPECT_LINE, REFERENCE, Submission, _fail
+from .submissions import EXPECT_LINE, REFERENCE, Submission
 
 # The floor: no run moves its inputs and outputs faster than the target's peak bandwidth (B/s).
 # The H200's HBM3e for the GPU; for the CPU a bound no memory system of one reaches.
@@ -227,20 +228,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     suite, out = Path(args.suite), Path(args.out)
     files = sorted(suite.glob("*.eir")) if suite.is_dir() else []
     if not files:
-        return _fail(f"ember bench: no .eir programs in {suite}", 2)
+        return fail(f"ember bench: no .eir programs in {suite}", 2)
     try:
         sources, hide = course.sources(args)
     except course.CourseError as e:
-        return _fail(str(e), 2)
+        return fail(str(e), 2)
     for opt, v in (("--runs", args.runs), ("--rounds", args.rounds), ("--clock-noise", args.clock_noise),
                    ("--peak-bandwidth", 1 if args.peak_bandwidth is None else args.peak_bandwidth)):
         if not v > 0:
-            return _fail(f"ember bench: {opt} must be positive, found {v}", 2)
+            return fail(f"ember bench: {opt} must be positive, found {v}", 2)
     try:
         progs = [parse_file(str(f)) for f in files]
         texts = [f.read_text() for f in files]
     except EirError as e:
-        return _fail(str(e), 2)
+        return fail(str(e), 2)
     peak = args.peak_bandwidth or PEAK_BANDWIDTH[backends.default()]
     fresh = lambda p, t: (f"p{secrets.token_hex(8)}.eir", reseed(t, p))  # noqa: E731
     plan = [[(fresh(p, t), fresh(p, t)) for p, t in zip(progs, texts)] for _ in range(args.rounds)]

@@ -21,12 +21,13 @@ from typing import Any, Iterator
 import numpy as np
 
 from .. import backends, protocol
+from ..commands import fail
 from ..text import EirError, Program, parse_bytes
 from . import course, similarity, week
 from .cluster import Context, Runner
 from .reports import _cell, _write_csv, _write_json, _write_text, prepare_out
 from .sandbox import Result, Sandbox, level
-from .submissions import REFERENCE, Submission, _fail, run_compiler, without_expects
+from .submissions import REFERENCE, Submission, run_compiler, without_expects
 
 TOLERANCE = re.compile(r"#\s*tolerance:\s*atol=(\S+)\s+rtol=(\S+)")
 
@@ -151,10 +152,11 @@ VALIDITY_MODES = (("ref", ""), ("ref-wide", " with intermediates kept wide (spec
 
 def validate(t: Test) -> None:
     """A test is valid when it parses, has at least one expect line, and its expectations hold
-    on the reference evaluator in both of spec 8's modes (each op's result rounded to its dtype,
-    and every intermediate kept wide); a test of an error message, when the reference rejects it on its
-    line with its words, as a compiler gets it (its expect lines blanked: an error on an expect
-    line is no error a compiler can find). Runs in a child process with limits (validate_limited)."""
+    on the reference evaluator in every mode of VALIDITY_MODES (each op's result rounded to its
+    dtype, every intermediate kept wide, sums added from the end); a test of an error message,
+    when the reference rejects it on its line with its words, as a compiler gets it (its expect
+    lines blanked: an error on an expect line is no error a compiler can find). Runs in a child
+    process with limits (validate_limited)."""
     try:
         prog = parse_bytes(t.source if t.want is None else without_expects(t.source), t.key)
         protocol.check_inputs(prog)
@@ -251,20 +253,20 @@ def grade_task(sandbox: Sandbox, subs: dict[str, Submission], name: str, t: Test
 def cmd_grade(args: argparse.Namespace) -> int:
     tests_dir, out = Path(args.tests), Path(args.out)
     if not tests_dir.is_dir():
-        return _fail(f"ember grade: --tests {tests_dir} is not a folder", 2)
+        return fail(f"ember grade: --tests {tests_dir} is not a folder", 2)
     try:
         sources, hide = course.sources(args)
     except course.CourseError as e:
-        return _fail(str(e), 2)
+        return fail(str(e), 2)
     base = Path(args.similarity_base) if args.similarity_base else None
     if base is not None and not base.is_dir():
-        return _fail(f"ember grade: --similarity-base {base} is not a folder", 2)
+        return fail(f"ember grade: --similarity-base {base} is not a folder", 2)
     tests, skipped = find_tests(tests_dir, int(args.max_test_mib * 2**20), args.max_tests_per_author)
     for author, n in skipped.items():
         print(f"ember grade: {author}: {n} tests past --max-tests-per-author {args.max_tests_per_author} "
               "not read", file=sys.stderr)
     if not tests:
-        return _fail(f"ember grade: no tests in {tests_dir} (one subfolder of .eir files per author)", 2)
+        return fail(f"ember grade: no tests in {tests_dir} (one subfolder of .eir files per author)", 2)
     out = prepare_out(out)
     jobs = args.jobs or os.cpu_count() or 1
     ctx = Context(tuple(sources), args.ref, args.build_timeout, tuple(str(p) for p in (tests_dir, *hide, out)),

@@ -15,11 +15,6 @@ from . import course
 from .course import REFERENCE
 from .sandbox import Result, Sandbox
 
-
-def _fail(msg: str, status: int) -> int:
-    print(msg, file=sys.stderr)
-    return status
-
 EXPECT_LINE = re.compile(rb"^[ \t]*expect\b.*$", re.MULTILINE)
 
 
