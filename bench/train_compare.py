@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ember import backends, nn  # noqa: E402
+from ember import nn, runners  # noqa: E402
 from ember.train import train  # noqa: E402
 
 
@@ -23,7 +23,7 @@ def main() -> None:
     runs = {}
     with tempfile.TemporaryDirectory() as d:
         for device in ("cpu", "cuda"):
-            if device == "cuda" and "cuda" not in backends.available():
+            if device == "cuda" and "cuda" not in runners.available():
                 print("no GPU here: only the CPU run")
                 break
             out = Path(d) / device

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from . import tensor
 
 __version__ = "0.1.0"
-_SUBMODULES = ("tensor", "nn", "optim", "functional", "utils", "backends", "data", "ir", "dtype", "models",
+_SUBMODULES = ("tensor", "nn", "optim", "functional", "utils", "runners", "data", "ir", "dtype", "models",
                "distributed")
 
 
@@ -61,8 +61,8 @@ class cuda:
 
     @staticmethod
     def is_available() -> bool:
-        from . import backends
-        return "cuda" in backends.available()
+        from . import runners
+        return "cuda" in runners.available()
 
     @staticmethod
     def device_count() -> int:

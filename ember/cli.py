@@ -14,12 +14,12 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import backends
-from .backend import CacheError
-from .backends import BackendError
+from . import runners
+from .cache import CacheError
 from .commands import Failure, HelpWithDefaults, Parser, bounded, internal_error, test_one
 from .commands import fail as _fail
 from .protocol import check_inputs
+from .runners import BackendError
 from .text import EirError, format_text, parse_file
 
 
@@ -28,18 +28,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         prog = parse_file(args.file)
         check_inputs(prog)
-        backend = args.backend or backends.default()
+        backend = args.backend or runners.default()
         if args.bench is None:
-            values = backends.run_program(prog, backend)
+            values = runners.run_program(prog, backend)
         else:
-            values, median = backends.bench_program(prog, backend, args.bench)
+            values, median = runners.bench_program(prog, backend, args.bench)
     except EirError as e:  # malformed: 2; unreadable: 3
         return _fail(str(e), e.status)
     except (BackendError, CacheError) as e:
         return _fail(f"{args.file}: {e}", 3)
     except Exception as e:  # a bug in Ember: one line, never a partial result
         return _fail(internal_error(args.file, e), 3)
-    lines = backends.output_lines(prog, values)
+    lines = runners.output_lines(prog, values)
     if median is not None:
         lines.append(f"# bench runs={args.bench} median_ms={median:.6g}")
     print("\n".join(lines))
@@ -69,10 +69,10 @@ def cmd_fmt(args: argparse.Namespace) -> int:
 
 
 def cmd_source(args: argparse.Namespace) -> int:
-    backend = args.backend or ("cuda" if "cuda" in backends.available() else "c")
+    backend = args.backend or ("cuda" if "cuda" in runners.available() else "c")
     try:
         prog = parse_file(args.file)
-        print(backends.BACKENDS[backend].source(prog.output_nodes, args.arch))
+        print(runners.BACKENDS[backend].source(prog.output_nodes, args.arch))
     except EirError as e:  # malformed: 2; unreadable: 3
         return _fail(str(e), e.status)
     except (BackendError, CacheError) as e:
@@ -110,7 +110,7 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
             return f"ember test: the compiler '{exe}' was not found or is not executable"
         return None
     try:
-        backends.resolve(args.backend or backends.default())
+        runners.resolve(args.backend or runners.default())
     except (BackendError, CacheError) as e:
         return f"ember test: {e}"
     return None
@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("source", help="print the generated source of a program", formatter_class=fmt)
     p.add_argument("file", help="the .eir file")
-    p.add_argument("--backend", choices=[n for n, b in backends.BACKENDS.items() if b.module],
+    p.add_argument("--backend", choices=[n for n, b in runners.BACKENDS.items() if b.module],
                    help="which source (default: cuda with a GPU, else c)")
     from .target import ARCHS
     p.add_argument("--arch", choices=ARCHS, default=None,

@@ -10,10 +10,10 @@ import sys
 import traceback
 from typing import Any, Callable, NoReturn
 
-from . import backends
-from .backend import CacheError
-from .backends import BackendError
+from . import runners
+from .cache import CacheError
 from .protocol import bench_median, check_inputs, compare, expected_error, parse_output, reported_error
+from .runners import BackendError
 from .text import EirError, parse_file
 
 
@@ -117,9 +117,9 @@ def test_one(path: str, backend: str | None, compiler: list[str] | None, timeout
     try:
         if compiler is None:
             if bench is None:
-                values = backends.run_program(prog, backend or backends.default())
+                values = runners.run_program(prog, backend or runners.default())
             else:
-                values, median = backends.bench_program(prog, backend or backends.default(), bench)
+                values, median = runners.bench_program(prog, backend or runners.default(), bench)
             got = dict(zip(prog.outputs, values))
         else:
             cmd = compiler + [path] + (["--bench", str(bench)] if bench is not None else [])

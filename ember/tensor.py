@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
-from . import backends, data, ir
+from . import data, ir, runners
 from . import dtype as dt
 from .dtype import DType
 from .ir import IRError, Node, Op
@@ -176,18 +176,18 @@ class device(str):
 
 def default_device() -> str:
     if context.device is None:
-        context.device = backends.default()
+        context.device = runners.default()
     return context.device
 
 
 def set_default_device(device: str) -> None:
     """Where programs run from now on: "cpu" (the C backend), "cuda", or "ref" (as torch's
     set_default_device; "cuda" without a GPU is an error naming why)."""
-    name = backends.backend_of(device)
+    name = runners.backend_of(device)
     if name is None:
         raise ValueError(f"set_default_device({device!r}): devices are 'cpu', 'cuda' and 'ref'")
-    if name not in backends.available():
-        raise RuntimeError(f"set_default_device({device!r}): {backends.BACKENDS[name].why_unavailable()}")
+    if name not in runners.available():
+        raise RuntimeError(f"set_default_device({device!r}): {runners.BACKENDS[name].why_unavailable()}")
     context.device = name
 
 
@@ -443,7 +443,7 @@ class Tensor:
             else:
                 device = a
         if device is not None:
-            name = backends.backend_of(str(device).split(":")[0])
+            name = runners.backend_of(str(device).split(":")[0])
             if name is None:
                 raise ShapeError(f"to({device!r}): devices are 'cpu' and 'cuda'")
             set_default_device(str(device).split(":")[0])
@@ -2211,14 +2211,14 @@ def execute(canonical: list[Node], values: dict[Node, Any], average: tuple[int, 
     there (a GPU's in device memory). average: the outputs averaged over the data-parallel
     ranks; donate: (output, slot) pairs whose slot's value is dead after the run (the GPU may
     write the output over it: cuda.CUDAProgram.run_device)."""
-    backend = backends.BACKENDS[default_device()]
+    backend = runners.BACKENDS[default_device()]
     if backend.keeps_values:
         try:
             results = backend.compiler.run_device(canonical, values, average, donate)
         except (RuntimeError, NotImplementedError) as e:
-            raise backends.BackendError(str(e)) from None
+            raise runners.BackendError(str(e)) from None
     elif average:
-        raise backends.BackendError(f"data-parallel training runs on cuda (the default device is {backend.name})")
+        raise runners.BackendError(f"data-parallel training runs on cuda (the default device is {backend.name})")
     else:
         results = [np.asarray(v) for v in backend.run(canonical, {k: _host(v) for k, v in values.items()})]
     context.runs += 1

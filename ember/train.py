@@ -141,7 +141,7 @@ def tokenize(text: bytes, model: str, out: Path | None) -> tuple[np.ndarray, int
     import hashlib
     import shutil
 
-    from .backend import cache_dir
+    from .cache import cache_dir
     try:
         from tokenizers import ByteLevelBPETokenizer
     except ImportError:
@@ -296,9 +296,9 @@ def train(argv: list[str] | None = None) -> int:
         return 3
     main = distributed.rank() == 0
     if args.device == "cuda":
-        from . import backends
-        if "cuda" not in backends.available():
-            print(f"ember train: --device cuda: {backends.BACKENDS['cuda'].why_unavailable()}", file=sys.stderr)
+        from . import runners
+        if "cuda" not in runners.available():
+            print(f"ember train: --device cuda: {runners.BACKENDS['cuda'].why_unavailable()}", file=sys.stderr)
             return 3
     if args.device:
         T.Tensor(np.zeros(1)).to(args.device)

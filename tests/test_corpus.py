@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ember import backends, data, text
+from ember import data, runners, text
 from ember import dtype as dt
 
 CORPUS = sorted((Path(__file__).parent / "eir").rglob("*.eir"))
@@ -14,7 +14,7 @@ CORPUS = sorted((Path(__file__).parent / "eir").rglob("*.eir"))
 
 def check_file(path: Path, backend: str) -> None:
     prog = text.parse_file(str(path))
-    values = backends.run_program(prog, backend)
+    values = runners.run_program(prog, backend)
     for name, got in zip(prog.outputs, values):
         node = prog.nodes[name]
         assert got.shape == node.shape
@@ -25,7 +25,7 @@ def check_file(path: Path, backend: str) -> None:
             assert bad is None, f"{name}[{bad}]: got {got.reshape(-1)[bad]}, expected {want.reshape(-1)[bad]}"
 
 
-BACKENDS = [b for b in ("ref", "c", "cuda") if b in backends.available()]
+BACKENDS = [b for b in ("ref", "c", "cuda") if b in runners.available()]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -28,12 +28,13 @@ from typing import Callable
 import numpy as np
 
 from .. import debug, target
+from ..cache import cache_dir, cache_read, cache_write
 from ..compiler import pipeline
 from ..compiler.lower import Kernel
 from ..compiler.schedule import Schedule
 from ..dtype import DType
 from ..ir import Node, Op, toposort
-from . import cache_dir, cache_read, cache_write, cached, packed
+from . import cached, packed
 from . import run_values as shared_run_values
 from .render import HALF_HELPERS, CLike
 

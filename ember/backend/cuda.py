@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .. import data, debug, target
+from ..cache import cache_dir, cache_read, cache_write
 from ..compiler import pipeline, schedule
 from ..compiler.contraction import GpuPlan
 from ..compiler.lower import Kernel
@@ -32,7 +33,7 @@ from ..compiler.schedule import Schedule
 from ..dtype import DType
 from ..ir import Node
 from ..target import Target
-from . import cache_dir, cache_read, cache_write, cached, flash, mma, search
+from . import cached, flash, mma, search
 from . import run_values as shared_run_values
 from .cuda_render import BLOCK, PRELUDE, CUDARenderer, _source, check_grids, launch_config, render, render_units
 
@@ -238,7 +239,7 @@ class CUDAProgram:
         assert dev is not None
         t0 = time.perf_counter()
         self.sched = prepare(outputs, plan_arch)
-        if plan_arch is None:  # stored plans, or a search when EMBER_SEARCH=1
+        if plan_arch is None:  # a search when EMBER_SEARCH=1 (stored plans: the compiler's)
             search.choose(self.sched.kernels, device_target(), lambda k: time_kernel(k, device_target()))
         gpu = self.sched.target
         assert gpu is not None

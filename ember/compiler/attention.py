@@ -30,7 +30,6 @@ f32 either way.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 from .. import dtype as dt
@@ -323,10 +322,10 @@ WS_TILE = {"attention": 128, "attention_dq": 64, "attention_dkdv": 64}
 WS_THREADS = 384
 
 
-def flash_plan(k: Kernel, gpu: Target) -> FlashPlan:
+def flash_plan(k: Kernel, gpu: Target, warp_specialized: bool = True) -> FlashPlan:
     """The sizes of a flash kernel (a FUSED node rendered whole) for the GPU. On sm_90a the
     f16/bf16 kernels are warp-specialized when every operand's batch axis splits by one head
-    count H (a View's own heads, or 1; EMBER_FLASH_WS=0: never), else on wgmma."""
+    count H (a View's own heads, or 1) and warp_specialized (EMBER_FLASH_WS=0: not), else on wgmma."""
     assert k.fused is not None
     node, _, views = k.fused
     kind, d = node.arg[0], node.srcs[0].shape[2]
@@ -335,7 +334,7 @@ def flash_plan(k: Kernel, gpu: Target) -> FlashPlan:
     if not gpu.wgmma:
         return FlashPlan(*TILES[kind][d], THREADS)
     heads = {v.heads for v in views[:3] if v is not None and v.heads > 1}
-    if len(heads) <= 1 and os.environ.get("EMBER_FLASH_WS") != "0":
+    if len(heads) <= 1 and warp_specialized:
         return FlashPlan(HOPPER_ROWS, WS_TILE[kind], WS_THREADS, True, heads.pop() if heads else 1)
     if kind == "attention":
         return FlashPlan(HOPPER_ROWS, HOPPER_TILE[d], HOPPER_THREADS, True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 from dataclasses import dataclass
 
 from .. import dtype as dt
@@ -324,13 +323,6 @@ def plan(c: Contraction, gpu: Target) -> GpuPlan | None:
     m, n, kk = c.mnk
     if m < 16 or n < 16 or kk < 16:
         return None
-    forced = os.environ.get("EMBER_TC_PLAN")  # for experiments: "wgmma,128,128,64,2,1,3" (the fields in order)
-    if forced:
-        name, *sizes = forced.split(",")
-        forced_plan = GpuPlan(name, *map(int, sizes))
-        if name == "wgmma" and forced_plan.stages < 3:   # it keeps a step in flight besides the one filled
-            raise ValueError(f"EMBER_TC_PLAN={forced}: wgmma needs 3 stages or more")
-        return forced_plan
     if c.dtype is dt.f32:  # FMA: 8x8 outputs per thread (TF32 tensor cores would round the operands)
         return GpuPlan("fma", 64, 64, 8, 1, 1, 3) if m <= 64 or n <= 64 else GpuPlan("fma", 128, 128, 8, 1, 1, 3)
     if gpu.wgmma and (m > 64 or n > 128):  # Hopper: warpgroups of 64 rows reading shared memory

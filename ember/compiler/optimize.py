@@ -18,7 +18,7 @@ import math
 from .. import dtype as dt
 from ..ir import Node, Op, toposort
 from ..target import Target
-from . import attention, contraction, online
+from . import attention, contraction, online, plans
 from . import symbolic as sym
 from .lower import Kernel, Stage, enclosing_reduces, free_ranges, index_of, selector
 from .rewrite import substitute
@@ -250,7 +250,8 @@ def gpu_contraction(k: Kernel, gpu: Target) -> bool:
     p = None if c is None else contraction.plan(c, gpu)
     if p is None:
         return False
-    k.contraction, k.plan = c, p
+    stored = plans.stored(c, gpu)   # an override, else a searched winner, else the heuristic's
+    k.contraction, k.plan = c, plans.forced_contraction() or (contraction.fed(stored, c, gpu) if stored else p)
     return True
 
 
@@ -326,7 +327,7 @@ def optimize(sched: Schedule, target: Target) -> None:
 def _optimize(sched: Schedule, target: Target) -> None:
     for k in sched.kernels:
         if k.fused is not None:   # rendered whole (backend/flash.py)
-            k.plan = attention.flash_plan(k, target)
+            k.plan = attention.flash_plan(k, target, plans.flash_warp_specialized())
             continue
         if target.kind == "cpu":
             if not cpu_packed(k):

@@ -5,7 +5,9 @@
 2. gradients become ordinary ops (autodiff.expand_grads);
 3. the target's rewrite of the tensor graph (CUDA: long reductions in two stages, split.py);
 4. simplification, fusion and lowering into kernels (schedule.py, simplify.py, lower.py);
-5. optimization: the parallel loop, lanes, contraction plans, online reductions (optimize.py);
+5. optimization, the one pass that chooses every kernel's plan: its heuristics, the overrides and
+   the stored search winners (plans.py): the parallel loop, lanes, contraction tilings, flash
+   plans, online reductions (optimize.py);
 6. CUDA: small kernels moved to the end and launched together (merge.py).
 
 What follows is the backend's: placement and linearization into C-like text (backend/render.py),
@@ -13,12 +15,10 @@ then its compiler and runtime.
 """
 from __future__ import annotations
 
-import os
-
 from .. import debug
 from ..ir import Node
 from ..target import Target
-from . import attention, autodiff, store
+from . import attention, autodiff, plans, store
 from .merge import merge_small
 from .optimize import optimize
 from .schedule import Schedule, schedule
@@ -29,7 +29,7 @@ def compile_schedule(outputs: list[Node], target: Target, nest: int = 0) -> Sche
     """target: the CPU or GPU compiled for (ember/target.py); nest: the C backend's allowance for
     short reductions inside others (lower.Lowerer). A program compiled before, in this process or
     another, is loaded from the disk cache (store.py)."""
-    k = store.key(outputs, target, nest, os.environ.get("EMBER_FLASH_WS"))   # the flash plans read it
+    k = store.key(outputs, target, nest, plans.choice_key(target))   # overrides, stored plans
     sched = store.load(k)
     if sched is None:
         sched = _compile(outputs, target, nest)

@@ -2,10 +2,10 @@
 
 A GPT-2 step takes 4-7 s to schedule and optimize (2-core machine, H200 host); loading its
 schedule takes a fraction of that. The key is the program's structure: every node of the graph
-(op, dtype, shape, sources by position, arg), the target, the architecture, the plan knob
-(EMBER_TC_PLAN) and the compiler's own source, so that any change to Ember misses. Hash-consing
-(ir.Node) makes a loaded node the very object of the live graph that has its structure, so a
-loaded schedule's params are the caller's.
+(op, dtype, shape, sources by position, arg), the target, what its plans depend on (the
+overrides and stored plans: plans.choice_key) and the compiler's own source, so that any
+change to Ember misses. Hash-consing (ir.Node) makes a loaded node the very object of the live
+graph that has its structure, so a loaded schedule's params are the caller's.
 
 An entry is JSON behind the sha256 of its bytes, never a pickle: loading one builds nodes,
 dtypes and Ember's own dataclasses and enums, and nothing else, so a planted entry cannot run
@@ -49,7 +49,7 @@ def key(outputs: list[Node], *options: Any) -> str:
     """The cache key of compiling these outputs with these options (target, arch...)."""
     order = toposort(outputs)
     index = {id(n): i for i, n in enumerate(order)}
-    h = hashlib.sha256(repr((FORMAT, _ember_source_hash(), options, os.environ.get("EMBER_TC_PLAN"))).encode())
+    h = hashlib.sha256(repr((FORMAT, _ember_source_hash(), options)).encode())
     for n in order:
         h.update(repr((n.op.value, n.dtype.name, n.shape, tuple(index[id(s)] for s in n.srcs), _key(n.arg))).encode())
     h.update(repr([index[id(o)] for o in outputs]).encode())
@@ -179,7 +179,7 @@ def _build(v: Any, nodes: list[Node], objects: list[Any]) -> Any:
 
 
 def _path(k: str) -> Path:
-    from ..backend import cache_dir
+    from ..cache import cache_dir
     return cache_dir("schedules") / f"{k}.json"
 
 

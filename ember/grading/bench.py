@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import backends, protocol
+from .. import protocol, runners
 from ..commands import fail
 from ..text import EirError, Program, parse_file, split_comment
 from . import course
@@ -242,7 +242,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         texts = [f.read_text() for f in files]
     except EirError as e:
         return fail(str(e), 2)
-    peak = args.peak_bandwidth or PEAK_BANDWIDTH[backends.default()]
+    peak = args.peak_bandwidth or PEAK_BANDWIDTH[runners.default()]
     fresh = lambda p, t: (f"p{secrets.token_hex(8)}.eir", reseed(t, p))  # noqa: E731
     plan = [[(fresh(p, t), fresh(p, t)) for p, t in zip(progs, texts)] for _ in range(args.rounds)]
     out = prepare_out(out)  # before any submission runs (reports.py says why)
@@ -264,7 +264,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         name = files[p].name
         rounds = [{n: recs[r, p, n] for n in names} for r in range(args.rounds)]
         row, info = score_program(prog, names, rounds, floor_bytes(prog) / peak * 1e3, args.clock_noise,
-                                  cpu=backends.default() == "c")   # on a GPU, waiting for it uses no CPU
+                                  cpu=runners.default() == "c")   # on a GPU, waiting for it uses no CPU
         if isinstance(info, str):
             report["dropped"][name] = info
         else:

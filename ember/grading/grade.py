@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .. import backends, protocol
+from .. import protocol, runners
 from ..commands import fail
 from ..text import EirError, Program, parse_bytes
 from . import course, similarity, week
@@ -178,9 +178,9 @@ def validate(t: Test) -> None:
     inputs = {prog.nodes[p]: prog.input_values(p) for p in prog.params}
     for backend, how in VALIDITY_MODES:  # spec 8: valid only if it holds however a compiler may round
         try:  # the evaluator itself, not run_program, whose backend probe would start CUDA in every child
-            values = backends.BACKENDS[backend].run(prog.output_nodes, inputs)
+            values = runners.BACKENDS[backend].run(prog.output_nodes, inputs)
             problem = protocol.compare(prog, dict(zip(prog.outputs, values)))
-        except backends.BackendError as e:
+        except runners.BackendError as e:
             problem = str(e)
         if problem is not None:
             t.valid, t.reason = False, f"fails on the reference evaluator{how}: {problem}"

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from ..backend import cache_root
+from ..cache import cache_root
 
 UID_BASE, GID_BASE = 400000, 600000  # sandbox users and groups; never real accounts
 BLOCK_UIDS, BLOCK_GIDS, BLOCKS = 64, 1024, 256  # a grader holds one block: its uids and its submissions' gids

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ember import backends, ir, ref
 from ember import dtype as dt
+from ember import ir, ref, runners
 from ember.compiler import attention, autodiff
 from ember.ir import Node, Op, toposort
 
@@ -217,7 +217,7 @@ def test_no_score_sized_buffer_is_planned(low: dt.DType) -> None:
     assert len(sched.kernels) <= 14, [k.name for k in sched.kernels]
 
 
-needs_gpu = pytest.mark.skipif("cuda" not in backends.available(), reason="no CUDA GPU")
+needs_gpu = pytest.mark.skipif("cuda" not in runners.available(), reason="no CUDA GPU")
 
 
 @needs_gpu

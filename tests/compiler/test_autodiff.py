@@ -9,14 +9,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ember import backends, ir, ref
 from ember import dtype as dt
+from ember import ir, ref, runners
 from ember.compiler.autodiff import expand_grads
 from ember.ir import Op
 
 from .randprog import compare, random_program
 
-pytestmark = pytest.mark.skipif("c" not in backends.available(), reason="no C compiler")
+pytestmark = pytest.mark.skipif("c" not in runners.available(), reason="no C compiler")
 
 
 def grad_program(seed: int) -> tuple[int, list[ir.Node], dict]:
@@ -36,7 +36,7 @@ def grad_program(seed: int) -> tuple[int, list[ir.Node], dict]:
 def test_symbolic_grad_matches_reference_reverse_pass(seed: int) -> None:
     seed, outputs, inputs = grad_program(seed)
     want = ref.evaluate(outputs, inputs)
-    got = backends.BACKENDS["c"].run(outputs, inputs)
+    got = runners.BACKENDS["c"].run(outputs, inputs)
     assert compare(outputs, got, want, least_precise(outputs)) is None, f"seed={seed}"
 
 
@@ -57,5 +57,5 @@ def test_second_derivative_of_cube() -> None:
     x = ir.param("x", dt.f64, (4,))
     cube = ir.binary(Op.MUL, ir.binary(Op.MUL, x, x), x)
     xs = np.array([0.5, -1.0, 2.0, 3.0])
-    (got,) = backends.BACKENDS["c"].run([ir.grad(ir.grad(cube, x), x)], {x: xs})
+    (got,) = runners.BACKENDS["c"].run([ir.grad(ir.grad(cube, x), x)], {x: xs})
     assert np.allclose(got, 6 * xs)

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ember import backends
+from ember import runners
 from ember.backend import c
 
-pytestmark = pytest.mark.skipif("c" not in backends.available(), reason="no C compiler")
+pytestmark = pytest.mark.skipif("c" not in runners.available(), reason="no C compiler")
 ROOT = Path(__file__).parents[2]
 
 
@@ -97,7 +97,7 @@ def test_values_of_2_to_the_31_elements_index_in_64_bits(tmp_path: Path) -> None
     matches numpy, and the CUDA source compiles."""
     import numpy as np
 
-    from ember import backends, text
+    from ember import runners, text
     from ember.backend import cuda
 
     from .cuda_compile import COMPILER, compile_cuda
@@ -106,7 +106,7 @@ def test_values_of_2_to_the_31_elements_index_in_64_bits(tmp_path: Path) -> None
            "d = cast f dtype=i32\nm = reshape d shape=[32768,65536]\nn = max m axes=[1]\nreturn s n\n")
     prog = text.parse(src)
     x = np.random.default_rng(0).integers(0, 256, 65536).astype(np.uint8)
-    s, n = backends.BACKENDS["c"].run(prog.output_nodes, {prog.nodes["x"]: x})
+    s, n = runners.BACKENDS["c"].run(prog.output_nodes, {prog.nodes["x"]: x})
     assert int(np.asarray(s).ravel()[0]) == int(x.astype(np.uint64).sum()) * 32768
     want = x.reshape(32768, 2).max(1).astype(np.int32)  # row r of [32768, 65536] holds x[2r], x[2r + 1]
     assert np.array_equal(np.asarray(n).ravel(), want)

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ember import backends, ir, ref
 from ember import dtype as dt
+from ember import ir, ref, runners
 from ember.backend import cuda, run_values
-from ember.compiler import contraction, optimize
+from ember.compiler import contraction, optimize, pipeline
 from ember.compiler.schedule import schedule
 from ember.ir import Node, Op
 from ember.target import cpu, gpu
@@ -125,7 +125,7 @@ def test_packed_cpu_matches_reference(name: str) -> None:
     (k,) = _kernels(outputs, target="c")
     assert k.contraction is not None and (k.contraction.a.k_major, k.contraction.b.k_major) == (a_kmajor, b_kmajor)
     inputs = _inputs(outputs)
-    got = backends.BACKENDS["c"].run(outputs, inputs)
+    got = runners.BACKENDS["c"].run(outputs, inputs)
     want = ref.evaluate(outputs, inputs)
     assert all(np.array_equal(np.asarray(g, np.float64), np.asarray(w, np.float64)) for g, w in zip(got, want))
 
@@ -176,7 +176,7 @@ def test_contraction_source_compiles(arch: str, tmp_path: Path) -> None:
     assert compile_cuda(src, arch, tmp_path) is None
 
 
-@pytest.mark.skipif("cuda" not in backends.available(), reason="no CUDA GPU")
+@pytest.mark.skipif("cuda" not in runners.available(), reason="no CUDA GPU")
 @pytest.mark.parametrize("plan", ["gpu", "sm_80"])  # the GPU's own plan (wgmma on an H200), and mma.sync
 @pytest.mark.parametrize("name", GPU_CASES)
 def test_tensor_core_matches_reference(name: str, plan: str) -> None:
@@ -190,12 +190,18 @@ def test_tensor_core_matches_reference(name: str, plan: str) -> None:
     assert all(np.array_equal(np.asarray(g, np.float64), np.asarray(w, np.float64)) for g, w in zip(got, want))
 
 
-def test_search_keeps_the_fastest_plan_and_reuses_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_search_keeps_the_fastest_plan_and_the_plan_pass_reuses_it(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A searched winner goes into the stored plans' table; the compiler's plan pass gives it to
+    every later compile for that device (a schedule cached before it misses: its key holds the
+    table's digest), and another device keeps the heuristic's plan."""
     from ember.backend import search
     monkeypatch.setenv("EMBER_CACHE", str(tmp_path))
     monkeypatch.setenv("EMBER_SEARCH", "1")
-    (k,) = _kernels(case("bf16_aligned")[0], arch="sm_90a")
-    plans = search.candidates(k.contraction, gpu("sm_90a"))
+    outputs = case("bf16_aligned")[0]
+    fake, other_gpu = (dataclasses.replace(gpu("sm_90a"), name=n) for n in ("Fake GPU", "Other GPU"))
+    (k,) = pipeline.compile_schedule(outputs, fake).kernels
+    plans = search.candidates(k.contraction, fake)
     assert plans[0] == k.plan and len(plans) == len(set(plans)) > 4  # the heuristic's first
     assert all(contraction.smem_bytes(p) <= 227 * 1024 for p in plans)
     fastest = plans[3]
@@ -204,17 +210,15 @@ def test_search_keeps_the_fastest_plan_and_reuses_it(tmp_path: Path, monkeypatch
     def timer(kernel):  # a fake GPU: one plan is fastest
         timed.append(kernel.plan)
         return 1.0 if kernel.plan == fastest else 2.0
-    fake, other_gpu = (dataclasses.replace(gpu("sm_90a"), name=n) for n in ("Fake GPU", "Other GPU"))
     search.choose([k], fake, timer)
     assert k.plan == fastest and timed == plans
-    monkeypatch.delenv("EMBER_SEARCH")
-    (again,) = _kernels(case("bf16_aligned")[0], arch="sm_90a")
-    search.choose([again], fake, lambda kernel: pytest.fail("searched again"))
+    (again,) = pipeline.compile_schedule(outputs, fake).kernels
     assert again.plan == fastest
-    (other,) = _kernels(case("bf16_aligned")[0], arch="sm_90a")
+    search.choose([again], fake, lambda kernel: pytest.fail("searched again"))
+    monkeypatch.delenv("EMBER_SEARCH")
+    (other,) = pipeline.compile_schedule(outputs, other_gpu).kernels
     search.choose([other], other_gpu, timer)  # no search, nothing stored: the heuristic's plan
     assert other.plan == plans[0]
-
 
 def _conv(dtype: str, channels: int) -> tuple[list[Node], list[Node]]:
     """A 3x3 convolution with padding from the frontend: (its params, its output)."""
@@ -237,7 +241,7 @@ def test_convolution_reads_its_windows_in_place(arch: str) -> None:
     assert len(_kernels(_conv("bfloat16", 3)[1], arch=arch)) == 4
 
 
-@pytest.mark.skipif("cuda" not in backends.available(), reason="no CUDA GPU")
+@pytest.mark.skipif("cuda" not in runners.available(), reason="no CUDA GPU")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_convolution_on_the_gpu_matches_reference(dtype: str) -> None:
     params, outputs = _conv(dtype, 16)

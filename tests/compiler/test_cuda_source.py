@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ember import backends, ref, text
 from ember import dtype as dt
+from ember import ref, runners, text
 from ember.backend import cuda
 from ember.compiler.split import split_large_reductions
 from ember.target import gpu
@@ -211,7 +211,7 @@ EDGES = {   # x and y where a quotient from the reciprocal, or 2^x from MUFU.EX2
 }
 
 
-@pytest.mark.skipif("cuda" not in backends.available(), reason="no CUDA GPU")
+@pytest.mark.skipif("cuda" not in runners.available(), reason="no CUDA GPU")
 @pytest.mark.parametrize("dtype", list(EDGES))
 def test_16_bit_division_and_exp2_at_the_edges_match_the_reference(dtype: str) -> None:
     """f16 and bf16 results take a / b as a times the hardware's reciprocal (ember_div16) and 2^x
@@ -223,7 +223,7 @@ def test_16_bit_division_and_exp2_at_the_edges_match_the_reference(dtype: str) -
     inputs = {prog.nodes[name]: ref.cast(np.array(v, np.float64), dt.f64, prog.nodes[name].dtype)
               for name, v in zip("xy", EDGES[dtype])}
     want = ref.evaluate(prog.output_nodes, inputs)
-    got = backends.BACKENDS["cuda"].run(prog.output_nodes, inputs)
+    got = runners.BACKENDS["cuda"].run(prog.output_nodes, inputs)
     assert compare(prog.output_nodes, got, want) is None
 
 

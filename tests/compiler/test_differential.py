@@ -5,11 +5,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ember import backends, ref
+from ember import ref, runners
 
 from .randprog import compare, random_program
 
-COMPILED = [b for b in ("c", "cuda") if b in backends.available()]
+COMPILED = [b for b in ("c", "cuda") if b in runners.available()]
 
 
 @pytest.mark.parametrize("backend", COMPILED)
@@ -18,12 +18,12 @@ COMPILED = [b for b in ("c", "cuda") if b in backends.available()]
 def test_random_programs_match_reference(backend: str, seed: int, steps: int) -> None:
     outputs, inputs = random_program(seed, steps)
     want = ref.evaluate(outputs, inputs)
-    got = backends.BACKENDS[backend].run(outputs, inputs)
+    got = runners.BACKENDS[backend].run(outputs, inputs)
     problem = compare(outputs, got, want)
     assert problem is None, f"seed={seed} steps={steps}: {problem}"
 
 
-@pytest.mark.skipif("c" not in backends.available(), reason="no C compiler")
+@pytest.mark.skipif("c" not in runners.available(), reason="no C compiler")
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31 - 1))
 def test_split_ranges_keep_meaning(seed: int) -> None:
@@ -65,7 +65,7 @@ def _fuzzer():  # type: ignore[no-untyped-def]
     return mod
 
 
-@pytest.mark.skipif("c" not in backends.available(), reason="no C compiler")
+@pytest.mark.skipif("c" not in runners.available(), reason="no C compiler")
 def test_fixed_fuzz_batch_on_c() -> None:
     """A CI-sized batch of the bulk fuzzer (seeds of its 10,000-program run), with its verdicts."""
     assert _fuzzer().fuzz(range(1000000, 1000040), "c", 10) == []

@@ -55,7 +55,7 @@ def test_a_selection_by_data_is_a_load() -> None:
     over the table (an index out of range still gives -inf, as the spec's ops do)."""
     import numpy as np
 
-    from ember import backends, ref
+    from ember import ref, runners
     from ember.ir import Op, toposort
     src = ("ember 1\ntable = param f32[50,8]\nidx = param i32[4]\n"
            "v = iota i32[4,50,8] axis=1\nix = reshape idx shape=[4,1,1]\nie = expand ix shape=[4,50,8]\n"
@@ -67,7 +67,7 @@ def test_a_selection_by_data_is_a_load() -> None:
     table, idx = (prog.nodes[p] for p in ("table", "idx"))
     inputs = {table: np.random.default_rng(0).standard_normal((50, 8)).astype(np.float32),
               idx: np.array([3, 0, 49, 50], np.int32)}
-    got = backends.BACKENDS["c"].run(prog.output_nodes, inputs)[0]
+    got = runners.BACKENDS["c"].run(prog.output_nodes, inputs)[0]
     assert np.array_equal(got, ref.evaluate(prog.output_nodes, inputs)[0])
     assert np.all(got[3] == -np.inf)
 
@@ -79,7 +79,7 @@ def test_attention_on_the_cpu_stores_no_scores() -> None:
 
     import numpy as np
 
-    from ember import backends, ref
+    from ember import ref, runners
     from ember.backend import c
     sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
     from attention_cpu import program
@@ -88,7 +88,7 @@ def test_attention_on_the_cpu_stores_no_scores() -> None:
     assert len(sched.kernels) == 1 and not sched.temps
     rng = np.random.default_rng(0)
     inputs = {p: rng.standard_normal(p.shape).astype(np.float32) for p in params}
-    got = backends.BACKENDS["c"].run(outputs, inputs)[0]
+    got = runners.BACKENDS["c"].run(outputs, inputs)[0]
     np.testing.assert_allclose(got, ref.evaluate(outputs, inputs)[0], rtol=1e-4, atol=1e-5)
 
 

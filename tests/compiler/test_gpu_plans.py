@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ember import backends, ir, ref
 from ember import dtype as dt
+from ember import ir, ref, runners
 from ember.ir import Op
 
 from .randprog import compare
 
-pytestmark = pytest.mark.skipif("cuda" not in backends.available(), reason="no CUDA GPU")
+pytestmark = pytest.mark.skipif("cuda" not in runners.available(), reason="no CUDA GPU")
 
 
 def matmul(a: ir.Node, b: ir.Node) -> ir.Node:
@@ -81,6 +81,6 @@ def test_gpu_plan_matches_reference(name: str) -> None:
     params = [n for n in ir.toposort(outputs) if n.op is Op.PARAM]
     inputs = {p: rng.standard_normal(p.shape).astype(np.float32) if p.dtype is dt.f32
               else rng.integers(0, 301, p.shape).astype(np.int32) for p in params}
-    got = backends.BACKENDS["cuda"].run(outputs, inputs)
+    got = runners.BACKENDS["cuda"].run(outputs, inputs)
     assert compare(outputs, got, ref.evaluate(outputs, inputs)) is None
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ember import backends, text
+from ember import runners, text
 from ember.backend import c
 
-pytestmark = pytest.mark.skipif("c" not in backends.available(), reason="no C compiler")
+pytestmark = pytest.mark.skipif("c" not in runners.available(), reason="no C compiler")
 
 SOFTMAX = """ember 1
 x = param {t}[5,6]
@@ -37,8 +37,8 @@ ROWS = np.array([[0.5, -1.0, 2.0, 3.0, 0.0, 1.0],
 
 
 def both(outputs: list, inputs: dict) -> tuple[list, list]:
-    return ([np.asarray(v) for v in backends.BACKENDS["c"].run(outputs, inputs)],
-            [np.asarray(v) for v in backends.BACKENDS["ref"].run(outputs, inputs)])
+    return ([np.asarray(v) for v in runners.BACKENDS["c"].run(outputs, inputs)],
+            [np.asarray(v) for v in runners.BACKENDS["ref"].run(outputs, inputs)])
 
 
 @pytest.mark.parametrize("out", ["p", "lse"])

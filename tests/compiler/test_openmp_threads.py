@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ember import backends
+from ember import runners
 from ember.backend import c
 
-pytestmark = pytest.mark.skipif("c" not in backends.available(), reason="no C compiler")
+pytestmark = pytest.mark.skipif("c" not in runners.available(), reason="no C compiler")
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -8,8 +8,8 @@ import pytest
 
 from ember import text
 from ember.backend import c, cuda
-from ember.compiler import pipeline, store
-from ember.target import cpu
+from ember.compiler import pipeline, plans, store
+from ember.target import cpu, gpu
 
 EIR = Path(__file__).parents[1] / "eir"
 PROGRAMS = ["compositions/softmax.eir", "compositions/layernorm.eir", "compositions/batched_matmul_transposed.eir",
@@ -58,9 +58,9 @@ def test_key_tells_programs_targets_and_plans_apart(monkeypatch: pytest.MonkeyPa
     a = _outputs("compositions/softmax.eir")
     b = text.parse(open(EIR / "compositions/softmax.eir").read().replace("f32[", "f64[")).output_nodes
     keys = {store.key(a, "c", "", 0), store.key(b, "c", "", 0), store.key(a, "cuda", "sm_86", 0),
-            store.key(a, "cuda", "sm_90a", 0)}
+            store.key(a, "cuda", "sm_90a", 0, plans.choice_key(gpu("sm_90a")))}
     monkeypatch.setenv("EMBER_TC_PLAN", "mma.sync,128,128,32,2,2,4")
-    keys.add(store.key(a, "cuda", "sm_90a", 0))
+    keys.add(store.key(a, "cuda", "sm_90a", 0, plans.choice_key(gpu("sm_90a"))))
     assert len(keys) == 5 and store.key(a, "c", "", 0) == store.key(_outputs("compositions/softmax.eir"), "c", "", 0)
 
 
@@ -102,7 +102,7 @@ def test_a_replaced_shared_library_is_built_again(tmp_path: Path) -> None:
     (whose constructor would run at load) or a truncated one is compiled again."""
     import numpy as np
 
-    from ember.backend import cache_dir
+    from ember.cache import cache_dir
     marker = tmp_path / "constructor-ran"
     program = "int x;\n"
     lib = c.build(program)

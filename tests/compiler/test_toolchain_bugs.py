@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ember import backends, ref
+from ember import ref, runners
 from ember.backend import cuda
 from ember.compiler.simplify import simplify
 from ember.ir import Op, toposort
@@ -20,7 +20,7 @@ from .randprog import compare
 
 HERE = Path(__file__).parent / "toolchain"
 CASES = sorted(HERE.glob("*.eir"))
-COMPILED = [b for b in ("c", "cuda") if b in backends.available()]
+COMPILED = [b for b in ("c", "cuda") if b in runners.available()]
 
 
 @pytest.mark.parametrize("backend", COMPILED)
@@ -29,7 +29,7 @@ def test_case_matches_reference(path: Path, backend: str) -> None:
     prog = parse_file(str(path))
     inputs = {prog.nodes[p]: prog.input_values(p) for p in prog.params}
     want = ref.evaluate(prog.output_nodes, inputs)
-    got = backends.BACKENDS[backend].run(prog.output_nodes, inputs)
+    got = runners.BACKENDS[backend].run(prog.output_nodes, inputs)
     assert compare(prog.output_nodes, got, want) is None
 
 

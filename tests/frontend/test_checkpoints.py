@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from ember import backends, nn
+from ember import nn, runners
 from ember.cli import main
 from ember.models.gpt import GPTConfig, build
 
-pytestmark = pytest.mark.skipif("c" not in backends.available(), reason="no C compiler")
+pytestmark = pytest.mark.skipif("c" not in runners.available(), reason="no C compiler")
 CONFIG = GPTConfig(vocab=256, block=16, dim=16, n_layer=1, n_head=2)
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ember import backends, optim
+from ember import optim, runners
 from ember import tensor as T
 from ember.models.gpt import GPT, GPTConfig
 
-pytestmark = pytest.mark.skipif("cuda" not in backends.available(), reason="no CUDA GPU")
+pytestmark = pytest.mark.skipif("cuda" not in runners.available(), reason="no CUDA GPU")
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ember import backends
+from ember import runners
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.skipif("c" not in backends.available(), reason="no C compiler")
+pytestmark = pytest.mark.skipif("c" not in runners.available(), reason="no C compiler")
 
 
 def run(script: str, tmp_path: Path) -> str:

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 import ember.tensor as et
-from ember import backends
 from ember import functional as F
+from ember import runners
 
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional
-pytestmark = pytest.mark.skipif("c" not in backends.available(), reason="no C compiler")
+pytestmark = pytest.mark.skipif("c" not in runners.available(), reason="no C compiler")
 rng = np.random.default_rng(0)
 
 X = np.array([-100.0, -20.0, -3.0, -1.0, -0.5, -0.0, 0.0, 0.5, 1.0, 3.0, 6.5, 20.0, 100.0], np.float32)

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import ember.tensor as et
-from ember import backends
+from ember import runners
 from ember.models.gpt import GPT, GPTConfig
 
 torch = pytest.importorskip("torch")
-pytestmark = pytest.mark.skipif("c" not in backends.available(), reason="no C compiler")
+pytestmark = pytest.mark.skipif("c" not in runners.available(), reason="no C compiler")
 
 
 def torch_gpt_loss(params: dict[str, "torch.Tensor"], x: np.ndarray, y: np.ndarray, c: GPTConfig) -> "torch.Tensor":

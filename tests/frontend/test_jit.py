@@ -10,11 +10,11 @@ import pytest
 
 import ember
 import ember.tensor as et
-from ember import backends, nn, optim
 from ember import functional as F
+from ember import nn, optim, runners
 from ember.models.gpt import GPT, GPTConfig
 
-pytestmark = pytest.mark.skipif("c" not in backends.available(), reason="no C compiler")
+pytestmark = pytest.mark.skipif("c" not in runners.available(), reason="no C compiler")
 
 
 class Net(nn.Module):

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import ember
-from ember import backends
+from ember import runners
 from ember.nn import functional as F
 
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional
-pytestmark = pytest.mark.skipif("c" not in backends.available(), reason="no C compiler")
+pytestmark = pytest.mark.skipif("c" not in runners.available(), reason="no C compiler")
 RNG = np.random.default_rng(1)
 
 

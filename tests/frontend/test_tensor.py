@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import ember.tensor as et
-from ember import backends, nn, optim
+from ember import nn, optim, runners
 from ember.backend import c
 
-pytestmark = pytest.mark.skipif("c" not in backends.available(), reason="no C compiler")
+pytestmark = pytest.mark.skipif("c" not in runners.available(), reason="no C compiler")
 rng = np.random.default_rng(0)
 
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import ember.tensor as et
-from ember import backends
+from ember import runners
 
 torch = pytest.importorskip("torch")
-pytestmark = [pytest.mark.skipif("c" not in backends.available(), reason="no C compiler"),
+pytestmark = [pytest.mark.skipif("c" not in runners.available(), reason="no C compiler"),
               pytest.mark.filterwarnings("ignore:.*degrees of freedom:UserWarning")]
 
 SPECIAL = np.array([-3.0, -2.0, -1.5, -0.5, -0.0, 0.0, 0.5, 1.0, 2.0, 3.0, np.inf, -np.inf, np.nan], np.float32)

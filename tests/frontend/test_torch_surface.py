@@ -11,10 +11,10 @@ import pytest
 
 import ember
 import ember.nn as enn
-from ember import backends, optim
+from ember import optim, runners
 
 torch = pytest.importorskip("torch")
-pytestmark = pytest.mark.skipif("c" not in backends.available(), reason="no C compiler")
+pytestmark = pytest.mark.skipif("c" not in runners.available(), reason="no C compiler")
 RNG = np.random.default_rng(0)
 
 

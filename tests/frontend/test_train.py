@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from ember import backends, nn
+from ember import nn, runners
 from ember.cli import main
 
-pytestmark = pytest.mark.skipif("c" not in backends.available(), reason="no C compiler")
+pytestmark = pytest.mark.skipif("c" not in runners.available(), reason="no C compiler")
 TINY = ["--dim", "16", "--layers", "1", "--heads", "2", "--block", "16", "--batch", "4", "--eval-every", "3",
         "--max-bytes", "200000", "--device", "cpu"]
 
@@ -74,7 +74,7 @@ def test_steps_zero_reports_no_file_it_did_not_write(tmp_path: Path, capsys: pyt
 
 
 def test_cuda_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    if "cuda" in backends.available():
+    if "cuda" in runners.available():
         pytest.skip("a GPU is present")
     assert main(["train", "--device", "cuda", "--steps", "1"]) == 3
     err = capsys.readouterr().err

@@ -11,7 +11,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ember import backends, text  # noqa: E402
+from ember import runners, text  # noqa: E402
 
 
 def rel(a: np.ndarray, e: np.ndarray) -> float:
@@ -25,7 +25,7 @@ for path in sorted((Path(__file__).parents[1] / "eir" / "grad").glob("*.eir")):
     prog = text.parse_file(str(path))
     row = []
     for backend in ("c", "ref"):
-        got = dict(zip(prog.outputs, backends.run_program(prog, backend)))
+        got = dict(zip(prog.outputs, runners.run_program(prog, backend)))
         err = max(rel(got[n], prog.expected_values(n)) for n in prog.expects)
         worst[backend] = max(worst[backend], err)
         row.append(err)
