@@ -27,20 +27,14 @@ def graph(at: int, title: str, outputs: list[Node]) -> None:
 
 
 def plans(at: int, title: str, kernels: list) -> None:
-    """Each kernel's plan: its family's value (a flash plan, a contraction's tiling), else the
-    loop shape optimize gave it."""
+    """Each kernel's plan (its family's value: compiler/loops.py, a contraction's tiling, a flash
+    plan), with the lanes optimize split off and whether its store adds (a scatter)."""
     if level() < at:
         return
     out = [f"--- plans {title}"]
     for k in kernels:
-        if k.plan is not None:
-            what = k.plan
-        elif k.members:
-            what = f"{len(k.members)} kernels in one launch: {', '.join(m.name for m in k.members)}"
-        else:
-            shape = f"block per row {[r.arg[0] for r in k.rows]}" if k.rows else "thread per output"
-            what = shape + (f", thread tile {[r.arg for r in k.threads]}" if k.threads else "") + (
-                f", lanes {sorted(r.arg[0] for r in k.lanes)}" if k.lanes else "") + (", atomic" if k.atomic else "")
+        what = f"{k.plan}" + (f", lanes {sorted(r.arg[0] for r in k.lanes)}" if k.lanes else "") + (
+            ", atomic" if k.atomic else "")
         out.append(f"{k.name} {k.kind}: {what}")
     log(at, "\n".join(out))
 
@@ -52,9 +46,7 @@ def kernels(at: int, title: str, kernels: list) -> None:
     from .ir import toposort
     out = [f"--- kernels {title}"]
     for k in kernels:
-        plan = f" rows={[r.arg[0] for r in k.rows]}" if getattr(k, "rows", None) else ""
-        if getattr(k, "plan", None) is not None:
-            plan += f" [{k.plan}]"
+        plan = f" [{k.plan}]" if getattr(k, "plan", None) is not None else ""
         out.append(f"{k.name}: ranges {[r.arg for r in k.ranges]} lanes {sorted(r.arg[0] for r in k.lanes)}{plan}")
         names: dict = {}
         for i, n in enumerate(toposort([k.store])):

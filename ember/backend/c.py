@@ -30,6 +30,7 @@ import numpy as np
 from .. import debug, target
 from ..cache import cache_dir, cache_read, cache_write
 from ..compiler import pipeline
+from ..compiler.contraction import PackedPlan
 from ..compiler.lower import Kernel
 from ..compiler.schedule import Schedule
 from ..dtype import DType
@@ -78,6 +79,7 @@ static inline float ember_exp2f(float x) {
 """
 
 
+FAMILIES = {PackedPlan: packed}   # the plan families rendered whole (render, helpers), by plan type
 NEST = 128  # reductions of up to 128 elements may run inside others (attention's scores, unstored)
 
 
@@ -89,8 +91,8 @@ def _short_loops(k: Kernel) -> bool:
 
 class CRenderer(CLike):
     def render_kernel(self, k: Kernel, prefix: str = "") -> str:
-        if k.contraction is not None:
-            return packed.render(self, k, k.contraction, k.plan)
+        if type(k.plan) in FAMILIES:
+            return FAMILIES[type(k.plan)].render(self, k, prefix)
         text = super().render_kernel(k, prefix)
         if k.lanes and _short_loops(k):
             # GCC 12.2's loop vectorizer (-O2 and -O3) miscompiles lane loops (unrolled register

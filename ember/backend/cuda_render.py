@@ -1,14 +1,19 @@
 """The CUDA renderer: the lowered kernels as CUDA C++ source, and each one's launch
 configuration (the runtime, backend/cuda.py, compiles and launches them).
 
-Two kernel shapes, chosen per kernel from its reductions:
-- thread per output: the output ranges are decoded from the global thread index; reductions
-  run as loops inside the thread (elementwise kernels; reductions over a strided axis, such as
-  column sums, which stay coalesced because neighbouring threads read neighbouring columns);
-- block per row: the ranges every reduction depends on (a prefix of the output ranges, the
-  row) come from the block index; each reduction is strided over the block's threads and
-  combined with warp shuffles and shared memory; the remaining output ranges are strided over
-  the threads (softmax, layernorm, row sums).
+Each kernel is rendered by its plan's type (compiler/loops.py; FAMILIES for the families
+rendered whole: contractions, mma.py, and flash attention, flash.py):
+- ThreadPlan, a thread per output: the output ranges are decoded from the global thread index;
+  reductions run as loops inside the thread (elementwise kernels; reductions over a strided
+  axis, such as column sums, which stay coalesced because neighbouring threads read
+  neighbouring columns);
+- RowPlan, a block per row: the ranges every reduction depends on (a prefix of the output
+  ranges, the row) come from the block index; each reduction is strided over the block's
+  threads and combined with warp shuffles and shared memory; the remaining output ranges are
+  strided over the threads (softmax, layernorm, row sums);
+- TilePlan: a block per output tile, its operands staged in shared memory (transposes, the
+  matmuls the contraction path does not take);
+- MergedPlan: small thread-per-output kernels as one launch, block by block.
 Source generation needs no GPU (CI compiles every kernel with nvcc); running needs cuda-python.
 """
 from __future__ import annotations
@@ -21,6 +26,7 @@ from .. import dtype as dt
 from ..compiler import merge
 from ..compiler.attention import FlashPlan
 from ..compiler.contraction import GpuPlan
+from ..compiler.loops import MergedPlan, RowPlan, TilePlan
 from ..compiler.lower import Kernel
 from ..compiler.rewrite import substitute
 from ..compiler.schedule import Schedule
@@ -31,8 +37,8 @@ from . import flash, mma
 from .render import HALF_HELPERS, CLike, KernelWriter, Scope, include
 
 BLOCK = 256
-# the plan families that render and launch by their plan's type: the module of each (render,
-# launch, helpers); the others still branch on Kernel's fields below
+# the plan families rendered whole, by their plan's type: the module of each (render, launch,
+# helpers); the loop plans' (compiler/loops.py) are CUDAKernelWriter's, looked up below too
 FAMILIES = {FlashPlan: flash, GpuPlan: mma}
 ROW_CACHE_REGS = 32   # registers a thread may keep of its row (finish): 1024-thread blocks have 64
 
@@ -103,21 +109,20 @@ class CUDARenderer(CLike):
         return ["__syncthreads();"]
 
     def render_kernel(self, k: Kernel, prefix: str = "") -> str:
-        if k.members is not None:
-            return self.render_merged(k, prefix)
         if type(k.plan) in FAMILIES:
             return FAMILIES[type(k.plan)].render(self, k, prefix)
+        if isinstance(k.plan, MergedPlan):
+            return self.render_merged(k, k.plan, prefix)
         return CUDAKernelWriter(self, k, prefix).write()
 
-    def render_merged(self, k: Kernel, prefix: str) -> str:
+    def render_merged(self, k: Kernel, plan: MergedPlan, prefix: str) -> str:
         """The members as device functions, and the kernel that gives each its blocks."""
-        assert k.members is not None
-        members = "".join(CUDAKernelWriter(self, m, prefix, member=True).write() for m in k.members)
-        written = {m.out.id for m in k.members}
+        members = "".join(CUDAKernelWriter(self, m, prefix, member=True).write() for m in plan.members)
+        written = {m.out.id for m in plan.members}
         params = ", ".join(f"{'' if b.id in written else 'const '}{self.stype(b.dtype)}* {self.restrict} b{b.id}"
                            for b in k.args)
         body = ["  int ember_block = blockIdx.x;"]
-        for m in k.members:
+        for m in plan.members:
             blocks = launch_config(m, self.gpu)[0][0]
             args = ", ".join(f"b{b.id}" for b in m.args)
             body += [f"  if (ember_block < {blocks}) {{ {prefix}{m.name}({args}, ember_block); return; }}",
@@ -148,9 +153,9 @@ def _one_call(args: str) -> bool:
 def block_size(k: Kernel) -> int:
     """Threads per block. Blocks that share long row reductions get 1024 threads: fewer rows in
     flight, so a row read again by a later pass of the kernel is still in L2."""
-    if k.threads is not None:
-        return math.prod(r.arg[1] for r in k.threads)
-    if k.rows is not None:
+    if isinstance(k.plan, TilePlan):
+        return math.prod(r.arg[1] for r in k.plan.thread)
+    if isinstance(k.plan, RowPlan):
         reduces = [n for n in toposort([k.store]) if n.op is Op.REDUCE]
         longest = max((math.prod(r.arg[1] for r in n.arg[1]) for n in reduces), default=0)
         if longest >= 8192:
@@ -177,12 +182,12 @@ def check_grids(kernels: list[Kernel], configs: list[tuple[tuple[int, int, int],
 
 def launch_config(k: Kernel, gpu: Target) -> tuple[tuple[int, int, int], int, int]:
     """(grid, threads per block, dynamic shared memory bytes), from the plan optimize made for gpu."""
-    if type(k.plan) in FAMILIES:
-        return FAMILIES[type(k.plan)].launch(k, gpu.sms)
-    if k.members is not None:   # every member's blocks, one after the other
-        return (sum(launch_config(m, gpu)[0][0] for m in k.members), 1, 1), BLOCK, 0
-    if k.rows is not None:
-        return (max(1, math.prod(r.arg[1] for r in k.rows)), 1, 1), block_size(k), 0
+    if type(p := k.plan) in FAMILIES:
+        return FAMILIES[type(p)].launch(k, gpu.sms)
+    if isinstance(p, MergedPlan):   # every member's blocks, one after the other
+        return (sum(launch_config(m, gpu)[0][0] for m in p.members), 1, 1), BLOCK, 0
+    if isinstance(p, (RowPlan, TilePlan)):   # a block per row or tile
+        return (max(1, math.prod(r.arg[1] for r in p.block)), 1, 1), block_size(k), 0
     return (max(1, -(-merge.threads(k) // BLOCK)), 1, 1), BLOCK, 0
 
 
@@ -210,41 +215,47 @@ class CUDAKernelWriter(KernelWriter):
         for b in [k.out, *k.reads]:
             typ = ("" if b is k.out else "const ") + self.r.stype(b.dtype)
             root.put(f"b{b.id} = ({typ}*)__builtin_assume_aligned(b{b.id}, 16);")
-        if k.threads is not None:  # a tile: block and thread indices, then the register lanes
-            self.decode(root, "blockIdx.x", k.rows or [])
-            self.decode(root, "threadIdx.x", k.threads)
-            root.avail = frozenset([*(k.rows or []), *k.threads])
-            self.fill_stages(None, root)
-            scope = root
-            for r in [r for r in k.ranges if r in k.lanes]:
-                scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
-            return scope
-        if k.rows is None:  # a thread per output (times its lanes)
-            outer = [r for r in k.ranges if r not in k.lanes]
-            total = math.prod(r.arg[1] for r in outer)
-            block = "ember_block" if self.member else "blockIdx.x"
-            if total >= 1 << 31:  # 64-bit indexing (symbolic.index_type)
-                root.put(f"long long gid = (long long){block} * blockDim.x + threadIdx.x;")
-            else:
-                root.put(f"int gid = {block} * blockDim.x + threadIdx.x;")
-            root.put(f"if (gid >= {total}) return;")
-            self.decode(root, "gid", outer)
-            root.avail = frozenset(outer)
-            scope = root
-            for r in [r for r in k.ranges if r in k.lanes]:
-                scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
-            return scope
-        self.decode(root, "blockIdx.x", k.rows)  # a block per row: the root scope is the block's
-        root.avail = frozenset(k.rows)
+        scope = {TilePlan: self.open_tile, RowPlan: self.open_row}.get(type(k.plan), self.open_threads)(root)
+        for r in [r for r in k.ranges if r in k.lanes]:   # then the register lanes
+            scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
+        return scope
+
+    def open_tile(self, root: Scope) -> Scope:
+        """A tile: block and thread indices, the stages filled."""
+        block, thread = self.k.plan.block, self.k.plan.thread
+        self.decode(root, "blockIdx.x", list(block))
+        self.decode(root, "threadIdx.x", list(thread))
+        root.avail = frozenset([*block, *thread])
+        self.fill_stages(None, root)
+        return root
+
+    def open_threads(self, root: Scope) -> Scope:
+        """A thread per output (times its lanes)."""
+        outer = [r for r in self.k.ranges if r not in self.k.lanes]
+        total = math.prod(r.arg[1] for r in outer)
+        block = "ember_block" if self.member else "blockIdx.x"
+        if total >= 1 << 31:  # 64-bit indexing (symbolic.index_type)
+            root.put(f"long long gid = (long long){block} * blockDim.x + threadIdx.x;")
+        else:
+            root.put(f"int gid = {block} * blockDim.x + threadIdx.x;")
+        root.put(f"if (gid >= {total}) return;")
+        self.decode(root, "gid", outer)
+        root.avail = frozenset(outer)
+        return root
+
+    def open_row(self, root: Scope) -> Scope:
+        """A block per row: the root scope is the block's; the rest of the outputs strided over
+        its threads (a thread's consecutive outputs of the row: its lanes)."""
+        rows = self.k.plan.block
+        self.decode(root, "blockIdx.x", list(rows))
+        root.avail = frozenset(rows)
         scope = self.block_scope = root
-        inner = [r for r in k.ranges if r not in k.rows and r not in k.lanes]
+        inner = [r for r in self.k.ranges if r not in rows and r not in self.k.lanes]
         for i, r in enumerate(inner):
             v = self.range_var(r)
             t = r.dtype.c_name
             head = self.cooperative_loop(r) if i == len(inner) - 1 else [f"for ({t} {v} = 0; {v} < {r.arg[1]}; {v}++)"]
             scope = scope.open(frozenset([r]), head)
-        for r in [r for r in k.ranges if r in k.lanes]:   # a thread's consecutive outputs of the row
-            scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
         return scope
 
     def cooperative_loop(self, r: Node) -> list[str]:

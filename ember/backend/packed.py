@@ -78,7 +78,10 @@ def _pack(r: CLike, name: str, op, base: str, out_var: str, out_size: int, k_siz
     return [f"for (int q = 0; q < {k_size}; q++)", f"  for (int o = 0; o < {tile}; o++) {inner}"]
 
 
-def render(r: CLike, k: Kernel, c: Contraction, p: PackedPlan) -> str:
+def render(r: CLike, k: Kernel, prefix: str = "") -> str:
+    """The kernel whole, from its PackedPlan (the contraction family's interface, as mma.render's)."""
+    c, p = k.contraction, k.plan
+    assert isinstance(c, Contraction) and isinstance(p, PackedPlan)
     m, n, kk = c.mnk
     t = compute_type(c)
     lines, value, index = ElementWriter(r, k, "", c.names("ei", "ej"), c.reduce).element("blk[i * NR + j]")
@@ -110,4 +113,4 @@ def render(r: CLike, k: Kernel, c: Contraction, p: PackedPlan) -> str:
              f"            if (ei < {m} && ej < {n}) {{",
              *["              " + x for x in lines], "              " + store,
              "            }", "          }", "      }", "  }", "  free(pa);", "  free(pb);", "}"]
-    return KernelWriter(r, k).signature() + " {\n" + "".join("  " + x + "\n" for x in body) + "}\n"
+    return KernelWriter(r, k, prefix).signature() + " {\n" + "".join("  " + x + "\n" for x in body) + "}\n"

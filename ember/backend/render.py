@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from .. import data
 from .. import dtype as dt
 from ..compiler import symbolic as sym
+from ..compiler.loops import LoopPlan
 from ..compiler.lower import Kernel, Stage, free_ranges
 
 if TYPE_CHECKING:
@@ -306,6 +307,7 @@ class KernelWriter:
 
     def __init__(self, r: CLike, k: Kernel, prefix: str = ""):
         self.r, self.k, self.lanes = r, k, k.lanes
+        self.online = k.plan.online if isinstance(k.plan, LoopPlan) else None   # (online.py)
         self.name = prefix + k.name
         self.staged: dict[Node, tuple[str, Stage]] = {}  # load -> (its array, the stage)
         self.deps = free_ranges(k.store)
@@ -420,10 +422,11 @@ class KernelWriter:
         scope = root
         outer = [r for r in self.k.ranges if r not in self.lanes]
         inner = [r for r in self.k.ranges if r in self.lanes]
-        uneven = self.k.online is not None and self.k.online.stop is not None
+        parallel = self.k.plan.parallel if isinstance(self.k.plan, LoopPlan) else 0
+        uneven = self.online is not None and self.online.stop is not None
         for i, r in enumerate(outer + inner):
             scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), r in self.lanes,
-                                                                  parallel=i < self.k.parallel, uneven=uneven))
+                                                                  parallel=i < parallel, uneven=uneven))
             self.fill_stages(r, scope)
         return scope
 
@@ -547,7 +550,7 @@ class KernelWriter:
         if op is Op.BUFFER:
             return self.buf(n)
         if op is Op.REDUCE:
-            online = self.k.online
+            online = self.online
             if online is not None and (n is online.max or n in online.sums):
                 return self.emit_online(n, scope)
             return self.emit_reduce(n, scope)
@@ -637,7 +640,7 @@ class KernelWriter:
     def emit_online(self, n: Node, scope: Scope) -> "str | LaneArray":
         """The max and its sums of an online group (compiler/online.py) in one loop: the sums
         follow the running max, rescaled by exp2((m - m') * c) whenever it grows."""
-        g = self.k.online
+        g = self.online
         d, ct = g.max.dtype, self.r.ctype(g.max.dtype)
         (j,) = g.max.arg[1]
         m, c = self.var("m"), self.r.literal(g.scale.arg, d)

@@ -10,6 +10,7 @@ the searched table in the format of the shipped one, compiler/plans.json).
 """
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -73,6 +74,6 @@ def median_seconds(run: Any, reps: int = 5) -> float:
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--export"]:
-        print(plans.export())
+        print(json.dumps(plans.searched(), indent=1, sort_keys=True))
     else:
         print(__doc__)

@@ -21,6 +21,7 @@ from .. import dtype as dt
 from ..dtype import DType
 from ..ir import Node, Op, toposort
 from . import symbolic as sym
+from .loops import MergedPlan
 from .rewrite import substitute
 
 
@@ -69,21 +70,23 @@ class Kernel:
     store: Node                   # STORE(out, index, value)
     reads: list[Buffer] = field(default_factory=list)
     reduces: dict[Node, Node] = field(default_factory=dict)   # REDUCE scalar -> its tensor node
-    parallel: int = 0             # 1: the outermost loop runs in parallel (set by optimize)
     lanes: frozenset[Node] = frozenset()   # ranges rendered as innermost register tiles (optimize)
-    rows: list[Node] | None = None  # GPU: output ranges owned by a block whose threads share reductions
-    threads: list[Node] | None = None  # GPU: output ranges decoded from the thread index (a tile)
-    stages: list["Stage"] = field(default_factory=list)    # loads copied to a local/shared array (optimize)
+    stages: list["Stage"] = field(default_factory=list)    # loads copied to a shared array (a TilePlan's)
     problems: set[Node] = field(default_factory=set)       # reductions lowering found need a buffer
-    contraction: object | None = None  # its contraction.Contraction (the plan: a GpuPlan or PackedPlan)
+    contraction: object | None = None  # its contraction.Contraction (a GpuPlan or PackedPlan tiles it)
     origin: dict[Node, Node] = field(default_factory=dict)  # kernel node -> tensor node (lowering)
     atomic: bool = False               # GPU: the store adds into a zeroed output (a scatter, optimize.py)
     visited: frozenset = frozenset()   # the tensor nodes its lowering went through (schedule.py's cache)
-    online: "object | None" = None      # CPU: a max and its exponential sums in one loop (online.py)
     fused: "tuple[Node, list[Buffer], list[View | None]] | None" = None   # a FUSED node, its sources' buffers
                                         # and how q, k, v lie in theirs (None: in order) (attention.py)
-    members: "list[Kernel] | None" = None   # GPU: small kernels run as one launch, block by block (merge.py)
-    plan: object | None = None         # its plan family's value (FlashPlan, GpuPlan, PackedPlan), set by optimize
+    # its plan family's value, set by optimize (merge.py: MergedPlan): loops.py's LoopPlan, ThreadPlan,
+    # RowPlan, TilePlan, MergedPlan; contraction.GpuPlan, PackedPlan; attention.FlashPlan
+    plan: object | None = None
+
+    @property
+    def members(self) -> "tuple[Kernel, ...] | None":
+        """A merged launch's kernels (MergedPlan), else None."""
+        return self.plan.members if isinstance(self.plan, MergedPlan) else None
 
     @property
     def value(self) -> Node:

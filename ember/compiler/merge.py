@@ -4,7 +4,7 @@ A training step's optimizer updates the layernorm weights and the biases one ten
 GPT-2 124M has about 500 kernels of one to sixteen blocks, each costing a launch and a drain of
 the GPU (2-6 us) for microseconds of work. Small kernels whose outputs no large kernel reads
 move to the end of the program, in order; there, each group that does not depend on itself
-becomes one merged kernel (`Kernel.members`; its name: b and the first member's) whose blocks
+becomes one merged kernel (`MergedPlan`; its name: b and the first member's) whose blocks
 run each member's code in turn. The members read and
 write what they did; the memory plan is made again for the new order.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from .loops import MergedPlan, ThreadPlan
 from .lower import Kernel
 from .schedule import Schedule, plan_memory
 
@@ -21,8 +22,7 @@ SMALL_TEMP_BYTES = 4 << 20     # and it may wait for the end only if the tempora
 
 def simple(k: Kernel) -> bool:
     """A thread per output (times its lanes): the kind a merged kernel can run block by block."""
-    return (k.rows is None and k.threads is None and not k.stages and not k.atomic and k.contraction is None
-            and k.fused is None and k.members is None and k.online is None)
+    return isinstance(k.plan, ThreadPlan) and not k.atomic
 
 
 def threads(k: Kernel) -> int:
@@ -60,4 +60,4 @@ def merge_small(sched: Schedule) -> None:
 def _merged(members: list[Kernel]) -> Kernel:
     first = members[0]
     reads = {b.id: b for m in members for b in [m.out, *m.reads] if b.id != first.out.id}
-    return Kernel(f"b{first.name}", first.out, [], first.store, list(reads.values()), members=members)
+    return Kernel(f"b{first.name}", first.out, [], first.store, list(reads.values()), plan=MergedPlan(tuple(members)))

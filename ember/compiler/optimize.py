@@ -14,12 +14,14 @@ CPU heuristics, from the access pattern of the loads inside a reduction:
 from __future__ import annotations
 
 import math
+import os
 
 from .. import dtype as dt
 from ..ir import Node, Op, toposort
 from ..target import Target
 from . import attention, contraction, online, plans
 from . import symbolic as sym
+from .loops import LoopPlan, RowPlan, ThreadPlan, TilePlan
 from .lower import Kernel, Stage, enclosing_reduces, free_ranges, index_of, selector
 from .rewrite import substitute
 from .schedule import Schedule
@@ -201,7 +203,7 @@ def gpu_matmul_tile(k: Kernel) -> bool:
     jb, jt, jl = split(k, j, (tile // reg, reg))
     ko, ki = split(k, kr, (GPU_BK,))
     k.ranges = [*outer, ib, jb, it, jt, il, jl]
-    k.rows, k.threads, k.lanes = [*outer, ib, jb], [it, jt], frozenset([il, jl])
+    k.plan, k.lanes = TilePlan((*outer, ib, jb), (it, jt)), frozenset([il, jl])
     # each tile laid out so the fill reads global memory along its contiguous axis (k for A, j for B)
     k.stages = [Stage(_find_load(k, a), ko, (it, il, ki)), Stage(_find_load(k, b), ko, (ki, jt, jl))]
     return True
@@ -211,7 +213,7 @@ def gpu_transpose_tile(k: Kernel) -> bool:
     """An elementwise kernel whose one load is contiguous along another output range than the
     store (a transpose): a block moves a 32x32 tile through shared memory, reading along one axis
     and writing along the other; the tile's pitch is 33 so that neither side has bank conflicts."""
-    if k.threads is not None or not k.ranges or any(n.op is Op.REDUCE for n in toposort([k.store])):
+    if not k.ranges or any(n.op is Op.REDUCE for n in toposort([k.store])):
         return False
     loads = [n for n in toposort([k.store]) if n.op is Op.LOAD]
     b = k.ranges[-1]
@@ -224,7 +226,7 @@ def gpu_transpose_tile(k: Kernel) -> bool:
     ab, at, al = split(k, a, (8, 4))
     bb, bt = split(k, b, (32,))
     k.ranges = [*outer, ab, bb, at, bt, al]
-    k.rows, k.threads, k.lanes = [*outer, ab, bb], [at, bt], frozenset([al])
+    k.plan, k.lanes = TilePlan((*outer, ab, bb), (at, bt)), frozenset([al])
     k.stages = [Stage(_find_load(k, loads[0]), None, (bt, at, al), pad=1)]
     return True
 
@@ -285,8 +287,9 @@ def gpu_plan(k: Kernel, gpu: Target) -> None:
     if gpu_contraction(k, gpu) or gpu_matmul_tile(k) or gpu_transpose_tile(k):
         return
     gpu_scatter(k)
-    k.rows = block_rows(k, gpu)
-    if k.rows is None:
+    rows = block_rows(k, gpu)
+    if rows is None:
+        k.plan = ThreadPlan()
         # a thread per `lanes` consecutive outputs, unless that leaves too few threads to fill the GPU
         lanes = gpu_lanes(k)
         has_reduce = any(n.op is Op.REDUCE for n in toposort([k.store]))
@@ -298,11 +301,11 @@ def gpu_plan(k: Kernel, gpu: Target) -> None:
             contiguous_reduction_lanes(k, lanes)
         return
     # each thread keeps `lanes` partial results of a shared reduction over a contiguous axis
-    lanes = gpu_lanes(k)
+    k.plan, lanes = RowPlan(tuple(rows)), gpu_lanes(k)
     contiguous_reduction_lanes(k, lanes, 32)
     # and writes `lanes` consecutive outputs of its row (a softmax's): vector loads and stores
     last = k.ranges[-1] if k.ranges else None
-    if last is not None and last not in k.rows and last.arg[1] % lanes == 0 and last.arg[1] >= 32 * lanes \
+    if last is not None and last not in rows and last.arg[1] % lanes == 0 and last.arg[1] >= 32 * lanes \
             and stride(k.store, last) == 1:
         split_range(k, last, lanes)
 
@@ -327,15 +330,13 @@ def optimize(sched: Schedule, target: Target) -> None:
 def _optimize(sched: Schedule, target: Target) -> None:
     for k in sched.kernels:
         if k.fused is not None:   # rendered whole (backend/flash.py)
-            k.plan = attention.flash_plan(k, target, plans.flash_warp_specialized())
+            k.plan = attention.flash_plan(k, target, os.environ.get("EMBER_FLASH_WS") != "0")   # plans.OVERRIDES
             continue
-        if target.kind == "cpu":
-            if not cpu_packed(k):
-                k.online = online.find(k)
-                if k.online is None:
-                    cpu_lanes(k)
-        elif target.kind == "cuda":
+        if target.kind == "cuda":
             gpu_plan(k, target)
-        outer = [r for r in k.ranges if r not in k.lanes]
-        if outer and work(k) >= PARALLEL_WORK:
-            k.parallel = 1
+        elif not cpu_packed(k):
+            group = online.find(k)
+            if group is None:
+                cpu_lanes(k)
+            parallel = any(r not in k.lanes for r in k.ranges) and work(k) >= PARALLEL_WORK
+            k.plan = LoopPlan(int(parallel), group)

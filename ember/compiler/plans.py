@@ -38,19 +38,11 @@ def forced_contraction() -> GpuPlan | None:
     return plan
 
 
-def flash_warp_specialized() -> bool:
-    return os.environ.get("EMBER_FLASH_WS") != "0"
-
-
 def structure(c: Contraction, arch: str) -> str:
     """What a plan's speed depends on: architecture, dtype, sizes and operand layouts."""
     m, n, k = c.mnk
     layout = "".join("k" if op.k_major else "m" for op in (c.a, c.b)) + ("" if c.a.aligned and c.b.aligned else "u")
     return f"{arch} {c.dtype.name} {c.batch_size}x{m}x{n}x{k} {layout}"
-
-
-def _searched() -> Path:
-    return cache_dir("plans") / "plans.json"
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -62,7 +54,7 @@ def _load(path: Path) -> dict[str, Any]:
 
 def entries(gpu: Target) -> dict[str, list]:
     """The stored plans for this device, by structure: the searched ones over the shipped."""
-    return {**_load(SHIPPED).get(gpu.name, {}), **_load(_searched()).get(gpu.name, {})}
+    return {**_load(SHIPPED).get(gpu.name, {}), **searched().get(gpu.name, {})}
 
 
 def stored(c: Contraction, gpu: Target) -> GpuPlan | None:
@@ -72,8 +64,7 @@ def stored(c: Contraction, gpu: Target) -> GpuPlan | None:
 
 def store(c: Contraction, gpu: Target, plan: GpuPlan) -> None:
     """Keep a searched winner in the cache's table (written whole: a reader sees old or new)."""
-    path = _searched()
-    table = _load(path)
+    path, table = cache_dir("plans") / "plans.json", searched()
     table.setdefault(gpu.name, {})[structure(c, gpu.arch)] = list(dataclasses.astuple(plan))
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
@@ -87,6 +78,6 @@ def choice_key(gpu: Target) -> tuple:
     return tuple(os.environ.get(v) for v in OVERRIDES) + (hashlib.sha256(table.encode()).hexdigest()[:16],)
 
 
-def export() -> str:
-    """The cache's table of searched plans, in plans.json's format (to ship winners)."""
-    return json.dumps(_load(_searched()), indent=1, sort_keys=True)
+def searched() -> dict[str, Any]:
+    """The cache's table of searched plans (plans.json's format: `search --export` prints it)."""
+    return _load(cache_dir("plans") / "plans.json")

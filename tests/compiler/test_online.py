@@ -45,14 +45,14 @@ def both(outputs: list, inputs: dict) -> tuple[list, list]:
 def test_softmax_and_logsumexp_in_one_pass_match_the_reference(out: str) -> None:
     prog = text.parse(SOFTMAX.format(t="f32", out=out))
     (k,) = c.prepare(prog.output_nodes).kernels
-    assert k.online is not None and len(k.online.sums) == 1   # the max and the sum in one loop
+    assert k.plan.online is not None and len(k.plan.online.sums) == 1   # the max and the sum in one loop
     (got,), (want,) = both(prog.output_nodes, {prog.nodes["x"]: ROWS})
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7, equal_nan=True)
 
 
 def test_half_precision_keeps_its_rounding_per_op() -> None:
     prog = text.parse(SOFTMAX.format(t="bf16", out="p"))
-    assert all(k.online is None for k in c.prepare(prog.output_nodes).kernels)
+    assert all(getattr(k.plan, "online", None) is None for k in c.prepare(prog.output_nodes).kernels)
 
 
 def attention(s: int, d: int, causal: bool) -> tuple[list, list]:
@@ -68,8 +68,8 @@ def test_attention_is_one_loop_over_the_keys(causal: bool) -> None:
     sched = c.prepare(outputs)
     assert len(sched.kernels) == 1 and not sched.temps
     (k,) = sched.kernels
-    assert k.online is not None and len(k.online.sums) == 2   # the denominator and the weighted sum of v
-    assert (k.online.stop is not None) == causal     # past the diagonal, no score is computed
+    assert k.plan.online is not None and len(k.plan.online.sums) == 2   # the denominator and the weighted sum of v
+    assert (k.plan.online.stop is not None) == causal     # past the diagonal, no score is computed
     source = "\n".join(c.render(sched).kernels)
     assert source.count("ember_exp2f(") == 2    # a term and a rescale, in the one loop: no other pass
     rng = np.random.default_rng(0)
@@ -91,7 +91,7 @@ def test_the_frontends_attention_ends_its_loop_at_the_diagonal(mask: str) -> Non
                                          is_causal=mask == "causal")
     outputs, slots = T.canonical_program([out.node])
     last = c.prepare(outputs).kernels[-1]
-    assert last.online is not None and (last.online.stop is not None) == (mask == "causal")
+    assert last.plan.online is not None and (last.plan.online.stop is not None) == (mask == "causal")
     inputs = {slot: T._host(T._DATA[p]) for p, slot in slots.items()}
     (got,), (want,) = both(outputs, inputs)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -130,7 +130,7 @@ def test_cross_entropy_joins_its_max_and_sum() -> None:
     logits = T.Tensor(rng.standard_normal((16, 300)).astype(np.float32) * 4)
     target = T.Tensor(np.where(np.arange(16) % 5 == 0, -100, rng.integers(0, 300, 16)).astype(np.int64))
     outputs, slots = T.canonical_program([F.cross_entropy(logits, target).node])
-    assert any(k.online is not None for k in c.prepare(outputs).kernels)
+    assert any(getattr(k.plan, "online", None) is not None for k in c.prepare(outputs).kernels)
     inputs = {slot: T._host(T._DATA[p]) for p, slot in slots.items()}
     (got,), (want,) = both(outputs, inputs)
     np.testing.assert_allclose(got, want, rtol=1e-6)

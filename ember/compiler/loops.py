@@ -1,0 +1,62 @@
+"""The loop plans: how optimize.py maps an ordinary kernel's loop nest onto the machine, one
+frozen plan type per family (`Kernel.plan`; the contraction and flash families' plans are in
+contraction.py and attention.py). The ranges a plan names are the kernel's own (lowering data);
+the plan says which family renders the kernel: the CPU's loops (render.KernelWriter), the GPU's
+thread per output, block per row and tile (cuda_render.CUDAKernelWriter, launch_config), and
+merged launches (merge.py, cuda_render.render_merged).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import Node
+
+
+@dataclass(frozen=True)
+class LoopPlan:
+    """CPU: the loop nest as written, the outermost `parallel` loops over OpenMP threads; online:
+    the max and exponential sums that run in one loop (online.Online), if any."""
+    parallel: int = 0
+    online: "object | None" = None
+
+    def __str__(self) -> str:
+        return "loops" + (", parallel" if self.parallel else "") + (", online softmax" if self.online else "")
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """GPU: a thread per output (times its lanes); reductions run inside the thread."""
+
+    def __str__(self) -> str:
+        return "thread per output"
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """GPU: a block per value of the output ranges `block` (a row), whose threads share its
+    reductions (ember_block_reduce) and stride over the rest."""
+    block: tuple[Node, ...]
+
+    def __str__(self) -> str:
+        return f"block per row {[r.arg[0] for r in self.block]}"
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    """GPU: a block per tile (output ranges `block`), a thread per sub-tile (`thread`), register
+    lanes inside it; the operands staged in shared memory (Kernel.stages)."""
+    block: tuple[Node, ...]
+    thread: tuple[Node, ...]
+
+    def __str__(self) -> str:
+        return f"block tile {[r.arg[0] for r in self.block]}, thread tile {[r.arg for r in self.thread]}"
+
+
+@dataclass(frozen=True)
+class MergedPlan:
+    """GPU: small kernels run as one launch, block by block, each member its own thread-per-output
+    kernel (merge.py)."""
+    members: tuple   # of lower.Kernel
+
+    def __str__(self) -> str:
+        return f"{len(self.members)} kernels in one launch: {', '.join(m.name for m in self.members)}"
