@@ -14,7 +14,6 @@ CPU heuristics, from the access pattern of the loads inside a reduction:
 from __future__ import annotations
 
 import math
-import os
 
 from .. import dtype as dt
 from ..ir import Node, Op, toposort
@@ -330,7 +329,7 @@ def optimize(sched: Schedule, target: Target) -> None:
 def _optimize(sched: Schedule, target: Target) -> None:
     for k in sched.kernels:
         if k.fused is not None:   # rendered whole (backend/flash.py)
-            k.plan = attention.flash_plan(k, target, os.environ.get("EMBER_FLASH_WS") != "0")   # plans.OVERRIDES
+            k.plan = attention.flash_plan(k, target, plans.flash_warp_specialized())
             continue
         if target.kind == "cuda":
             gpu_plan(k, target)

@@ -10,7 +10,6 @@ a newly stored winner is never hidden by a schedule cached before it.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -36,6 +35,10 @@ def forced_contraction() -> GpuPlan | None:
     if name == "wgmma" and plan.stages < 3:   # it keeps a step in flight besides the one filled
         raise ValueError(f"EMBER_TC_PLAN={forced}: wgmma needs 3 stages or more")
     return plan
+
+
+def flash_warp_specialized() -> bool:
+    return os.environ.get("EMBER_FLASH_WS") != "0"
 
 
 def structure(c: Contraction, arch: str) -> str:
@@ -72,10 +75,9 @@ def store(c: Contraction, gpu: Target, plan: GpuPlan) -> None:
 
 
 def choice_key(gpu: Target) -> tuple:
-    """What the plans chosen for gpu depend on besides the program: the overrides and a digest
-    of the device's stored plans (for the schedule cache's key)."""
-    table = json.dumps(entries(gpu), sort_keys=True) if gpu.kind == "cuda" else ""
-    return tuple(os.environ.get(v) for v in OVERRIDES) + (hashlib.sha256(table.encode()).hexdigest()[:16],)
+    """What the plans chosen for gpu depend on besides the program, for the schedule cache's key
+    (which hashes it): the overrides and the device's stored plans."""
+    return tuple(os.environ.get(v) for v in OVERRIDES) + (sorted(entries(gpu).items()) if gpu.kind == "cuda" else None,)
 
 
 def searched() -> dict[str, Any]:
