@@ -90,6 +90,13 @@ def _short_loops(k: Kernel) -> bool:
 
 
 class CRenderer(CLike):
+    # GCC 12.2 -O3 (x86, AVX2 or AVX-512) vectorizes a sum whose steps convert int -> unsigned
+    # -> int wrongly once its vectors are wider than the sum's lanes: the epilogue keeps one
+    # quarter of the vector (an i32 sum of 4096 values in 8 lanes, AVX-512:
+    # tests/compiler/toolchain/gcc12_int_sum_lanes.eir). Accumulated in the unsigned type, with
+    # one conversion at the end, it is right, and wraps as the spec's sum does.
+    unsigned_sums = True
+
     def render_kernel(self, k: Kernel, prefix: str = "") -> str:
         if type(k.plan) in FAMILIES:
             return FAMILIES[type(k.plan)].render(self, k, prefix)

@@ -101,9 +101,15 @@ class CLike:
         """The type values of d are computed in (f16 and bf16 in float)."""
         return "float" if d in (dt.f16, dt.bf16) else d.c_name
 
+    # C: signed sums accumulate in the unsigned type (see CRenderer)
+    unsigned_sums = False
+
+    def unsigned_sum(self, op: Op, d: DType) -> bool:
+        return self.unsigned_sums and op is Op.SUM and d.is_int and d.is_signed and d.bits >= 32
+
     def acc_ctype(self, op: Op, d: DType) -> str:
         """The type a reduction op of d accumulates in (a target may widen it)."""
-        return self.ctype(d)
+        return self.wide_unsigned(d) if self.unsigned_sum(op, d) else self.ctype(d)
 
     @staticmethod
     def stype(d: DType) -> str:
@@ -256,6 +262,8 @@ class CLike:
         return "(-INFINITY)" if d.is_float else self.literal(d.min, d)
 
     def combine(self, op: Op, d: DType, acc: str, v: str) -> str:
+        if self.unsigned_sum(op, d):
+            return f"{acc} + ({self.wide_unsigned(d)})({v})"
         if op is Op.SUM:
             return self.wrapping(d, "+", [acc, v]) if d.is_signed else self.narrow(d, f"{acc} + {v}")
         if d.is_float:
@@ -619,6 +627,14 @@ class KernelWriter:
         is_array = size > 1 or bool(own_lanes)
         for line in self.reduce_finish(n, f"{acc}[0]" if is_array and size == 1 else acc, scope):
             scope.put(line)
+        if self.r.unsigned_sum(red_op, d):   # back to the signed type (wrapping, as the spec's sum)
+            res = self.var("sum")
+            vt = self.r.ctype(d)
+            if is_array:
+                scope.put(f"{vt} {res}[{size}]; for (int j = 0; j < {size}; j++) {res}[j] = ({vt})({acc}[j]);")
+            else:
+                scope.put(f"{vt} {res} = ({vt})({acc});")
+            acc = res
         if d in (dt.f16, dt.bf16) and red_op is Op.SUM:  # summed in float, rounded once at the end
             if is_array:
                 scope.put(f"for (int j = 0; j < {size}; j++) {acc}[j] = {self.r.round_result(d, f'{acc}[j]')};")

@@ -76,3 +76,11 @@ def test_c_kernels_with_lanes_skip_the_loop_vectorizer() -> None:
     from ember.backend import c
     text = c.render(c.program(parse_file(str(HERE / "gcc12_lanes_in_short_loop.eir")).output_nodes).sched).text
     assert 'optimize("no-tree-loop-vectorize")' in text
+
+
+def test_c_signed_sums_accumulate_unsigned() -> None:
+    """The form that avoids GCC 12.2's miscompile, checked on any host (the miscompile needs AVX2)."""
+    src = runners.BACKENDS["c"].source(parse_file(str(HERE / "gcc12_int_sum_lanes.eir")).output_nodes)
+    kernels = src[src.index("void k"):]
+    assert re.search(r"unsigned acc\d+\[\d+\];", kernels) and "unsigned long long acc" in kernels
+    assert not re.search(r"\(int\)\(\(unsigned\)\(acc", kernels)
