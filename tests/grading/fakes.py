@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-N = 262144
+N = 2097152   # 8 MB: the reference (an AVX-512 sum from cache) stays above FLOOR_MS (tests/grading/test_bench.py)
 SUM = f"""ember 1
 x = param i32[{N}]
 s = sum x axes=[0]
@@ -50,7 +50,7 @@ if MODE == "fakerest" and not first:            # only the first run's result is
 print(f"s = [{{answer}}]")
 if runs is None:
     sys.exit(0)
-part = x[: max(1, n // 100)] if MODE == "skimp" else x   # skimp: a hundredth of the work
+part = x[: max(1, n // 1000)] if MODE == "skimp" else x   # skimp: a thousandth of the work
 times = []
 if MODE == "sleeper":                           # the work done once; the runs it claims slept (the wall agrees)
     time.sleep(runs * 0.05e-3)

@@ -47,7 +47,7 @@ def _normal(report: dict[str, Any]) -> dict[str, Any]:
 
 def test_bench_on_two_workers_equals_a_local_run(tmp_path: Path) -> None:
     subs = tmp_path / "subs"
-    fake(subs, "fixed", fixed=0.2)  # busy-waits 0.2 ms a run and reports exactly that
+    fake(subs, "fixed", fixed=4.0)  # busy-waits 4 ms a run (its sum takes about 1) and reports exactly that
     fake(subs, "zero", "zero")
     fake(subs, "athome", "athome")
     (tmp_path / "suite").mkdir()
@@ -76,7 +76,7 @@ def test_bench_on_two_workers_equals_a_local_run(tmp_path: Path) -> None:
             p.wait(30)
     local, cluster = map(_normal, reports)
     assert local == cluster
-    assert local["programs"]["sum.eir"]["fixed"] == {"status": "ok", "score": 0.0, "note": "", "ms": [0.2]}
+    assert local["programs"]["sum.eir"]["fixed"] == {"status": "ok", "score": 0.0, "note": "", "ms": [4.0]}
 
 
 def _workers() -> list[Any]:
