@@ -47,7 +47,7 @@ def _normal(report: dict[str, Any]) -> dict[str, Any]:
 
 def test_bench_on_two_workers_equals_a_local_run(tmp_path: Path) -> None:
     subs = tmp_path / "subs"
-    fake(subs, "fixed", fixed=4.0)  # busy-waits 4 ms a run (its sum takes about 1) and reports exactly that
+    fake(subs, "fixed", fixed=4.0)  # busy-waits 4 ms a run (its sum takes about 0.1) and reports exactly that
     fake(subs, "zero", "zero")
     fake(subs, "athome", "athome")
     (tmp_path / "suite").mkdir()
