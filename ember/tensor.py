@@ -582,8 +582,8 @@ class Tensor:
     def __matmul__(self, o: "Tensor") -> "Tensor": return self.matmul(o)  # noqa: E704
     def __lt__(self, o: Any) -> "Tensor": return self._binary(Op.CMPLT, o)  # noqa: E704
     def __gt__(self, o: Any) -> "Tensor": return self._binary(Op.CMPLT, o, True)  # noqa: E704
-    def __le__(self, o: Any) -> "Tensor": return (self > o).logical_not()  # noqa: E704
-    def __ge__(self, o: Any) -> "Tensor": return (self < o).logical_not()  # noqa: E704
+    def __le__(self, o: Any) -> "Tensor": return (self < o) | self.eq(o)  # noqa: E704  (NaN: False)
+    def __ge__(self, o: Any) -> "Tensor": return (self > o) | self.eq(o)  # noqa: E704
     def eq(self, o: Any) -> "Tensor": return self._binary(Op.CMPEQ, o)  # noqa: E704
     def ne(self, o: Any) -> "Tensor": return self._binary(Op.CMPNE, o)  # noqa: E704
     def __eq__(self, o: Any) -> "Tensor": return self.eq(o)  # type: ignore[override]  # noqa: E704
@@ -950,23 +950,17 @@ class Tensor:
         return where(a < 0.5, small, where(x.signbit(), -y, y))
 
     def pow(self, e: Any) -> "Tensor":
-        """PyTorch's pow: integer exponents by repeated squaring (exact signs of negative bases,
-        integer results for integer tensors, x**0 == 1 with gradient 0), others through exp2 and
-        log2 of |x| with C's rules for signs, zeros and infinities."""
+        """PyTorch's pow: non-negative integer exponents by repeated squaring (exact signs of
+        negative bases, integer results for integer tensors, x**0 == 1 with gradient 0), others
+        as _pow computes them."""
         if isinstance(e, Tensor):
             return _pow(self, e)
         e = e.item() if isinstance(e, np.number) else e
         e = int(e) if isinstance(e, bool) else e
         if not self.dtype.is_float and isinstance(e, float):
             return self.float().pow(e)
-        if isinstance(e, int) or float(e).is_integer() and abs(e) < 2 ** 31:
-            n = int(e)
-            if n < 0 and not self.dtype.is_float:
-                raise ValueError(f"pow: integers to negative integer powers are not allowed (exponent {n})")
-            if n < 0:
-                return self.pow(-n).reciprocal()
-            out = None
-            base = self
+        if (isinstance(e, int) or float(e).is_integer() and abs(e) < 2 ** 31) and e >= 0:
+            n, out, base = int(e), None, self
             while n:
                 if n & 1:
                     out = base if out is None else out * base
@@ -977,9 +971,9 @@ class Tensor:
                 one = self._const(1)._broadcast_to(self.shape)
                 out = where(self.isnan(), one, one)
             return out
-        if e in (0.5, -0.5):  # as PyTorch: sqrt and rsqrt (sqrt(-0.0) is -0.0, pow's is +0.0)
-            return self.sqrt() if e > 0 else self.rsqrt()
-        return _pow(self, self._wrap(float(e)))
+        if not self.dtype.is_float:
+            raise ValueError(f"pow: integers to negative integer powers are not allowed (exponent {e})")
+        return _pow(self, self._wrap(float(e)), e)
 
     def __rpow__(self, base: Any) -> "Tensor":
         b = _scalar(base)
@@ -2061,11 +2055,13 @@ def _pick(hit: Tensor, x: Tensor, axis: int) -> Tensor:
     return where(hit, x, x.dtype.min).amax(axis)
 
 
-def _pow(x: Tensor, e: Tensor) -> Tensor:
-    """Elementwise x ** e for tensors (PyTorch's promotion and C's pow rules)."""
-    const_e = e.node.op is Op.CONST
-    x, e = _promote(x, e)
-    x, e = _broadcast(x, e, "pow")
+def _pow(x: Tensor, e: Tensor, scalar: float | None = None) -> Tensor:
+    """Elementwise x ** e for tensors (PyTorch's promotion and C's pow rules; scalar: e as a
+    Python number). Float values come from _pow_value and the gradients are PyTorch's formulas,
+    e x^(e-1) for the base (0 where e is 0) and x^e ln x for the exponent (0 where x is 0 and
+    e >= 0), attached by _with_gradients: differentiating the value's own formula gave 0 where
+    PyTorch gives ln x, infinities or NaN (at e = 0, at a base of 0 or +-inf, at negative bases)."""
+    x, e = _broadcast(*_promote(x, e), "pow")
     if not x.dtype.is_float:  # square and multiply over the exponent's bits; negative: 0, 1 or -1
         out, base, bits = x._const(1)._broadcast_to(x.shape), x, e
         for _ in range(x.dtype.bits - 1 if x.dtype.is_signed else x.dtype.bits):
@@ -2076,37 +2072,70 @@ def _pow(x: Tensor, e: Tensor) -> Tensor:
             neg = where(x.eq(1), 1, where(x.eq(-1), where(odd, -1, 1), 0)).cast(x.dtype)
             out = where(e < 0, neg, out)
         return out
+    xs, es = _stopped(x), _stopped(e)
+    out = _pow_value(xs, es, scalar)
+    pairs = []
+    if x.requires_grad:
+        gx = es * _pow_value(xs, es - 1, None if scalar is None else scalar - 1)
+        pairs.append((x, where(es.eq(0), 0.0, gx).cast(x.dtype)))
+    if e.requires_grad:
+        pairs.append((e, where(xs.eq(0) & (es >= 0), 0.0, out * xs.log()).cast(x.dtype)))
+    return _with_gradients(out, pairs) if pairs else out
+
+
+def _pow_value(x: Tensor, e: Tensor, scalar: float | None) -> Tensor:
+    """x ** e of floats with no gradient path: integer scalars by repeated squaring (negative:
+    its reciprocal), 0.5 and -0.5 as sqrt and rsqrt (PyTorch's choice: sqrt(-0.0) is -0.0, where
+    C's pow gives +0.0), others through exp2 and log2 of |x| with C's rules for signs, zeros,
+    infinities and NaN."""
+    if scalar is not None and float(scalar).is_integer() and abs(scalar) < 2 ** 31:
+        return x.pow(int(scalar)) if scalar >= 0 else x.pow(-int(scalar)).reciprocal()
+    if scalar in (0.5, -0.5):
+        return x.sqrt() if scalar > 0 else x.rsqrt()
     ax = x.abs()
-    safe = where(ax.eq(0) | ax.isinf(), 1.0, ax).cast(x.dtype)  # keeps log2 finite: gradients too
-    mag = (safe.log2() * e).exp2()
-    zero_or_inf = where((ax.eq(0) & (e < 0)) | (ax.isinf() & (e > 0)), math.inf, 0.0).cast(x.dtype)
-    mag = where(ax.eq(0) | ax.isinf(), zero_or_inf, mag)
+    edge = ax.eq(0) | ax.isinf()
+    mag = (where(edge, 1.0, ax).cast(x.dtype).log2() * e).exp2()
+    big = (ax.eq(0) & (e < 0)) | (ax.isinf() & (e > 0))
+    mag = where(edge & e.isnan().logical_not(), where(big, math.inf, 0.0).cast(x.dtype), mag)
     whole = e.trunc().eq(e)
     odd = whole & (e * 0.5).trunc().ne(e * 0.5)
-    signed = where(odd, -mag, mag)
-    # a negative finite base with a fractional exponent is NaN, and so is its gradient: log2 of the
-    # base itself there, of 1 elsewhere (a NaN constant would poison every gradient through where)
-    invalid = (x < 0) & whole.logical_not() & ax.isinf().logical_not()
-    nan = (where(invalid, x, 1.0).cast(x.dtype).log2() * e).exp2()
-    negative = where(whole, signed, where(ax.isinf(), mag, nan))
+    negative = where(whole, where(odd, -mag, mag), where(ax.isinf(), mag, math.nan).cast(x.dtype))
     out = where(x < 0, negative, where(odd & x.signbit(), -mag, mag))
-    # x ** 0 and 1 ** y are 1, NaN and inf included (C's pow); finite nonzero x ** 0 computes 1
-    # through mag, whose gradient with respect to e is ln x there, as PyTorch's
-    special = ax.eq(0) | ax.isinf() | x.isnan()
-    out = where((e.eq(0) & special) | (x.eq(1) & e.isfinite().logical_not()), 1.0, out).cast(x.dtype)
-    # the base's gradient e x^(e-1) is 1 at e = 1 where x is 0 (mag's there is 0): subtracting
-    # stop(x) - x there adds it, with the value unchanged (+0, and -0.0 stays -0.0)
-    out = out - where(ax.eq(0) & e.eq(1), Tensor(ir.stop_gradient(x.node)) - x, 0.0).cast(x.dtype)
-    # and infinite where x is 0 and e < 1 (e != 0): sqrt's derivative at 0, through x - stop(x),
-    # on a term whose value is +0, signed as e x^(e-1) is
-    z = ax.eq(0) & (e < 1) & e.ne(0)
-    sign = where((e < 0).ne(x.signbit() & whole & odd.logical_not()), -1.0, 1.0).cast(x.dtype)
-    out = out + sign * (where(z, x - Tensor(ir.stop_gradient(x.node)), 1.0).cast(x.dtype).sqrt()
-                        - where(z, 0.0, 1.0).cast(x.dtype))
-    if not const_e:   # the exponent's gradient at a negative base is NaN (ln x), as PyTorch's: the
-        # derivative of sqrt at 0 through e - e (inf - inf), on a term whose value is +0
-        ef = where(e.isfinite(), e, 0.0).cast(x.dtype)
-        out = out - (where(x < 0, ef - ef, 1.0).cast(x.dtype).sqrt() - where(x < 0, 0.0, 1.0).cast(x.dtype))
+    # x ** 0 and 1 ** y are 1, NaN included, and so is (-1) ** +-inf (C's pow)
+    return where(e.eq(0) | x.eq(1) | (x.eq(-1) & e.isinf()), 1.0, out).cast(x.dtype)
+
+
+def _stopped(x: Tensor) -> Tensor:
+    return Tensor(ir.stop_gradient(x.node)) if x.dtype.is_float else x
+
+
+def _with_gradients(value: Tensor, pairs: list[tuple[Tensor, Tensor]]) -> Tensor:
+    """value (no gradient path), whose elementwise derivative with respect to each x is g (no
+    gradient path either; any float, infinities and NaN included), as PyTorch's formulas give
+    them. A term of value +0 carries each g: g (x - stop(x)) where g is finite, and where it is
+    infinite or NaN the square root of +-(x - stop(x)) or of a difference of those (its derivative
+    at 0 is inf, times +-1 or inf - inf), with 1 under the root elsewhere, so that the zero
+    gradient reaching the unused branches stays 0. value - (+0) is value bit for bit, -0.0
+    included. Where x itself is infinite or NaN, x - stop(x) is not 0: there x * g carries the
+    gradient, where it gives the value (x = inf, g = inf, value inf); elsewhere it is 0."""
+    zero = value._const(0)
+    pairs = [(x, g, _stopped(x).isfinite().logical_not() & g.ne(0)) for x, g in pairs]
+    guess = functools.reduce(Tensor.__add__, [where(nat, _stopped(x), zero) * where(nat, g, zero)
+                                              for x, g, nat in pairs])
+    use = functools.reduce(Tensor.__or__, [nat for _, _, nat in pairs]) & \
+        (guess.eq(value) | (guess.isnan() & value.isnan()))
+    carried = functools.reduce(Tensor.__add__, [where(use & nat, x, zero) * where(use & nat, g, zero)
+                                                for x, g, nat in pairs])
+    out = where(use, carried, value)
+    for x, g, nat in pairs:
+        fx = where(_stopped(x).isfinite(), x, zero)
+        d = fx - _stopped(fx)                               # +0, with derivative 1 where x is finite
+        finite = g.isfinite()
+        r = where(_stopped(x).isinf(), x, value._const(1)).reciprocal()   # 1/x: 0, with derivative -0 at inf
+        u = where(g.eq(-math.inf), d, where(g.eq(math.inf), _stopped(fx) - fx,
+                                            where(_stopped(x).isinf(), r - _stopped(r), d - d)))
+        steep = where(finite, value._const(1), u).sqrt() - where(finite, 1.0, 0.0).cast(value.dtype)
+        out = out - (where(finite, -g, zero) * d + steep)
     return out
 
 
