@@ -147,7 +147,8 @@ def eval_node(node: Node, srcs: list[np.ndarray], wide: bool = False, reverse: b
                 total = np.cumsum(rows.astype(acc), axis=-1, dtype=acc)[..., -1] if rows.shape[-1] else 0.0
                 return rnd(np.asarray(total, np.float64).reshape(node.shape), d)   # cumsum: one by one
             if d.is_float:
-                return rnd(np.sum(x.astype(np.float64), axis=node.arg, keepdims=True), d)
+                # from -0.0, the identity of IEEE addition: a sum of -0.0s is -0.0 (numpy starts at +0.0)
+                return rnd(np.sum(x.astype(np.float64), axis=node.arg, keepdims=True, initial=-0.0), d)
             return np.sum(x, axis=node.arg, keepdims=True, dtype=x.dtype)  # wraps, as the spec asks
         if op is Op.RMAX:
             return np.max(x, axis=node.arg, keepdims=True)

@@ -299,15 +299,20 @@ class Tensor:
         self.node, self._value = node, None
         return self
 
-    def _inplace(self, new: "Tensor") -> "Tensor":
-        """x.add_(y) and friends: x becomes the result, in x's dtype and shape. A leaf takes the
-        value now (computed); a result takes the new node, so gradients flow through it."""
+    def _inplace(self, new: "Tensor", reshapes: bool = False) -> "Tensor":
+        """x.add_(y) and friends: x becomes the result, in x's dtype and shape (reshapes: t_,
+        squeeze_ and the like, in the result's shape). A leaf takes the value now (computed); a
+        result takes the new node, so gradients flow through it."""
         if self.is_leaf and self.requires_grad and context.grad_enabled:
             raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
-        new = self._wrap(new).cast(self.dtype)
-        if _broadcast_shape(self.shape, new.shape, "in-place op") != self.shape:
+        new = self._wrap(new)
+        if new.dtype.is_float and not self.dtype.is_float:
+            raise TypeError(f"in-place op: result type {new.dtype} can't be cast to the desired output type "
+                            f"{self.dtype}")
+        new = new.cast(self.dtype)
+        if not reshapes and _broadcast_shape(self.shape, new.shape, "in-place op") != self.shape:
             raise ShapeError(f"in-place op: the result's shape {list(new.shape)} does not fit {list(self.shape)}")
-        new = new._broadcast_to(self.shape)
+        new = new if reshapes else new._broadcast_to(self.shape)
         if self.is_leaf:
             return self._rebind(new)
         self.node, self._value, self._rg = new.node, None, None
@@ -318,7 +323,11 @@ class Tensor:
     def new_full(self, size: Any, v: Any, dtype: Any = None) -> "Tensor": return full(size, v, dtype or self.dtype)  # noqa: E704,E501
     def new_tensor(self, v: Any, dtype: Any = None) -> "Tensor": return Tensor(v, dtype or self.dtype)  # noqa: E704
     def zero_(self) -> "Tensor": return self._inplace(zeros_like(self))  # noqa: E704
-    def fill_(self, v: Any) -> "Tensor": return self._inplace(self._wrap(v))  # noqa: E704
+    def fill_(self, v: Any) -> "Tensor":
+        if isinstance(v, Tensor) and v.ndim:
+            raise ShapeError(f"fill_ only supports 0-dimension value tensor but got tensor with {v.ndim} dimensions")
+        return self._inplace(self._wrap(v).cast(self.dtype))
+
     def copy_(self, src: Any) -> "Tensor": return self._inplace(src)  # noqa: E704
 
     def uniform_(self, a: float = 0.0, b: float = 1.0) -> "Tensor":
@@ -568,7 +577,8 @@ class Tensor:
         wa, wb = a.cast(dt.f64), b.cast(dt.f64)
         r = wa - (wa / wb).trunc() * wb
         r = where(wa.isinf() | wb.eq(0), math.nan, where(wb.isinf(), wa, r)).cast(dt.f64)
-        return where(r.eq(0), wa * 0, r).cast(a.dtype)  # a zero remainder keeps the dividend's sign
+        # a zero remainder keeps the dividend's sign, and r's gradient (wa * 0 has none)
+        return where(r.eq(0), wa * 0 - (_stopped(r) - r), r).cast(a.dtype)
 
     def remainder(self, o: Any) -> "Tensor":
         """Python's %: the remainder with the divisor's sign."""
@@ -660,13 +670,25 @@ class Tensor:
     def view_as(self, o: "Tensor") -> "Tensor": return self.reshape(o.shape)  # noqa: E704
     reshape_as = view_as
     def expand_as(self, o: "Tensor") -> "Tensor": return self.expand(o.shape)  # noqa: E704
-    def mm(self, o: "Tensor") -> "Tensor": return self.matmul(o)  # noqa: E704
-    def bmm(self, o: "Tensor") -> "Tensor": return self.matmul(o)  # noqa: E704
-    def mv(self, o: "Tensor") -> "Tensor": return self.matmul(o)  # noqa: E704
-    def dot(self, o: "Tensor") -> "Tensor": return (self * o).sum()  # noqa: E704
-    def outer(self, o: "Tensor") -> "Tensor": return self.reshape(-1, 1) * o.reshape(1, -1)  # noqa: E704
+    def mm(self, o: "Tensor") -> "Tensor": return self._ranked("mm", o, 2, 2).matmul(o)  # noqa: E704
+    def bmm(self, o: "Tensor") -> "Tensor": return self._ranked("bmm", o, 3, 3).matmul(o)  # noqa: E704
+    def mv(self, o: "Tensor") -> "Tensor": return self._ranked("mv", o, 2, 1).matmul(o)  # noqa: E704
+    def dot(self, o: "Tensor") -> "Tensor": return self._ranked("dot", o, 1, 1).matmul(o)  # noqa: E704
+    def outer(self, o: "Tensor") -> "Tensor":  # noqa: E704
+        return self._ranked("outer", o, 1, 1).reshape(-1, 1) * o.reshape(1, -1)
+
+    def _ranked(self, name: str, o: Any, ra: int, rb: int) -> "Tensor":
+        if not isinstance(o, Tensor) or self.ndim != ra or o.ndim != rb:
+            got = f"{self.ndim}-D and {o.ndim}-D tensors" if isinstance(o, Tensor) else f"a {type(o).__name__}"
+            raise ShapeError(f"{name}: expected {ra}-D and {rb}-D tensors, got {got}")
+        return self
     ger = outer
-    def hypot(self, o: Any) -> "Tensor": return (self * self + self._wrap(o) * self._wrap(o)).sqrt()  # noqa: E704
+    def hypot(self, o: Any) -> "Tensor":
+        """sqrt(a^2 + b^2) scaled by the larger (no overflow at 1e30), inf where either is, NaN included."""
+        a, b = _broadcast(*_promote(self.abs(), self._wrap(o).abs()), "hypot")
+        big, small = a.maximum(b), a.minimum(b)
+        r = small / where(big.eq(0) | big.isinf(), 1.0, big).cast(big.dtype)
+        return where(a.isinf() | b.isinf(), math.inf, big * (r * r + 1).sqrt()).cast(big.dtype)
     def deg2rad(self) -> "Tensor": return self * (math.pi / 180)  # noqa: E704
     def rad2deg(self) -> "Tensor": return self * (180 / math.pi)  # noqa: E704
     def xlogy(self, o: Any) -> "Tensor":
@@ -769,13 +791,24 @@ class Tensor:
 
     def log10(self) -> "Tensor": return self.log2() * math.log10(2)  # noqa: E704
 
+    def _formula(self, value: Callable[["Tensor"], "Tensor"], grad: Callable[["Tensor"], "Tensor"]) -> "Tensor":
+        """value(x) of this tensor as floats, with the gradient PyTorch's formula grad(x) gives:
+        differentiating value's own expression gave NaN or 0 at the domain's edges (asin at 1,
+        acos at 0) and outside it, where PyTorch's formula is finite."""
+        x = self if self.dtype.is_float else self.float()
+        if not x.requires_grad:
+            return value(x)
+        xs = _stopped(x)
+        return _with_gradients(value(xs), [(x, grad(xs))])
+
     def log1p(self) -> "Tensor":
         """log(1 + x) accurate near 0: log(u) * x / (u - 1) with u = 1 + x (Goldberg)."""
-        x = self if self.dtype.is_float else self.float()
-        u = x + 1
-        d = u - 1
-        safe = where(d.eq(0) | u.isinf(), 1.0, d).cast(x.dtype)
-        return where(d.eq(0), x, where(u.isinf(), u.log(), u.log() * (x / safe)))
+        def value(x: Tensor) -> Tensor:
+            u = x + 1
+            d = u - 1
+            safe = where(d.eq(0) | u.isinf(), 1.0, d).cast(x.dtype)
+            return where(d.eq(0), x, where(u.isinf(), u.log(), u.log() * (x / safe)))
+        return self._formula(value, lambda x: (x + 1).reciprocal())
 
     def expm1(self) -> "Tensor":
         """exp(x) - 1 accurate near 0: (u - 1) * x / log(u) with u = exp(x) (Kahan)."""
@@ -821,16 +854,15 @@ class Tensor:
         return sgn * y  # a masked branch's infinite derivative times 0 would be NaN
 
     def acosh(self) -> "Tensor":
-        x = self if self.dtype.is_float else self.float()
-        big = x > 2 ** 28
-        s = where(big, 2.0, x).cast(x.dtype)
-        t = s - 1
-        y = (t + (t * 2 + t * t).sqrt()).log1p()  # NaN below 1 (its gradient too, as PyTorch's)
-        return where(big, where(big, x, 2.0).cast(x.dtype).log() + math.log(2), y)
+        def value(x: Tensor) -> Tensor:
+            big = x > 2 ** 28
+            t = where(big, 2.0, x).cast(x.dtype) - 1
+            y = (t + (t * 2 + t * t).sqrt()).log1p()  # NaN below 1
+            return where(big, x.log() + math.log(2), y)
+        return self._formula(value, lambda x: (x * x - 1).rsqrt())
 
     def atanh(self) -> "Tensor":
-        x = self if self.dtype.is_float else self.float()
-        return ((x * 2) / (1 - x)).log1p() * 0.5
+        return self._formula(lambda x: ((x * 2) / (1 - x)).log1p() * 0.5, lambda x: (1 - x * x).reciprocal())
 
     def atan(self) -> "Tensor":
         """Reduced to |t| <= tan(pi/12) (1/|x| above 1, then a pi/6 step), then its odd series
@@ -867,12 +899,10 @@ class Tensor:
     arctan2 = atan2
 
     def asin(self) -> "Tensor":
-        x = self if self.dtype.is_float else self.float()
-        return x.atan2(((1 - x) * (1 + x)).sqrt())
+        return self._formula(lambda x: x.atan2(((1 - x) * (1 + x)).sqrt()), lambda x: (1 - x * x).rsqrt())
 
     def acos(self) -> "Tensor":
-        x = self if self.dtype.is_float else self.float()
-        return ((1 - x) * (1 + x)).sqrt().atan2(x)
+        return self._formula(lambda x: ((1 - x) * (1 + x)).sqrt().atan2(x), lambda x: -(1 - x * x).rsqrt())
 
     def isclose(self, o: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> "Tensor":
         a, b = _broadcast(*_promote(self, self._wrap(o)), "isclose")
@@ -906,8 +936,9 @@ class Tensor:
         a = x * sgn
         e = (a * -2).exp()
         big = (1 - e) / (1 + e)
-        x2 = x * x
-        small = a * (1 + x2 * (-1 / 3 + x2 * (2 / 15 + x2 * (-17 / 315 + x2 * (62 / 2835)))))
+        s = where(a < 0.25, a, 0.0).cast(x.dtype)   # the series' input where it is used: finite gradients
+        x2 = s * s
+        small = s * (1 + x2 * (-1 / 3 + x2 * (2 / 15 + x2 * (-17 / 315 + x2 * (62 / 2835)))))
         return sgn * where(a < 0.25, small, big)
     @_half_in_f32
     def silu(self) -> "Tensor": return self * self.sigmoid()  # noqa: E704
@@ -930,7 +961,7 @@ class Tensor:
             # reciprocal, not x over the sum: the gradient of x / d divides three times, and
             # GPT-2's bias gradient, which recomputes it, was bound by those divisions
             u = (self + self * self * self * 0.044715) * (-2 * math.sqrt(2 / math.pi))
-            return self * (u.clamp(max=80.0).exp() + 1).reciprocal()
+            return self * (where(u > 80.0, 80.0, u).cast(u.dtype).exp() + 1).reciprocal()
         if approximate != "none":
             raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
         return self * 0.5 * ((self * (1 / math.sqrt(2))).erf() + 1)
@@ -941,11 +972,13 @@ class Tensor:
         absolute error under 1.5e-7 (f32's resolution; f64 gets the same, not f64's)."""
         x = self if self.dtype.is_float else self.float()
         a = x.abs()
-        t = (a * 0.3275911 + 1).reciprocal()
+        c = where(a > 10, 10.0, a).cast(x.dtype)   # erf(10) is 1: an infinite x's gradient stays 0, not NaN
+        t = (c * 0.3275911 + 1).reciprocal()
         poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-        y = 1 - poly * (-(a * a)).exp()
-        x2 = x * x  # below 0.5 its Taylor series, which keeps the relative precision of small values
-        small = x * (2 / math.sqrt(math.pi)) * (1 + x2 * (-1 / 3 + x2 * (1 / 10 + x2 * (-1 / 42 + x2 * (
+        y = 1 - poly * (-(c * c)).exp()
+        s = where(a < 0.5, x, 0.0).cast(x.dtype)   # below 0.5 its Taylor series, which keeps the relative
+        x2 = s * s                                  # precision of small values
+        small = s * (2 / math.sqrt(math.pi)) * (1 + x2 * (-1 / 3 + x2 * (1 / 10 + x2 * (-1 / 42 + x2 * (
             1 / 216 + x2 * (-1 / 1320 + x2 / 9360))))))
         return where(a < 0.5, small, where(x.signbit(), -y, y))
 
@@ -987,13 +1020,11 @@ class Tensor:
         """PyTorch's clamp: NaN stays NaN, and the gradient is 1 on [min, max], bounds included."""
         if min is None and max is None:
             raise ValueError("clamp: at least one of 'min' or 'max' must not be None")
-        out = self
-        if min is not None:
-            lo = out._wrap(min)
-            out = where(out < lo, lo, out)
-        if max is not None:
-            hi = out._wrap(max)
-            out = where(out > hi, hi, out)
+        out = where(self.isnan(), _stopped(self), self) if self.dtype.is_float else self
+        for bound, over in ((min, Tensor.__lt__), (max, Tensor.__gt__)):
+            if bound is not None:
+                b = out._wrap(bound)
+                out = where(over(out, b) | b.isnan(), b, out)
         return out
 
     clip = clamp
@@ -1152,7 +1183,7 @@ class Tensor:
 
     def flip(self, dims: Iterable[int]) -> "Tensor":
         axes = tuple(_dim(d, self.ndim) for d in ([dims] if isinstance(dims, int) else dims))
-        return _call("flip", lambda: ir.flip(self.node, axes), self)
+        return _call("flip", lambda: ir.flip(self.node, axes), self) if self.ndim else self
 
     def repeat(self, *times: Any) -> "Tensor":
         times = _shape_arg(times)
@@ -1303,7 +1334,7 @@ class Tensor:
         x = self.cast(as_dtype(dtype)) if dtype is not None else self if self.dtype.is_float else self.cast(dt.i64)
         axes = x._axes(dim)
         keep = [d for d in range(x.ndim) if d not in axes]
-        if any(x.shape[a] == 0 for a in axes):  # the empty product
+        if x.numel() == 0:  # the empty product, or an empty result
             return x.sum(dim, keepdim) + 1
         flat = x.permute(keep + list(axes)).reshape([x.shape[d] for d in keep] + [-1]) if x.ndim else x.reshape(1)
         while flat.shape[-1] > 1:
@@ -1345,11 +1376,15 @@ class Tensor:
 
     def masked_select(self, mask: "Tensor") -> "Tensor":
         """The elements where mask (broadcast) is true, as 1-D; the count is computed first."""
+        if mask.dtype is not dt.bool_:
+            raise TypeError(f"masked_select: expected a bool mask, got {mask.dtype}")
         shape = _broadcast_shape(self.shape, mask.shape, "masked_select")
         return self._broadcast_to(shape).reshape(-1)[mask._broadcast_to(shape).reshape(-1)]
 
     def nonzero(self, as_tuple: bool = False) -> Any:
         """[count, ndim] int64 indices of the nonzero elements (computed first: the count is the shape)."""
+        if self.numel() == 0:
+            return tuple(zeros(0, dtype=dt.i64) for _ in self.shape) if as_tuple else zeros(0, self.ndim, dtype=dt.i64)
         flat = _true_positions(self.ne(0).reshape(-1))
         cols, rest = [], flat
         for n in reversed(self.shape):
@@ -1547,6 +1582,8 @@ class Tensor:
         a reversed cumsum). A doubling scan's log2(n) steps, fused, made gradients whose code
         grew as 2^steps (a cumprod of 128 took 277 s to compile)."""
         dim = _dim(dim, self.ndim)
+        if self.numel() == 0:
+            return self
         x = self.movedim(dim, -1) if self.ndim else self.reshape(1)
         out = _block_scan(x, kind)
         return out.movedim(-1, dim) if self.ndim else out.reshape(())
@@ -1573,8 +1610,8 @@ class Tensor:
         """The indices from a running max of the keys (negated or order-flipped for a minimum);
         the values are x at them, so the gradient goes to those elements, as PyTorch's."""
         d = _dim(dim, self.ndim)
-        if self.ndim == 0:
-            return self, Tensor(ir.const(0, dt.i64, ()))
+        if self.ndim == 0 or self.numel() == 0:
+            return self, zeros(self.shape, dtype=dt.i64)
         x = self.cast(dt.u8) if self.dtype is dt.bool_ else self
         key = x if largest else -x if x.dtype.is_float else x._flip_order()
         best = Tensor(ir.stop_gradient(key._scan("max", d).node))
@@ -1601,9 +1638,8 @@ class Tensor:
         if not 0 <= k <= (self.shape[d] if self.ndim else 1):
             raise IndexError(f"topk: k={k} is out of range for dim {d} of size {self.shape[d] if self.ndim else 1}")
         values, idx = _sort(self, d, largest)
-        pick = [slice(None)] * self.ndim
-        pick[d] = slice(0, k)
-        return ValuesIndices(values[tuple(pick)], idx[tuple(pick)]) if self.ndim else ValuesIndices(values, idx)
+        pick = tuple(slice(0, k) if a == d else slice(None) for a in range(self.ndim))
+        return ValuesIndices(values[pick], idx[pick])
 
     def kthvalue(self, k: int, dim: int = -1, keepdim: bool = False) -> tuple["Tensor", "Tensor"]:
         """The k-th smallest (1-based) along dim, and its index."""
@@ -1612,19 +1648,22 @@ class Tensor:
         if not 1 <= k <= n:
             raise IndexError(f"kthvalue: k={k} is out of range for dim {d} of size {n}")
         values, idx = _sort(self, d, False)
-        pick = [slice(None)] * self.ndim
-        pick[d] = k - 1
-        v, i = (values[tuple(pick)], idx[tuple(pick)]) if self.ndim else (values, idx)
-        return ValuesIndices(v.unsqueeze(d), i.unsqueeze(d)) if keepdim and self.ndim else ValuesIndices(v, i)
+        pick = tuple(slice(k - 1, k) if a == d else slice(None) for a in range(self.ndim))
+        v, i = values[pick], idx[pick]
+        return ValuesIndices(v, i) if keepdim or not self.ndim else ValuesIndices(v.squeeze(d), i.squeeze(d))
 
     def median(self, dim: int | None = None, keepdim: bool = False) -> Any:
-        """The lower median (PyTorch's); NaN where the values have a NaN."""
+        """The lower median (PyTorch's), and with a dim its index; NaN, and the first NaN's index,
+        where the values have a NaN (empty: NaN)."""
         if dim is None:
-            flat = self.reshape(-1)
-            v, _ = flat.kthvalue((flat.shape[0] + 1) // 2)
-            return where(flat.isnan().any(), math.nan, v).cast(self.dtype) if self.dtype.is_float else v
+            return full((), math.nan, self.dtype) if self.numel() == 0 else self.reshape(-1).median(0)[0]
         d = _dim(dim, self.ndim)
-        return self.kthvalue(((self.shape[d] if self.ndim else 1) + 1) // 2, d, keepdim)
+        v, i = self.kthvalue(((self.shape[d] if self.ndim else 1) + 1) // 2, d, keepdim=True)
+        if self.dtype.is_float and self.ndim:
+            nan = self.isnan()
+            i = where(nan.any(d, keepdim=True), nan.cast(dt.u8).argmax(d, keepdim=True), i)
+            v = self.gather(d, i)
+        return ValuesIndices(v, i) if keepdim or not self.ndim else ValuesIndices(v.squeeze(d), i.squeeze(d))
 
     def max(self, dim: Any = None, keepdim: bool = False) -> Any:
         """As PyTorch: the maximum of everything; with a dim, (values, indices); with a tensor,
@@ -1633,14 +1672,20 @@ class Tensor:
             return self.amax()
         if isinstance(dim, Tensor):
             return self.maximum(dim)
-        return ValuesIndices(self.amax(dim, keepdim), self.argmax(dim, keepdim))
+        return self._extreme_at(self.argmax(dim, keepdim=True), dim, keepdim)
+
+    def _extreme_at(self, i: "Tensor", dim: int, keepdim: bool) -> ValuesIndices:
+        """max(dim) and min(dim): the values at the indices i (keepdim), so that the gradient goes
+        to the element each index names, as PyTorch's (amax shares it among ties)."""
+        v = self.gather(dim, i) if self.ndim else self
+        return ValuesIndices(v, i) if keepdim or not self.ndim else ValuesIndices(v.squeeze(dim), i.squeeze(dim))
 
     def min(self, dim: Any = None, keepdim: bool = False) -> Any:
         if dim is None:
             return self.amin()
         if isinstance(dim, Tensor):
             return self.minimum(dim)
-        return ValuesIndices(self.amin(dim, keepdim), self.argmin(dim, keepdim))
+        return self._extreme_at(self.argmin(dim, keepdim=True), dim, keepdim)
 
     def mean(self, dim: Any = None, keepdim: bool = False) -> "Tensor":
         if not self.dtype.is_float:
@@ -1658,7 +1703,8 @@ class Tensor:
         """The vector p-norm over dim (all of it by default): 2 ('fro'), inf, -inf, 0 (the count of
         nonzeros) or any other p, as torch.norm."""
         if p in ("fro", 2):
-            return (self * self).sum(dim, keepdim).sqrt()
+            s = (self * self).sum(dim, keepdim)
+            return where(s.eq(0), _stopped(s), s).sqrt()   # PyTorch's gradient at 0 is 0
         if p in (math.inf, -math.inf):
             return self.abs().amax(dim, keepdim) if p > 0 else self.abs().amin(dim, keepdim)
         if p == 0:
@@ -1666,7 +1712,8 @@ class Tensor:
         return self.abs().pow(p).sum(dim, keepdim).pow(1 / p)
 
     def std(self, dim: Any = None, keepdim: bool = False, correction: int = 1) -> "Tensor":
-        return self.var(dim, keepdim, correction).sqrt()
+        v = self.var(dim, keepdim, correction)
+        return where(v.eq(0), _stopped(v), v).sqrt()   # PyTorch's gradient at 0 is 0, not 0 * inf
 
     def logsumexp(self, dim: int = -1, keepdim: bool = False) -> "Tensor":
         m = self._stable_max(dim)
@@ -1681,6 +1728,9 @@ class Tensor:
         """The max along dim that softmax and logsumexp subtract to stay in range. Their value
         does not depend on it, so neither does their gradient, as in PyTorch: no gradient flows
         through it (ir.stop_gradient), which spares the backward pass two passes over the input."""
+        if self.numel() == 0:   # nothing to keep in range: softmax of nothing is empty, logsumexp -inf
+            d = _dim(dim, self.ndim)
+            return zeros(tuple(1 if a == d else n for a, n in enumerate(self.shape)), dtype=self.dtype)
         m = self.amax(dim, keepdim=True)
         return Tensor(ir.stop_gradient(m.node)) if self.dtype.is_float else m
 
@@ -1791,7 +1841,7 @@ class Tensor:
 
 def _inplace_form(name: str) -> Callable[..., Tensor]:
     def method(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        return self._inplace(getattr(self, name)(*args, **kwargs))
+        return self._inplace(getattr(self, name)(*args, **kwargs), name in ("t", "transpose", "unsqueeze", "squeeze"))
     method.__name__ = method.__qualname__ = name + "_"
     method.__doc__ = f"x.{name}_(...): x becomes x.{name}(...) (Tensor._inplace)."
     return method
@@ -1961,6 +2011,8 @@ def _true_positions(flat: Tensor) -> Tensor:
     program computes them (a running count, then for each slot the position that fills it);
     only their number is read first, as it is the result's shape."""
     count = int(flat.cast(dt.i64).sum().item())
+    if count == 0:
+        return zeros(0, dtype=dt.i64)
     slot = flat.cast(dt.i64).cumsum(0) - 1                                  # [n]
     want = Tensor(ir.iota(dt.i64, (count, 1), 0))                           # [count, 1]
     pos = Tensor(ir.iota(dt.i64, (1, flat.shape[0]), 1))                    # [1, n]
@@ -2018,20 +2070,22 @@ def _block_cumprod(x: Tensor, keep: Tensor) -> Tensor:
             x, step = x * x.pad([step, 0], value=1)[..., :n], step * 2
         return x
     w = Tensor(ir.stop_gradient(x.node)).cast(dt.f64)
-    zero, neg = w.eq(0).cast(dt.f64), (w < 0).cast(dt.f64)
+    zero, neg = w.eq(0).cast(dt.f64), w.signbit().cast(dt.f64)   # -0.0 and -inf count as negative
     logs = where(w.eq(0), 0.0, w.abs().log()).cast(dt.f64)
     row = lambda v: where(keep, v.unsqueeze(-2), 0.0).cast(dt.f64).sum(-1, keepdim=True)  # noqa: E731  [..., i, 1]
     zs, ns, ls = row(zero), row(neg), row(logs)                                        # running counts and sums
 
     def product(z: Tensor, n_: Tensor, lg: Tensor) -> Tensor:
         odd = (n_ * 0.5).floor().ne(n_ * 0.5)
-        mag = where(z > 0, 0.0, lg.exp()).cast(dt.f64)
+        mag = where(z > 0, where(lg.eq(math.inf), math.nan, 0.0), lg.exp()).cast(dt.f64)   # 0 * inf is NaN
         return where(lg.isnan(), math.nan, where(odd, -mag, mag)).cast(dt.f64)
     y = product(zs, ns, ls).squeeze(-1).cast(x.dtype)
     others = product(zs - zero.unsqueeze(-2), ns - neg.unsqueeze(-2), ls - logs.unsqueeze(-2))   # [..., i, j]
     others = where(keep & others.isfinite(), others, 0.0).cast(dt.f64).cast(x.dtype)
-    delta = x - Tensor(ir.stop_gradient(x.node))                                       # 0, with x's gradient
-    return Tensor(ir.stop_gradient(y.node)) + (Tensor(ir.stop_gradient(others.node)) * delta.unsqueeze(-2)).sum(-1)
+    fx = where(x.isfinite(), x, 0.0).cast(x.dtype)   # (inf - inf would make the value NaN)
+    delta = fx - Tensor(ir.stop_gradient(fx.node))                                     # 0, with x's gradient
+    carry = (Tensor(ir.stop_gradient(others.node)) * delta.unsqueeze(-2)).sum(-1)      # +-0, with the gradient
+    return Tensor(ir.stop_gradient(y.node)) - (0.0 - carry)    # y - (+0) is y, -0.0 included
 
 
 def _check_index(index: Tensor, n: int, name: str) -> None:
@@ -2146,7 +2200,10 @@ def _scalar(v: Any) -> Tensor:
     return Tensor(ir.const(data.literal_value(v, d, truncate=True), d, ()))
 
 
-def where(cond: Tensor, x: Any, y: Any) -> Tensor:
+def where(cond: Tensor, x: Any = None, y: Any = None) -> Tensor:
+    """torch.where: x where cond, else y; with cond alone, cond.nonzero(as_tuple=True)."""
+    if x is None and y is None:
+        return cond.nonzero(as_tuple=True)
     if isinstance(x, Tensor) or isinstance(y, Tensor):
         xt = x if isinstance(x, Tensor) else y._wrap(x)
         yt = y if isinstance(y, Tensor) else x._wrap(y)
@@ -2339,6 +2396,7 @@ def ones(*shape: Any, dtype: Any = dt.f32, requires_grad: bool = False) -> Tenso
 def arange(start: float, end: float | None = None, step: float = 1, dtype: Any = None,
            requires_grad: bool = False) -> Tensor:
     """PyTorch's arange: int64 for integer arguments, float32 when any is a float."""
+    start, end, step = (v.item() if isinstance(v, Tensor) else v for v in (start, end, step))
     if end is None:
         start, end = 0, start
     if step == 0:

@@ -164,6 +164,10 @@ def test_grad_is_zeros_through_an_empty_slice_and_none_when_unread() -> None:
     lambda m: m.zeros(2, 3).gather(1, m.tensor([[0, 3]])),
     lambda m: m.zeros(2, 3).scatter(1, m.tensor([[0, 1]]), m.ones(1, 2, dtype=m.float64)),
     lambda m: m.zeros(2, 3).roll((1, 2), 0),
+    lambda m: m.tensor([1, 2]).exp_(), lambda m: m.tensor([1, 2]).div_(m.tensor([2, 2])),
+    lambda m: m.zeros(2, 3).dot(m.zeros(2, 3)), lambda m: m.zeros(3).mm(m.zeros(3, 2)),
+    lambda m: m.zeros(2, 2).bmm(m.zeros(2, 2)), lambda m: m.zeros(2, 2).outer(m.zeros(2)),
+    lambda m: m.zeros(3).fill_(m.ones(3)), lambda m: m.zeros(3).masked_select(m.tensor([1, 0, 1])),
     lambda m: (m.nn.functional.scaled_dot_product_attention(m.zeros(1, 2, 4), m.zeros(1, 2, 4), m.zeros(1, 2, 4),
                                                            attn_mask=m.ones(2, 2, dtype=m.bool), is_causal=True))])
 def test_calls_pytorch_rejects_raise(call) -> None:  # type: ignore[no-untyped-def]
