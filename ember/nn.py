@@ -176,39 +176,22 @@ class Module:
             p.assign(Tensor(arr, p.dtype))
 
 
+def _uniform(fan_in: int, *shape: int) -> Parameter:
+    """PyTorch's default init of weights and biases: uniform in +-1/sqrt(fan_in)."""
+    bound = 1 / math.sqrt(fan_in)
+    return parameter(T.rand(*shape) * (2 * bound) - bound)
+
+
 class Linear(Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
-        bound = 1 / math.sqrt(in_features)
-        self.weight = parameter(T.rand(out_features, in_features) * (2 * bound) - bound)
-        self.bias = parameter(T.rand(out_features) * (2 * bound) - bound) if bias else None
+        self.weight = _uniform(in_features, out_features, in_features)
+        self.bias = _uniform(in_features, out_features) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
         from .functional import linear
         if x.shape[-1:] != self.weight.shape[1:]:
             raise ShapeError(f"Linear({self.weight.shape[1]}, {self.weight.shape[0]}) got input {list(x.shape)}")
         return linear(x, self.weight, self.bias)
-
-
-class Sequential(Module):
-    def __init__(self, *modules: Module):
-        self.layers = list(modules)
-
-    def forward(self, x: Any) -> Any:
-        for m in self.layers:
-            x = m(x)
-        return x
-
-    def __getitem__(self, i: int) -> Module:
-        return self.layers[i]
-
-    def __len__(self) -> int:
-        return len(self.layers)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self.layers)
-
-    def named_children(self) -> Iterator[tuple[str, Module]]:   # PyTorch's names: "0.weight"
-        return ((str(i), m) for i, m in enumerate(self.layers))
 
 
 class ModuleList(Module):
@@ -228,8 +211,18 @@ class ModuleList(Module):
         self.items.append(m)
         return self
 
-    def named_children(self) -> Iterator[tuple[str, Module]]:
+    def named_children(self) -> Iterator[tuple[str, Module]]:   # PyTorch's names: "0.weight"
         return ((str(i), m) for i, m in enumerate(self.items))
+
+
+class Sequential(ModuleList):
+    def __init__(self, *modules: Module):
+        super().__init__(modules)
+
+    def forward(self, x: Any) -> Any:
+        for m in self.items:
+            x = m(x)
+        return x
 
 
 class Flatten(Module):
@@ -284,9 +277,9 @@ class _ConvNd(Module):
         if in_channels % groups or out_channels % groups:
             raise ShapeError(f"{type(self).__name__}: channels {in_channels} and {out_channels} are not divisible "
                              f"by groups={groups}")
-        bound = 1 / math.sqrt(in_channels // groups * math.prod(k))  # PyTorch's default init range
-        self.weight = parameter(T.rand(out_channels, in_channels // groups, *k) * (2 * bound) - bound)
-        self.bias = parameter(T.rand(out_channels) * (2 * bound) - bound) if bias else None
+        fan_in = in_channels // groups * math.prod(k)
+        self.weight = _uniform(fan_in, out_channels, in_channels // groups, *k)
+        self.bias = _uniform(fan_in, out_channels) if bias else None
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
 
     def forward(self, x: Tensor) -> Tensor:
@@ -295,16 +288,7 @@ class _ConvNd(Module):
         return conv(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
-class Conv1d(_ConvNd):
-    nsp = 1
-
-
-class Conv2d(_ConvNd):
-    nsp = 2
-
-
-class Conv3d(_ConvNd):
-    nsp = 3
+Conv1d, Conv2d, Conv3d = (type(f"Conv{n}d", (_ConvNd,), {"nsp": n}) for n in (1, 2, 3))
 
 
 class _ConvTransposeNd(Module):
@@ -314,9 +298,9 @@ class _ConvTransposeNd(Module):
                  output_padding: Any = 0, groups: int = 1, bias: bool = True, dilation: Any = 1):
         from .functional import _tuple
         k = _tuple(kernel_size, self.nsp, type(self).__name__)
-        bound = 1 / math.sqrt(out_channels // groups * math.prod(k))  # PyTorch's default init range
-        self.weight = parameter(T.rand(in_channels, out_channels // groups, *k) * (2 * bound) - bound)
-        self.bias = parameter(T.rand(out_channels) * (2 * bound) - bound) if bias else None
+        fan_in = out_channels // groups * math.prod(k)
+        self.weight = _uniform(fan_in, in_channels, out_channels // groups, *k)
+        self.bias = _uniform(fan_in, out_channels) if bias else None
         self.options = dict(stride=stride, padding=padding, output_padding=output_padding, groups=groups,
                             dilation=dilation)
 
@@ -325,16 +309,8 @@ class _ConvTransposeNd(Module):
         return getattr(functional, f"conv_transpose{self.nsp}d")(x, self.weight, self.bias, **self.options)
 
 
-class ConvTranspose1d(_ConvTransposeNd):
-    nsp = 1
-
-
-class ConvTranspose2d(_ConvTransposeNd):
-    nsp = 2
-
-
-class ConvTranspose3d(_ConvTransposeNd):
-    nsp = 3
+ConvTranspose1d, ConvTranspose2d, ConvTranspose3d = (type(f"ConvTranspose{n}d", (_ConvTransposeNd,), {"nsp": n})
+                                                     for n in (1, 2, 3))
 
 
 class Upsample(Module):
@@ -360,12 +336,7 @@ class _Pool2d(Module):
         return pool(x, self.kernel_size, self.stride, self.padding, ceil_mode=self.ceil_mode, **self.options)
 
 
-class MaxPool2d(_Pool2d):
-    kind = "max"
-
-
-class AvgPool2d(_Pool2d):
-    kind = "avg"
+MaxPool2d, AvgPool2d = type("MaxPool2d", (_Pool2d,), {"kind": "max"}), type("AvgPool2d", (_Pool2d,), {"kind": "avg"})
 
 
 class _BatchNorm(Module):
@@ -400,12 +371,7 @@ class _BatchNorm(Module):
         return y
 
 
-class BatchNorm1d(_BatchNorm):
-    pass
-
-
-class BatchNorm2d(_BatchNorm):
-    pass
+BatchNorm1d, BatchNorm2d = type("BatchNorm1d", (_BatchNorm,), {}), type("BatchNorm2d", (_BatchNorm,), {})
 
 
 class GroupNorm(Module):

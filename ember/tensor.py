@@ -244,26 +244,23 @@ class Tensor:
     __slots__ = ("node", "_rg", "grad", "_value", "__weakref__")
 
     def __init__(self, value: Any, dtype: DType | None = None, requires_grad: bool = False):
+        self._value = None
         if isinstance(value, Node):
             self._rg = None if context.grad_enabled else False
             if not context.grad_enabled and value.dtype.is_float and value.op not in (Op.PARAM, Op.CONST) \
                     and ir.stopped(value) is None:
                 value = ir.stop_gradient(value)
             self.node = value
-            self._value = None
-        elif hasattr(value, "ptr"):  # a DeviceArray: a value that stays on the GPU
-            self.node = ir.param(new_name(), value.dtype, tuple(value.shape))
-            self._value = None
-            _DATA[self.node] = value
-            _LEAVES[self.node] = self
         else:
-            arr = np.asarray(value)
-            d = as_dtype(dtype) if dtype is not None else (as_dtype(arr.dtype) if arr.dtype.kind in "iub" else dt.f32)
-            arr = arr.astype(_np_dtype(d)) if d not in (dt.f16, dt.bf16) else data.round_float(arr, d)
-            self.node = ir.param(new_name(), d, tuple(int(s) for s in arr.shape))
-            self._value = None
-            _DATA[self.node] = np.ascontiguousarray(arr, dtype=_np_dtype(d)).reshape(arr.shape)  # keeps 0-d
-            _LEAVES[self.node] = self
+            if hasattr(value, "ptr"):  # a DeviceArray: a value that stays on the GPU
+                d, held = value.dtype, value
+            else:
+                arr = np.asarray(value)
+                d = as_dtype(dtype if dtype is not None else arr.dtype if arr.dtype.kind in "iub" else dt.f32)
+                arr = arr.astype(_np_dtype(d)) if d not in (dt.f16, dt.bf16) else data.round_float(arr, d)
+                held = np.ascontiguousarray(arr, dtype=_np_dtype(d)).reshape(arr.shape)  # keeps 0-d
+            self.node = ir.param(new_name(), d, tuple(int(s) for s in held.shape))
+            _DATA[self.node], _LEAVES[self.node] = held, self
         if self.is_leaf and (requires_grad or not isinstance(value, Node)):
             self._rg = bool(requires_grad)   # (a param node wrapped again asks its leaf: requires_grad)
         elif requires_grad:
@@ -525,20 +522,11 @@ class Tensor:
         return Tensor(_call(op.name.lower(), lambda: ir.unary(op, x.node), x).node)
 
     # ---------------------------------------------------------------------- arithmetic
-    def __add__(self, o: Any) -> "Tensor": return self._binary(Op.ADD, o)  # noqa: E704
-    def __radd__(self, o: Any) -> "Tensor": return self._binary(Op.ADD, o, True)  # noqa: E704
-    def __sub__(self, o: Any) -> "Tensor": return self._binary(Op.SUB, o)  # noqa: E704
-    def __rsub__(self, o: Any) -> "Tensor": return self._binary(Op.SUB, o, True)  # noqa: E704
-    def __mul__(self, o: Any) -> "Tensor": return self._binary(Op.MUL, o)  # noqa: E704
-    def __rmul__(self, o: Any) -> "Tensor": return self._binary(Op.MUL, o, True)  # noqa: E704
+    # (+, -, * and the bitwise operators, with their reflected forms, are set after the class)
+    def __truediv__(self, o: Any, reverse: bool = False) -> "Tensor":
+        return (self if self.dtype.is_float else self.float())._binary(Op.DIV, o, reverse)
 
-    def __truediv__(self, o: Any) -> "Tensor":
-        a = self if self.dtype.is_float else self.float()
-        return a._binary(Op.DIV, o)
-
-    def __rtruediv__(self, o: Any) -> "Tensor":
-        a = self if self.dtype.is_float else self.float()
-        return a._binary(Op.DIV, o, True)
+    __rtruediv__ = functools.partialmethod(__truediv__, reverse=True)
 
     def __floordiv__(self, o: Any) -> "Tensor": return self.div(o, rounding_mode="floor")  # noqa: E704
     def __rfloordiv__(self, o: Any) -> "Tensor": return self._wrap(o).div(self, rounding_mode="floor")  # noqa: E704
@@ -588,35 +576,22 @@ class Tensor:
         r = a.fmod(b)
         return where(r.ne(0) & ((r < 0).ne(b < 0)), r + b, r)  # a zero keeps fmod's sign, as PyTorch
     def __neg__(self) -> "Tensor": return self._unary(Op.NEG)  # noqa: E704
+    neg = negative = __neg__
     def __pow__(self, o: Any) -> "Tensor": return self.pow(o)  # noqa: E704
     def __matmul__(self, o: "Tensor") -> "Tensor": return self.matmul(o)  # noqa: E704
-    def __lt__(self, o: Any) -> "Tensor": return self._binary(Op.CMPLT, o)  # noqa: E704
-    def __gt__(self, o: Any) -> "Tensor": return self._binary(Op.CMPLT, o, True)  # noqa: E704
+    __lt__ = lt = functools.partialmethod(_binary, Op.CMPLT)
+    __gt__ = gt = functools.partialmethod(_binary, Op.CMPLT, reverse=True)
+    __eq__ = eq = functools.partialmethod(_binary, Op.CMPEQ)  # type: ignore[assignment]
+    __ne__ = ne = functools.partialmethod(_binary, Op.CMPNE)  # type: ignore[assignment]
     def __le__(self, o: Any) -> "Tensor": return (self < o) | self.eq(o)  # noqa: E704  (NaN: False)
     def __ge__(self, o: Any) -> "Tensor": return (self > o) | self.eq(o)  # noqa: E704
-    def eq(self, o: Any) -> "Tensor": return self._binary(Op.CMPEQ, o)  # noqa: E704
-    def ne(self, o: Any) -> "Tensor": return self._binary(Op.CMPNE, o)  # noqa: E704
-    def __eq__(self, o: Any) -> "Tensor": return self.eq(o)  # type: ignore[override]  # noqa: E704
-    def __ne__(self, o: Any) -> "Tensor": return self.ne(o)  # type: ignore[override]  # noqa: E704
+    le, ge = __le__, __ge__
 
     def __bool__(self) -> bool:
         if self.numel() != 1:
             raise RuntimeError(f"the truth value of a tensor of {self.numel()} elements is ambiguous "
                                "(use .any() or .all())")
         return bool(self.item())
-    def __and__(self, o: Any) -> "Tensor": return self._bitwise(Op.AND, o)  # noqa: E704
-    def __or__(self, o: Any) -> "Tensor": return self._bitwise(Op.OR, o)  # noqa: E704
-    def __xor__(self, o: Any) -> "Tensor": return self._bitwise(Op.XOR, o)  # noqa: E704
-    def __rand__(self, o: Any) -> "Tensor": return self._bitwise(Op.AND, o, True)  # noqa: E704
-    def __ror__(self, o: Any) -> "Tensor": return self._bitwise(Op.OR, o, True)  # noqa: E704
-    def __rxor__(self, o: Any) -> "Tensor": return self._bitwise(Op.XOR, o, True)  # noqa: E704
-    def __lshift__(self, o: Any) -> "Tensor": return self._bitwise(Op.SHL, o)  # noqa: E704
-    def __rshift__(self, o: Any) -> "Tensor": return self._bitwise(Op.SHR, o)  # noqa: E704
-    def __rlshift__(self, o: Any) -> "Tensor": return self._bitwise(Op.SHL, o, True)  # noqa: E704
-    def __rrshift__(self, o: Any) -> "Tensor": return self._bitwise(Op.SHR, o, True)  # noqa: E704
-    bitwise_and, bitwise_or, bitwise_xor = __and__, __or__, __xor__
-    bitwise_left_shift, bitwise_right_shift = __lshift__, __rshift__
-
     def __invert__(self) -> "Tensor":
         if self.dtype.is_float:
             raise TypeError(f"~ (bitwise_not) needs an integer or bool tensor, got {self.dtype}")
@@ -643,32 +618,17 @@ class Tensor:
     # PyTorch's other spellings of the ops above
     def add(self, o: Any, alpha: float = 1) -> "Tensor": return self + (o * alpha if alpha != 1 else o)  # noqa: E704
     def sub(self, o: Any, alpha: float = 1) -> "Tensor": return self - (o * alpha if alpha != 1 else o)  # noqa: E704
-    def mul(self, o: Any) -> "Tensor": return self * o  # noqa: E704
-    def true_divide(self, o: Any) -> "Tensor": return self / o  # noqa: E704
-    def floor_divide(self, o: Any) -> "Tensor": return self // o  # noqa: E704
-    def neg(self) -> "Tensor": return -self  # noqa: E704
     def positive(self) -> "Tensor": return self  # noqa: E704
-    def lt(self, o: Any) -> "Tensor": return self < o  # noqa: E704
-    def gt(self, o: Any) -> "Tensor": return self > o  # noqa: E704
-    def le(self, o: Any) -> "Tensor": return self <= o  # noqa: E704
-    def ge(self, o: Any) -> "Tensor": return self >= o  # noqa: E704
     def logical_and(self, o: Any) -> "Tensor": return self.bool() & self._wrap(o).bool()  # noqa: E704
     def logical_or(self, o: Any) -> "Tensor": return self.bool() | self._wrap(o).bool()  # noqa: E704
     def logical_xor(self, o: Any) -> "Tensor": return self.bool() ^ self._wrap(o).bool()  # noqa: E704
     def clamp_min(self, m: Any) -> "Tensor": return self.clamp(min=m)  # noqa: E704
     def clamp_max(self, m: Any) -> "Tensor": return self.clamp(max=m)  # noqa: E704
-    def double(self) -> "Tensor": return self.cast(dt.f64)  # noqa: E704
-    def bfloat16(self) -> "Tensor": return self.cast(dt.bf16)  # noqa: E704
-    def short(self) -> "Tensor": return self.cast(dt.i16)  # noqa: E704
-    def byte(self) -> "Tensor": return self.cast(dt.u8)  # noqa: E704
-    def char(self) -> "Tensor": return self.cast(dt.i8)  # noqa: E704
     def type_as(self, o: "Tensor") -> "Tensor": return self.cast(o.dtype)  # noqa: E704
     def dim(self) -> int: return self.ndim  # noqa: E704
-    def nelement(self) -> int: return self.numel()  # noqa: E704
     def element_size(self) -> int: return self.dtype.itemsize  # noqa: E704
     def t(self) -> "Tensor": return self if self.ndim < 2 else self.transpose(0, 1)  # noqa: E704
     def view_as(self, o: "Tensor") -> "Tensor": return self.reshape(o.shape)  # noqa: E704
-    reshape_as = view_as
     def expand_as(self, o: "Tensor") -> "Tensor": return self.expand(o.shape)  # noqa: E704
     def mm(self, o: "Tensor") -> "Tensor": return self._ranked("mm", o, 2, 2).matmul(o)  # noqa: E704
     def bmm(self, o: "Tensor") -> "Tensor": return self._ranked("bmm", o, 3, 3).matmul(o)  # noqa: E704
@@ -682,7 +642,6 @@ class Tensor:
             got = f"{self.ndim}-D and {o.ndim}-D tensors" if isinstance(o, Tensor) else f"a {type(o).__name__}"
             raise ShapeError(f"{name}: expected {ra}-D and {rb}-D tensors, got {got}")
         return self
-    ger = outer
     def hypot(self, o: Any) -> "Tensor":
         """sqrt(a^2 + b^2) scaled by the larger (no overflow at 1e30), inf where either is, NaN included."""
         a, b = _broadcast(*_promote(self.abs(), self._wrap(o).abs()), "hypot")
@@ -694,14 +653,6 @@ class Tensor:
     def xlogy(self, o: Any) -> "Tensor":
         x = self if self.dtype.is_float else self.cast(dt.f32)  # ints give float32, as PyTorch
         return where(x.eq(0), 0.0, x * x._wrap(o).float().log()).cast(x.dtype)
-    def absolute(self) -> "Tensor": return self.abs()  # noqa: E704
-    def arcsin(self) -> "Tensor": return self.asin()  # noqa: E704
-    def arccos(self) -> "Tensor": return self.acos()  # noqa: E704
-    def arctan(self) -> "Tensor": return self.atan()  # noqa: E704
-    def arcsinh(self) -> "Tensor": return self.asinh()  # noqa: E704
-    def arccosh(self) -> "Tensor": return self.acosh()  # noqa: E704
-    def arctanh(self) -> "Tensor": return self.atanh()  # noqa: E704
-    def negative(self) -> "Tensor": return -self  # noqa: E704
 
     def nan_to_num(self, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None) -> "Tensor":
         if not self.dtype.is_float:
@@ -749,7 +700,6 @@ class Tensor:
         s = (r + where(q.eq(0) | q.eq(2), r._const(math.pi / 2), r._const(0.0)))._unary(Op.SIN)
         return where(q.eq(1) | q.eq(2), -s, s).cast(x.dtype)
     def trunc(self) -> "Tensor": return self._unary(Op.TRUNC) if self.dtype.is_float else self  # noqa: E704
-    fix = trunc
     def frac(self) -> "Tensor": return self - self.trunc()  # noqa: E704
 
     def floor(self) -> "Tensor":
@@ -782,7 +732,6 @@ class Tensor:
         one, zero = self._const(1), self._const(0)
         return where(self > 0, one, where(self < 0, -one if self.dtype.is_signed or self.dtype.is_float else one, zero))
 
-    def sgn(self) -> "Tensor": return self.sign()  # noqa: E704
 
     def copysign(self, o: Any) -> "Tensor":
         a = self if self.dtype.is_float else self.float()
@@ -896,7 +845,6 @@ class Tensor:
         base = where(x.signbit(), math.pi - base, base)
         return where(y.isnan() | x.isnan(), y + x, sy * base)
 
-    arctan2 = atan2
 
     def asin(self) -> "Tensor":
         return self._formula(lambda x: x.atan2(((1 - x) * (1 + x)).sqrt()), lambda x: (1 - x * x).rsqrt())
@@ -1027,19 +975,12 @@ class Tensor:
                 out = where(over(out, b) | b.isnan(), b, out)
         return out
 
-    clip = clamp
 
     def cast(self, d: Any) -> "Tensor":
         d = as_dtype(d)
         return self if d is self.dtype else Tensor(ir.unary(Op.CAST, self.node, d))
 
-    type = cast
 
-    def float(self) -> "Tensor": return self.cast(dt.f32)  # noqa: E704
-    def half(self) -> "Tensor": return self.cast(dt.f16)  # noqa: E704
-    def long(self) -> "Tensor": return self.cast(dt.i64)  # noqa: E704
-    def int(self) -> "Tensor": return self.cast(dt.i32)  # noqa: E704
-    def bool(self) -> "Tensor": return self.cast(dt.bool_)  # noqa: E704
 
     # --------------------------------------------------------------------- movement
     def reshape(self, *shape: Any) -> "Tensor":
@@ -1124,9 +1065,7 @@ class Tensor:
             n = out.shape[d]
             if mode == "constant":
                 if lo < 0 or hi < 0:  # crop first
-                    idx = [slice(None)] * self.ndim
-                    idx[d] = slice(max(-lo, 0), n - max(-hi, 0))
-                    out = out[tuple(idx)]
+                    out = out.narrow(d, max(-lo, 0), n - max(-lo, 0) - max(-hi, 0))
                     lo, hi = max(lo, 0), max(hi, 0)
                 if lo or hi:
                     before, after = [0] * self.ndim, [0] * self.ndim
@@ -1155,9 +1094,7 @@ class Tensor:
                 raise ShapeError(f"pad: {mode} padding of {lo} and {hi} needs a dim larger than them (size {n})")
 
             def part(a: int, b: int, flip: bool = False) -> "Tensor":
-                idx = [slice(None)] * self.ndim
-                idx[d] = slice(a, b)
-                p = out[tuple(idx)]
+                p = out.narrow(d, a, b - a)
                 return p.flip(d) if flip else p
             pieces = []
             if lo:
@@ -1516,11 +1453,12 @@ class Tensor:
             n = self.shape[d]
             k = sh % n
             if k:
-                front = [slice(None)] * self.ndim
-                back = [slice(None)] * self.ndim
-                front[d], back[d] = slice(n - k, n), slice(0, n - k)
-                out = cat([out[tuple(front)], out[tuple(back)]], d)
+                out = cat([out.narrow(d, n - k, k), out.narrow(d, 0, n - k)], d)
         return out
+
+    def narrow(self, dim: int, start: int, length: int) -> "Tensor":
+        """The length elements from start along dim."""
+        return self[(slice(None),) * _dim(dim, self.ndim) + (slice(start, start + length),)]
 
     def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> "Tensor":
         a, b = _dim(dim1, self.ndim), _dim(dim2, self.ndim)
@@ -1566,12 +1504,7 @@ class Tensor:
         else:
             cuts = list(sections)
         bounds = [0] + cuts + [n]
-        out = []
-        for a, b in zip(bounds, bounds[1:]):
-            idx = [slice(None)] * self.ndim
-            idx[d] = slice(a, b)
-            out.append(self[tuple(idx)])
-        return out
+        return [self.narrow(d, a, b - a) for a, b in zip(bounds, bounds[1:])]
 
     # ------------------------------------------------------------------------ scans
     def _scan(self, kind: str, dim: int) -> "Tensor":
@@ -1816,6 +1749,11 @@ class Tensor:
         be = b._broadcast_to(batch + (k, n)).unsqueeze(-3)._broadcast_to(batch + (m, k, n))
         return (ae * be).sum(-2)
 
+    # PyTorch's other names for the methods above
+    absolute, arcsin, arccos, arctan, arcsinh, arccosh, arctanh = abs, asin, acos, atan, asinh, acosh, atanh
+    sgn, fix, clip, arctan2, ger, reshape_as, nelement, type = sign, trunc, clamp, atan2, outer, view_as, numel, cast
+    true_divide, floor_divide = __truediv__, __floordiv__
+
     # --------------------------------------------------------------------- autodiff
     def backward(self, gradient: "Tensor | None" = None) -> None:
         """Gradients of this tensor's sum for every leaf that requires grad (lazy: they are
@@ -1839,6 +1777,18 @@ class Tensor:
                 t.grad = t.grad.detach()   # would otherwise compute this rank's gradients again)
 
 
+# +, -, * and the bitwise operators as the IR's binary ops, each with its reflected form (1 - x)
+for _name, _op, _form in (("add", Op.ADD, Tensor._binary), ("sub", Op.SUB, Tensor._binary),
+                          ("mul", Op.MUL, Tensor._binary), ("and", Op.AND, Tensor._bitwise),
+                          ("or", Op.OR, Tensor._bitwise), ("xor", Op.XOR, Tensor._bitwise),
+                          ("lshift", Op.SHL, Tensor._bitwise), ("rshift", Op.SHR, Tensor._bitwise)):
+    setattr(Tensor, f"__{_name}__", functools.partialmethod(_form, _op))
+    setattr(Tensor, f"__r{_name}__", functools.partialmethod(_form, _op, reverse=True))
+Tensor.mul, Tensor.bitwise_and, Tensor.bitwise_or, Tensor.bitwise_xor = (  # type: ignore[attr-defined]
+    Tensor.__mul__, Tensor.__and__, Tensor.__or__, Tensor.__xor__)  # type: ignore[attr-defined]
+Tensor.bitwise_left_shift, Tensor.bitwise_right_shift = Tensor.__lshift__, Tensor.__rshift__  # type: ignore
+
+
 def _inplace_form(name: str) -> Callable[..., Tensor]:
     def method(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         return self._inplace(getattr(self, name)(*args, **kwargs), name in ("t", "transpose", "unsqueeze", "squeeze"))
@@ -1851,6 +1801,9 @@ for _name in ("add", "sub", "mul", "div", "pow", "clamp", "clip", "clamp_min", "
               "exp", "log", "masked_fill", "lerp", "relu", "sigmoid", "tanh", "floor", "ceil", "round", "fmod",
               "remainder", "square", "reciprocal", "t", "transpose", "unsqueeze", "squeeze"):
     setattr(Tensor, _name + "_", _inplace_form(_name))
+for _name, _d in (("float", dt.f32), ("double", dt.f64), ("half", dt.f16), ("bfloat16", dt.bf16), ("long", dt.i64),
+                 ("int", dt.i32), ("short", dt.i16), ("char", dt.i8), ("byte", dt.u8), ("bool", dt.bool_)):
+    setattr(Tensor, _name, functools.partialmethod(Tensor.cast, _d))
 Tensor.__iadd__, Tensor.__isub__, Tensor.__imul__, Tensor.__itruediv__ = (  # type: ignore[method-assign]
     Tensor.add_, Tensor.sub_, Tensor.mul_, Tensor.div_)  # type: ignore[attr-defined]
 
@@ -2633,12 +2586,7 @@ def split(t: Tensor, size: Any, dim: int = 0) -> list[Tensor]:
         if sum(size) != t.shape[dim]:
             raise ShapeError(f"split: sizes {list(size)} do not add up to dim {dim}'s size {t.shape[dim]}")
         return t.tensor_split(list(itertools.accumulate(size))[:-1], dim)
-    out = []
-    for s in range(0, t.shape[dim], size):
-        idx = [slice(None)] * t.ndim
-        idx[dim] = slice(s, min(s + size, t.shape[dim]))
-        out.append(t[tuple(idx)])
-    return out
+    return t.tensor_split(list(range(size, t.shape[dim], size)), dim)
 
 
 def chunk(t: Tensor, chunks: int, dim: int = 0) -> list[Tensor]:
