@@ -10,13 +10,12 @@ import numpy as np
 
 from . import dtype as dt
 from . import ir
-from .tensor import ShapeError, Tensor, _axis_windows, cat, einsum, rand, where
+from .tensor import ShapeError, Tensor, _axis_windows, _function, cat, einsum, rand, where
 
 # ---------------------------------------------------------------------------- activations
-
-
-def relu(x: Tensor) -> Tensor:
-    return x.relu()
+# the Tensor methods of the same names and arguments, as functions
+relu, silu, gelu, sigmoid, tanh, softmax, log_softmax = (
+    _function(n) for n in ("relu", "silu", "gelu", "sigmoid", "tanh", "softmax", "log_softmax"))
 
 
 def relu6(x: Tensor) -> Tensor:
@@ -74,14 +73,6 @@ def mish(x: Tensor) -> Tensor:
     return x * softplus(x).tanh()
 
 
-def silu(x: Tensor) -> Tensor:
-    return x.silu()
-
-
-def gelu(x: Tensor, approximate: str = "none") -> Tensor:
-    return x.gelu(approximate)
-
-
 def quick_gelu(x: Tensor) -> Tensor:
     """x * sigmoid(1.702 x), CLIP's approximation of gelu."""
     return x * (x * 1.702).sigmoid()
@@ -116,22 +107,6 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> 
         return rows
     pad = padding_idx % weight.shape[0]
     return where(input.eq(pad).unsqueeze(-1), Tensor(ir.stop_gradient(rows.node)), rows)
-
-
-def sigmoid(x: Tensor) -> Tensor:
-    return x.sigmoid()
-
-
-def tanh(x: Tensor) -> Tensor:
-    return x.tanh()
-
-
-def softmax(x: Tensor, dim: int = -1) -> Tensor:
-    return x.softmax(dim)
-
-
-def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    return x.log_softmax(dim)
 
 
 def softmin(x: Tensor, dim: int = -1) -> Tensor:
