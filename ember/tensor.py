@@ -2445,25 +2445,19 @@ def einsum(equation: str, *operands: Tensor) -> Tensor:
     """Einstein summation as broadcast, multiply and sum (every label is a dim; no '...')."""
     ops = list(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else list(operands)
     eq = equation.replace(" ", "")
-    lhs, _, rhs = eq.partition("->")
+    lhs, arrow, rhs = eq.partition("->")
     terms = lhs.split(",")
     if len(terms) != len(ops) or eq.replace("...", "").count("."):
         raise ShapeError(f"einsum: {equation!r} with {len(ops)} operands")
-    if "..." in eq:   # '...' stands for the same unused labels in every term, aligned from the right
-        free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq]
-        widths = [t.ndim - (len(term) - 3) for term, t in zip(terms, ops) if "..." in term]
-        most = max(widths, default=0)
-        ell = "".join(free[:most])
+    ell = ""   # '...' stands for the same unused labels in every term, aligned from the right
+    if "..." in eq:
+        most = max((t.ndim - len(term) + 3 for term, t in zip(terms, ops) if "..." in term), default=0)
+        ell = "".join([c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq][:most])
         terms = [term.replace("...", ell[most - (t.ndim - len(term) + 3):]) for term, t in zip(terms, ops)]
-        lhs = ",".join(terms)
-        if _:
-            rhs = rhs.replace("...", ell)
-        else:
-            counts = {c: lhs.count(c) for c in lhs if c != ","}
-            rhs, _ = ell + "".join(sorted(c for c, n in counts.items() if n == 1 and c not in ell)), "->"
-    if not _:
-        counts = {c: lhs.count(c) for c in lhs if c != ","}
-        rhs = "".join(sorted(c for c, n in counts.items() if n == 1))
+        rhs = rhs.replace("...", ell)
+    if not arrow:   # the labels that appear once, in order, after the '...' ones
+        joined = "".join(terms)
+        rhs = ell + "".join(sorted(c for c in set(joined) if joined.count(c) == 1 and c not in ell))
     labels = list(dict.fromkeys(rhs + "".join(terms)))
     sizes: dict[str, int] = {}
     out = None
