@@ -583,8 +583,14 @@ class Tensor:
     __gt__ = gt = functools.partialmethod(_binary, Op.CMPLT, reverse=True)
     __eq__ = eq = functools.partialmethod(_binary, Op.CMPEQ)  # type: ignore[assignment]
     __ne__ = ne = functools.partialmethod(_binary, Op.CMPNE)  # type: ignore[assignment]
-    def __le__(self, o: Any) -> "Tensor": return (self < o) | self.eq(o)  # noqa: E704  (NaN: False)
-    def __ge__(self, o: Any) -> "Tensor": return (self > o) | self.eq(o)  # noqa: E704
+    def __le__(self, o: Any, reverse: bool = False) -> "Tensor":
+        """x <= y (reverse: x >= y): not (x > y) for integers, the form the compiler's patterns
+        know (a causal mask); (x < y) | (x == y) for floats, False at NaN, as PyTorch."""
+        if _promote(self, self._wrap(o))[0].dtype.is_float:
+            return self._binary(Op.CMPLT, o, reverse) | self.eq(o)
+        return self._binary(Op.CMPLT, o, not reverse).logical_not()
+
+    __ge__ = functools.partialmethod(__le__, reverse=True)
     le, ge = __le__, __ge__
 
     def __bool__(self) -> bool:
