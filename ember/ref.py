@@ -56,12 +56,9 @@ def _idiv_mod(a: np.ndarray, b: np.ndarray, d: DType) -> tuple[np.ndarray, np.nd
     """C division: quotient truncated toward zero, remainder with the sign of a."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         safe = np.where(b == 0, np.ones_like(b), b)
-        if not d.is_signed:
-            q = a // safe
-        else:
-            q = a // safe
-            r = a - q * safe
-            q = q + ((r != 0) & ((a < 0) != (safe < 0))).astype(d.np_name)
+        q = a // safe   # numpy's floors: a signed quotient is moved toward zero
+        if d.is_signed:
+            q = q + ((a - q * safe != 0) & ((a < 0) != (safe < 0))).astype(d.np_name)
         return q, a - q * safe
 
 

@@ -1385,18 +1385,14 @@ class Tensor:
         hit = idx.unsqueeze(-1).eq(Tensor(ir.iota(dt.i64, (n,), 0)))            # [..., j, i]
         v = val.unsqueeze(-1)
         count = hit.cast(dt.i64).sum(-2)
-        if reduce in ("sum", "mean"):
-            got = where(hit, v, 0).cast(self.dtype).sum(-2).cast(self.dtype)
-        elif reduce == "prod":
-            got = where(hit, v, 1).cast(self.dtype).prod(-2).cast(self.dtype)
-        else:
-            big = math.inf if self.dtype.is_float else self.dtype.max
-            got = where(hit, v, -big if reduce == "amax" else big).cast(self.dtype)
-            got = got.amax(-2) if reduce == "amax" else got.amin(-2)
+        big = math.inf if self.dtype.is_float else self.dtype.max
+        ident, over, combine = {"sum": (0, Tensor.sum, Tensor.__add__), "mean": (0, Tensor.sum, Tensor.__add__),
+                                "prod": (1, Tensor.prod, Tensor.__mul__), "amax": (-big, Tensor.amax, Tensor.maximum),
+                                "amin": (big, Tensor.amin, Tensor.minimum)}[reduce]
+        got = over(where(hit, v, ident).cast(self.dtype), -2).cast(self.dtype)
         x_part = x[tuple(slice(0, m) for m in lead)]
         if include_self:
-            got = {"sum": lambda: got + x_part, "mean": lambda: got + x_part, "prod": lambda: got * x_part,
-                   "amax": lambda: got.maximum(x_part), "amin": lambda: got.minimum(x_part)}[reduce]()
+            got = combine(got, x_part)
         if reduce == "mean":
             denom = count + (1 if include_self else 0)
             got = got / where(denom.eq(0), 1, denom).cast(got.dtype) if self.dtype.is_float else \
