@@ -18,12 +18,6 @@ _SUBMODULES = ("tensor", "nn", "optim", "functional", "utils", "runners", "data"
                "distributed")
 
 
-def set_default_device(device: str) -> None:
-    """Where programs run: "cpu", "cuda" or "ref" (ember.tensor.set_default_device)."""
-    from .tensor import set_default_device as set_device
-    set_device(device)
-
-
 def autocast(*args: Any, dtype: Any = None, enabled: bool = True, **_: Any) -> "tensor.autocast":
     """Mixed precision for matmuls (ember.tensor.autocast): autocast("bfloat16"), or PyTorch's
     autocast("cuda", dtype=ember.bfloat16)."""

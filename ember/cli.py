@@ -13,6 +13,7 @@ import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 from . import runners
 from .cache import CacheError
@@ -23,27 +24,33 @@ from .runners import BackendError
 from .text import EirError, format_text, parse_file
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    median = None
+def _one_program(file: str, work: Callable[[], str]) -> int:
+    """Print what work() makes of the program in file, or one line on stderr: malformed, status 2;
+    unreadable or not runnable here, 3; a bug in Ember, 3 (never a partial result)."""
     try:
+        text = work()
+    except EirError as e:
+        return _fail(str(e), e.status)
+    except (BackendError, CacheError) as e:
+        return _fail(f"{file}: {e}", 3)
+    except Exception as e:
+        return _fail(internal_error(file, e), 3)
+    print(text)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    def work() -> str:
         prog = parse_file(args.file)
         check_inputs(prog)
-        backend = args.backend or runners.default()
+        backend, median = args.backend or runners.default(), None
         if args.bench is None:
             values = runners.run_program(prog, backend)
         else:
             values, median = runners.bench_program(prog, backend, args.bench)
-    except EirError as e:  # malformed: 2; unreadable: 3
-        return _fail(str(e), e.status)
-    except (BackendError, CacheError) as e:
-        return _fail(f"{args.file}: {e}", 3)
-    except Exception as e:  # a bug in Ember: one line, never a partial result
-        return _fail(internal_error(args.file, e), 3)
-    lines = runners.output_lines(prog, values)
-    if median is not None:
-        lines.append(f"# bench runs={args.bench} median_ms={median:.6g}")
-    print("\n".join(lines))
-    return 0
+        lines = runners.output_lines(prog, values)
+        return "\n".join(lines + ([f"# bench runs={args.bench} median_ms={median:.6g}"] if median is not None else []))
+    return _one_program(args.file, work)
 
 
 def cmd_fmt(args: argparse.Namespace) -> int:
@@ -70,16 +77,8 @@ def cmd_fmt(args: argparse.Namespace) -> int:
 
 def cmd_source(args: argparse.Namespace) -> int:
     backend = args.backend or ("cuda" if "cuda" in runners.available() else "c")
-    try:
-        prog = parse_file(args.file)
-        print(runners.BACKENDS[backend].source(prog.output_nodes, args.arch))
-    except EirError as e:  # malformed: 2; unreadable: 3
-        return _fail(str(e), e.status)
-    except (BackendError, CacheError) as e:
-        return _fail(f"{args.file}: {e}", 3)
-    except Exception as e:
-        return _fail(internal_error(args.file, e), 3)
-    return 0
+    return _one_program(args.file, lambda: runners.BACKENDS[backend].source(parse_file(args.file).output_nodes,
+                                                                               args.arch))
 
 
 # -------------------------------------------------------------------------------------- test

@@ -10,13 +10,12 @@ import numpy as np
 
 from . import dtype as dt
 from . import ir
-from .tensor import ShapeError, Tensor, _axis_windows, cat, einsum, rand, where
+from .tensor import ShapeError, Tensor, _axis_windows, _function, cat, einsum, rand, where
 
 # ---------------------------------------------------------------------------- activations
-
-
-def relu(x: Tensor) -> Tensor:
-    return x.relu()
+# the Tensor methods of the same names and arguments, as functions
+relu, silu, gelu, sigmoid, tanh, softmax, log_softmax = (
+    _function(n) for n in ("relu", "silu", "gelu", "sigmoid", "tanh", "softmax", "log_softmax"))
 
 
 def relu6(x: Tensor) -> Tensor:
@@ -74,14 +73,6 @@ def mish(x: Tensor) -> Tensor:
     return x * softplus(x).tanh()
 
 
-def silu(x: Tensor) -> Tensor:
-    return x.silu()
-
-
-def gelu(x: Tensor, approximate: str = "none") -> Tensor:
-    return x.gelu(approximate)
-
-
 def quick_gelu(x: Tensor) -> Tensor:
     """x * sigmoid(1.702 x), CLIP's approximation of gelu."""
     return x * (x * 1.702).sigmoid()
@@ -116,22 +107,6 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> 
         return rows
     pad = padding_idx % weight.shape[0]
     return where(input.eq(pad).unsqueeze(-1), Tensor(ir.stop_gradient(rows.node)), rows)
-
-
-def sigmoid(x: Tensor) -> Tensor:
-    return x.sigmoid()
-
-
-def tanh(x: Tensor) -> Tensor:
-    return x.tanh()
-
-
-def softmax(x: Tensor, dim: int = -1) -> Tensor:
-    return x.softmax(dim)
-
-
-def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    return x.log_softmax(dim)
 
 
 def softmin(x: Tensor, dim: int = -1) -> Tensor:
@@ -394,19 +369,22 @@ def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, padding: 
     return y + bias.reshape((1, o) + (1,) * nsp) if bias is not None else y
 
 
-def conv1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,  # noqa: A002
-           dilation: Any = 1, groups: int = 1) -> Tensor:
-    return _conv(input, weight, bias, stride, padding, dilation, groups, 1, "conv1d")
+def _spatial(name: str, nsp: int, doc: str, fn: Any) -> Any:
+    """torch.nn.functional's NAME1d, NAME2d and NAME3d (nsp spatial dims), each fn with nsp bound."""
+    fn.__name__ = fn.__qualname__ = f"{name}{nsp}d"
+    fn.__doc__ = doc
+    return fn
 
 
-def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,  # noqa: A002
-           dilation: Any = 1, groups: int = 1) -> Tensor:
-    return _conv(input, weight, bias, stride, padding, dilation, groups, 2, "conv2d")
+def _convs(nsp: int) -> Any:
+    def conv(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1,  # noqa: A002
+             padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Tensor:
+        return _conv(input, weight, bias, stride, padding, dilation, groups, nsp, f"conv{nsp}d")
+    return _spatial("conv", nsp, f"PyTorch's conv{nsp}d: [N, C, *{nsp} dims] by weight [O, C / groups, *kernel].",
+                    conv)
 
 
-def conv3d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,  # noqa: A002
-           dilation: Any = 1, groups: int = 1) -> Tensor:
-    return _conv(input, weight, bias, stride, padding, dilation, groups, 3, "conv3d")
+conv1d, conv2d, conv3d = (_convs(n) for n in (1, 2, 3))
 
 
 def _pool(x: Tensor, kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: bool, nsp: int,
@@ -438,34 +416,20 @@ def _pool(x: Tensor, kernel_size: Any, stride: Any, padding: Any, dilation: Any,
     return total / count.cast(total.dtype)
 
 
-def max_pool1d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,  # noqa: A002
-               ceil_mode: bool = False) -> Tensor:
-    return _pool(input, kernel_size, stride, padding, dilation, ceil_mode, 1, "max_pool1d", "max")
+def _pools(nsp: int) -> tuple[Any, Any]:
+    def max_pool(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,  # noqa: A002
+                 dilation: Any = 1, ceil_mode: bool = False) -> Tensor:
+        return _pool(input, kernel_size, stride, padding, dilation, ceil_mode, nsp, f"max_pool{nsp}d", "max")
+
+    def avg_pool(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,  # noqa: A002
+                 ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
+        return _pool(input, kernel_size, stride, padding, 1, ceil_mode, nsp, f"avg_pool{nsp}d", "avg",
+                     count_include_pad)
+    return (_spatial("max_pool", nsp, "The maximum of each window (padding is -inf).", max_pool),
+            _spatial("avg_pool", nsp, "The mean of each window (count_include_pad: padding counts).", avg_pool))
 
 
-def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,  # noqa: A002
-               ceil_mode: bool = False) -> Tensor:
-    return _pool(input, kernel_size, stride, padding, dilation, ceil_mode, 2, "max_pool2d", "max")
-
-
-def max_pool3d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,  # noqa: A002
-               ceil_mode: bool = False) -> Tensor:
-    return _pool(input, kernel_size, stride, padding, dilation, ceil_mode, 3, "max_pool3d", "max")
-
-
-def avg_pool1d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,  # noqa: A002
-               count_include_pad: bool = True) -> Tensor:
-    return _pool(input, kernel_size, stride, padding, 1, ceil_mode, 1, "avg_pool1d", "avg", count_include_pad)
-
-
-def avg_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,  # noqa: A002
-               count_include_pad: bool = True) -> Tensor:
-    return _pool(input, kernel_size, stride, padding, 1, ceil_mode, 2, "avg_pool2d", "avg", count_include_pad)
-
-
-def avg_pool3d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,  # noqa: A002
-               count_include_pad: bool = True) -> Tensor:
-    return _pool(input, kernel_size, stride, padding, 1, ceil_mode, 3, "avg_pool3d", "avg", count_include_pad)
+(max_pool1d, avg_pool1d), (max_pool2d, avg_pool2d), (max_pool3d, avg_pool3d) = (_pools(n) for n in (1, 2, 3))
 
 
 def _conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any, padding: Any, output_padding: Any,
@@ -482,10 +446,7 @@ def _conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any,
         if st[d] > 1:  # zeros between elements: each element followed by stride-1 zeros, the last trimmed
             z = y.unsqueeze(axis + 1)
             pads = [0, 0] * (z.ndim - axis - 2) + [0, st[d] - 1]
-            z = z.pad(pads).flatten(axis, axis + 1)
-            idx = [slice(None)] * z.ndim
-            idx[axis] = slice(0, (y.shape[axis] - 1) * st[d] + 1)
-            y = z[tuple(idx)]
+            y = z.pad(pads).flatten(axis, axis + 1).narrow(axis, 0, (y.shape[axis] - 1) * st[d] + 1)
     pads = []
     for d in reversed(range(nsp)):
         edge = dl[d] * (kernel[d] - 1) - pd[d]
@@ -497,22 +458,16 @@ def _conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Any,
     return _conv(y, w, bias, 1, 0, dl, groups, nsp, name)
 
 
-def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1,  # noqa: A002
-                     padding: Any = 0, output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
-    return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, 1,
-                           "conv_transpose1d")
+def _conv_transposes(nsp: int) -> Any:
+    def conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1,  # noqa: A002
+                       padding: Any = 0, output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
+        return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, nsp,
+                               f"conv_transpose{nsp}d")
+    return _spatial("conv_transpose", nsp, "PyTorch's transposed convolution, weight [C, O / groups, *kernel].",
+                    conv_transpose)
 
 
-def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1,  # noqa: A002
-                     padding: Any = 0, output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
-    return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, 2,
-                           "conv_transpose2d")
-
-
-def conv_transpose3d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1,  # noqa: A002
-                     padding: Any = 0, output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
-    return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, 3,
-                           "conv_transpose3d")
+conv_transpose1d, conv_transpose2d, conv_transpose3d = (_conv_transposes(n) for n in (1, 2, 3))
 
 
 def _adaptive(x: Tensor, output_size: Any, nsp: int, kind: str) -> Tensor:
@@ -527,28 +482,20 @@ def _adaptive(x: Tensor, output_size: Any, nsp: int, kind: str) -> Tensor:
         parts = []
         for i in range(o):
             a, b = (i * n) // o, -(-((i + 1) * n) // o)
-            idx = [slice(None)] * y.ndim
-            idx[axis] = slice(a, b)
-            w = y[tuple(idx)]
+            w = y.narrow(axis, a, b - a)
             parts.append(w.amax(axis, keepdim=True) if kind == "max" else w.mean(axis, keepdim=True))
         y = cat(parts, axis) if len(parts) > 1 else parts[0]
     return y
 
 
-def adaptive_avg_pool1d(input: Tensor, output_size: Any) -> Tensor:  # noqa: A002
-    return _adaptive(input, output_size, 1, "avg")
+def _adaptives(nsp: int, kind: str) -> Any:
+    def adaptive(input: Tensor, output_size: Any) -> Tensor:  # noqa: A002
+        return _adaptive(input, output_size, nsp, kind)
+    return _spatial(f"adaptive_{kind}_pool", nsp, f"The {kind} of PyTorch's adaptive windows (_adaptive).", adaptive)
 
 
-def adaptive_avg_pool2d(input: Tensor, output_size: Any) -> Tensor:  # noqa: A002
-    return _adaptive(input, output_size, 2, "avg")
-
-
-def adaptive_max_pool1d(input: Tensor, output_size: Any) -> Tensor:  # noqa: A002
-    return _adaptive(input, output_size, 1, "max")
-
-
-def adaptive_max_pool2d(input: Tensor, output_size: Any) -> Tensor:  # noqa: A002
-    return _adaptive(input, output_size, 2, "max")
+adaptive_avg_pool1d, adaptive_avg_pool2d = _adaptives(1, "avg"), _adaptives(2, "avg")
+adaptive_max_pool1d, adaptive_max_pool2d = _adaptives(1, "max"), _adaptives(2, "max")
 
 
 def interpolate(input: Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",  # noqa: A002

@@ -176,39 +176,21 @@ class Module:
             p.assign(Tensor(arr, p.dtype))
 
 
+def _uniform(fan_in: int, *shape: int) -> Parameter:
+    """PyTorch's default init of weights and biases: uniform in +-1/sqrt(fan_in)."""
+    bound = 1 / math.sqrt(fan_in)
+    return parameter(T.rand(*shape) * (2 * bound) - bound)
+
+
 class Linear(Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
-        bound = 1 / math.sqrt(in_features)
-        self.weight = parameter(T.rand(out_features, in_features) * (2 * bound) - bound)
-        self.bias = parameter(T.rand(out_features) * (2 * bound) - bound) if bias else None
+        self.weight = _uniform(in_features, out_features, in_features)
+        self.bias = _uniform(in_features, out_features) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        from .functional import linear
         if x.shape[-1:] != self.weight.shape[1:]:
             raise ShapeError(f"Linear({self.weight.shape[1]}, {self.weight.shape[0]}) got input {list(x.shape)}")
-        return linear(x, self.weight, self.bias)
-
-
-class Sequential(Module):
-    def __init__(self, *modules: Module):
-        self.layers = list(modules)
-
-    def forward(self, x: Any) -> Any:
-        for m in self.layers:
-            x = m(x)
-        return x
-
-    def __getitem__(self, i: int) -> Module:
-        return self.layers[i]
-
-    def __len__(self) -> int:
-        return len(self.layers)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self.layers)
-
-    def named_children(self) -> Iterator[tuple[str, Module]]:   # PyTorch's names: "0.weight"
-        return ((str(i), m) for i, m in enumerate(self.layers))
+        return functional.linear(x, self.weight, self.bias)
 
 
 class ModuleList(Module):
@@ -228,8 +210,18 @@ class ModuleList(Module):
         self.items.append(m)
         return self
 
-    def named_children(self) -> Iterator[tuple[str, Module]]:
+    def named_children(self) -> Iterator[tuple[str, Module]]:   # PyTorch's names: "0.weight"
         return ((str(i), m) for i, m in enumerate(self.items))
+
+
+class Sequential(ModuleList):
+    def __init__(self, *modules: Module):
+        super().__init__(modules)
+
+    def forward(self, x: Any) -> Any:
+        for m in self.items:
+            x = m(x)
+        return x
 
 
 class Flatten(Module):
@@ -245,17 +237,16 @@ class Identity(Module):
         return x
 
 
-def _activation(cls: str, name: str, **defaults: Any) -> type:
-    """The module class `cls` around ember.functional.<name>, taking that function's options."""
+def _activation(cls: str, name: str, ignored: tuple[str, ...] = (), **defaults: Any) -> type:
+    """The module class `cls` around ember.functional.<name>, taking that function's options
+    (and accepting the deprecated ones in ignored)."""
     def __init__(self: Module, *args: Any, **kwargs: Any) -> None:
-        unknown = set(kwargs) - set(defaults)
-        if len(args) > len(defaults) or unknown:
+        if len(args) > len(defaults) or set(kwargs) - set(defaults) - set(ignored):
             raise TypeError(f"{cls} takes {list(defaults) or 'no options'}, got {args} {kwargs}")
-        self.options = {**defaults, **dict(zip(defaults, args)), **kwargs}
+        self.options = {**defaults, **dict(zip(defaults, args)), **{k: v for k, v in kwargs.items() if k in defaults}}
 
-    def forward(self: Module, x: Tensor) -> Tensor:
-        from . import functional
-        return getattr(functional, name)(x, **self.options)  # type: ignore[attr-defined]
+    def forward(self: Module, *inputs: Tensor) -> Tensor:
+        return getattr(functional, name)(*inputs, **self.options)  # type: ignore[attr-defined]
     return type(cls, (Module,), {"__init__": __init__, "forward": forward, "__doc__": f"F.{name} as a module."})
 
 
@@ -279,32 +270,21 @@ class _ConvNd(Module):
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1, padding: Any = 0,
                  dilation: Any = 1, groups: int = 1, bias: bool = True):
-        from .functional import _tuple
-        k = _tuple(kernel_size, self.nsp, type(self).__name__)
+        k = functional._tuple(kernel_size, self.nsp, type(self).__name__)
         if in_channels % groups or out_channels % groups:
             raise ShapeError(f"{type(self).__name__}: channels {in_channels} and {out_channels} are not divisible "
                              f"by groups={groups}")
-        bound = 1 / math.sqrt(in_channels // groups * math.prod(k))  # PyTorch's default init range
-        self.weight = parameter(T.rand(out_channels, in_channels // groups, *k) * (2 * bound) - bound)
-        self.bias = parameter(T.rand(out_channels) * (2 * bound) - bound) if bias else None
+        fan_in = in_channels // groups * math.prod(k)
+        self.weight = _uniform(fan_in, out_channels, in_channels // groups, *k)
+        self.bias = _uniform(fan_in, out_channels) if bias else None
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
 
     def forward(self, x: Tensor) -> Tensor:
-        from . import functional
         conv = getattr(functional, f"conv{self.nsp}d")
         return conv(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
-class Conv1d(_ConvNd):
-    nsp = 1
-
-
-class Conv2d(_ConvNd):
-    nsp = 2
-
-
-class Conv3d(_ConvNd):
-    nsp = 3
+Conv1d, Conv2d, Conv3d = (type(f"Conv{n}d", (_ConvNd,), {"nsp": n}) for n in (1, 2, 3))
 
 
 class _ConvTransposeNd(Module):
@@ -312,29 +292,19 @@ class _ConvTransposeNd(Module):
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1, padding: Any = 0,
                  output_padding: Any = 0, groups: int = 1, bias: bool = True, dilation: Any = 1):
-        from .functional import _tuple
-        k = _tuple(kernel_size, self.nsp, type(self).__name__)
-        bound = 1 / math.sqrt(out_channels // groups * math.prod(k))  # PyTorch's default init range
-        self.weight = parameter(T.rand(in_channels, out_channels // groups, *k) * (2 * bound) - bound)
-        self.bias = parameter(T.rand(out_channels) * (2 * bound) - bound) if bias else None
+        k = functional._tuple(kernel_size, self.nsp, type(self).__name__)
+        fan_in = out_channels // groups * math.prod(k)
+        self.weight = _uniform(fan_in, in_channels, out_channels // groups, *k)
+        self.bias = _uniform(fan_in, out_channels) if bias else None
         self.options = dict(stride=stride, padding=padding, output_padding=output_padding, groups=groups,
                             dilation=dilation)
 
     def forward(self, x: Tensor) -> Tensor:
-        from . import functional
         return getattr(functional, f"conv_transpose{self.nsp}d")(x, self.weight, self.bias, **self.options)
 
 
-class ConvTranspose1d(_ConvTransposeNd):
-    nsp = 1
-
-
-class ConvTranspose2d(_ConvTransposeNd):
-    nsp = 2
-
-
-class ConvTranspose3d(_ConvTransposeNd):
-    nsp = 3
+ConvTranspose1d, ConvTranspose2d, ConvTranspose3d = (type(f"ConvTranspose{n}d", (_ConvTransposeNd,), {"nsp": n})
+                                                     for n in (1, 2, 3))
 
 
 class Upsample(Module):
@@ -343,8 +313,7 @@ class Upsample(Module):
         self.options = dict(size=size, scale_factor=scale_factor, mode=mode, align_corners=align_corners)
 
     def forward(self, x: Tensor) -> Tensor:
-        from .functional import interpolate
-        return interpolate(x, **self.options)
+        return functional.interpolate(x, **self.options)
 
 
 class _Pool2d(Module):
@@ -355,17 +324,11 @@ class _Pool2d(Module):
             kernel_size, stride, padding, ceil_mode, options
 
     def forward(self, x: Tensor) -> Tensor:
-        from . import functional
         pool = functional.max_pool2d if self.kind == "max" else functional.avg_pool2d
         return pool(x, self.kernel_size, self.stride, self.padding, ceil_mode=self.ceil_mode, **self.options)
 
 
-class MaxPool2d(_Pool2d):
-    kind = "max"
-
-
-class AvgPool2d(_Pool2d):
-    kind = "avg"
+MaxPool2d, AvgPool2d = type("MaxPool2d", (_Pool2d,), {"kind": "max"}), type("AvgPool2d", (_Pool2d,), {"kind": "avg"})
 
 
 class _BatchNorm(Module):
@@ -400,12 +363,7 @@ class _BatchNorm(Module):
         return y
 
 
-class BatchNorm1d(_BatchNorm):
-    pass
-
-
-class BatchNorm2d(_BatchNorm):
-    pass
+BatchNorm1d, BatchNorm2d = type("BatchNorm1d", (_BatchNorm,), {}), type("BatchNorm2d", (_BatchNorm,), {})
 
 
 class GroupNorm(Module):
@@ -436,8 +394,7 @@ class Embedding(Module):
                 self.weight[padding_idx] = 0.0
 
     def forward(self, idx: Tensor) -> Tensor:
-        from .functional import embedding
-        return embedding(idx, self.weight, self.padding_idx)
+        return functional.embedding(idx, self.weight, self.padding_idx)
 
 
 class LayerNorm(Module):
@@ -448,8 +405,7 @@ class LayerNorm(Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        from .functional import layer_norm
-        return layer_norm(x, self.shape, self.weight, self.bias, self.eps)
+        return functional.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
 
 
 class RMSNorm(Module):
@@ -465,22 +421,12 @@ class Dropout(Module):
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:
-        from .functional import dropout
-        return dropout(x, self.p, self.training)
+        return functional.dropout(x, self.p, self.training)
 
 
 def _loss(cls: str, name: str, **defaults: Any) -> type:
     """The loss module `cls` around ember.functional.<name>(input, target, **options)."""
-    def __init__(self: Module, *args: Any, **kwargs: Any) -> None:
-        if len(args) > len(defaults) or set(kwargs) - set(defaults) - {"size_average", "reduce"}:
-            raise TypeError(f"{cls} takes {list(defaults)}, got {args} {kwargs}")
-        self.options = {**defaults, **dict(zip(defaults, args)),
-                        **{k: v for k, v in kwargs.items() if k in defaults}}
-
-    def forward(self: Module, input: Tensor, target: Tensor) -> Tensor:  # noqa: A002
-        from . import functional
-        return getattr(functional, name)(input, target, **self.options)  # type: ignore[attr-defined]
-    return type(cls, (Module,), {"__init__": __init__, "forward": forward, "__doc__": f"F.{name} as a module."})
+    return _activation(cls, name, ("size_average", "reduce"), **defaults)
 
 
 MSELoss, L1Loss = _loss("MSELoss", "mse_loss", reduction="mean"), _loss("L1Loss", "l1_loss", reduction="mean")
@@ -598,7 +544,6 @@ class KVCache:
 def cross_entropy(logits: Tensor, target: Tensor, **options: Any) -> Tensor:
     """Mean negative log-likelihood of integer targets under softmax(logits); logits [N, C]
     (ember.functional.cross_entropy, which takes PyTorch's options)."""
-    from . import functional
     if logits.ndim != 2 or target.shape != logits.shape[:1]:
         raise ShapeError(f"cross_entropy: logits {list(logits.shape)} and target {list(target.shape)} "
                          "(expected [N, C] and [N])")

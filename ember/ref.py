@@ -56,12 +56,9 @@ def _idiv_mod(a: np.ndarray, b: np.ndarray, d: DType) -> tuple[np.ndarray, np.nd
     """C division: quotient truncated toward zero, remainder with the sign of a."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         safe = np.where(b == 0, np.ones_like(b), b)
-        if not d.is_signed:
-            q = a // safe
-        else:
-            q = a // safe
-            r = a - q * safe
-            q = q + ((r != 0) & ((a < 0) != (safe < 0))).astype(d.np_name)
+        q = a // safe   # numpy's floors: a signed quotient is moved toward zero
+        if d.is_signed:
+            q = q + ((a - q * safe != 0) & ((a < 0) != (safe < 0))).astype(d.np_name)
         return q, a - q * safe
 
 
@@ -147,7 +144,8 @@ def eval_node(node: Node, srcs: list[np.ndarray], wide: bool = False, reverse: b
                 total = np.cumsum(rows.astype(acc), axis=-1, dtype=acc)[..., -1] if rows.shape[-1] else 0.0
                 return rnd(np.asarray(total, np.float64).reshape(node.shape), d)   # cumsum: one by one
             if d.is_float:
-                return rnd(np.sum(x.astype(np.float64), axis=node.arg, keepdims=True), d)
+                # from -0.0, the identity of IEEE addition: a sum of -0.0s is -0.0 (numpy starts at +0.0)
+                return rnd(np.sum(x.astype(np.float64), axis=node.arg, keepdims=True, initial=-0.0), d)
             return np.sum(x, axis=node.arg, keepdims=True, dtype=x.dtype)  # wraps, as the spec asks
         if op is Op.RMAX:
             return np.max(x, axis=node.arg, keepdims=True)

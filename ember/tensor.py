@@ -244,26 +244,23 @@ class Tensor:
     __slots__ = ("node", "_rg", "grad", "_value", "__weakref__")
 
     def __init__(self, value: Any, dtype: DType | None = None, requires_grad: bool = False):
+        self._value = None
         if isinstance(value, Node):
             self._rg = None if context.grad_enabled else False
             if not context.grad_enabled and value.dtype.is_float and value.op not in (Op.PARAM, Op.CONST) \
                     and ir.stopped(value) is None:
                 value = ir.stop_gradient(value)
             self.node = value
-            self._value = None
-        elif hasattr(value, "ptr"):  # a DeviceArray: a value that stays on the GPU
-            self.node = ir.param(new_name(), value.dtype, tuple(value.shape))
-            self._value = None
-            _DATA[self.node] = value
-            _LEAVES[self.node] = self
         else:
-            arr = np.asarray(value)
-            d = as_dtype(dtype) if dtype is not None else (as_dtype(arr.dtype) if arr.dtype.kind in "iub" else dt.f32)
-            arr = arr.astype(_np_dtype(d)) if d not in (dt.f16, dt.bf16) else data.round_float(arr, d)
-            self.node = ir.param(new_name(), d, tuple(int(s) for s in arr.shape))
-            self._value = None
-            _DATA[self.node] = np.ascontiguousarray(arr, dtype=_np_dtype(d)).reshape(arr.shape)  # keeps 0-d
-            _LEAVES[self.node] = self
+            if hasattr(value, "ptr"):  # a DeviceArray: a value that stays on the GPU
+                d, held = value.dtype, value
+            else:
+                arr = np.asarray(value)
+                d = as_dtype(dtype if dtype is not None else arr.dtype if arr.dtype.kind in "iub" else dt.f32)
+                arr = arr.astype(_np_dtype(d)) if d not in (dt.f16, dt.bf16) else data.round_float(arr, d)
+                held = np.ascontiguousarray(arr, dtype=_np_dtype(d)).reshape(arr.shape)  # keeps 0-d
+            self.node = ir.param(new_name(), d, tuple(int(s) for s in held.shape))
+            _DATA[self.node], _LEAVES[self.node] = held, self
         if self.is_leaf and (requires_grad or not isinstance(value, Node)):
             self._rg = bool(requires_grad)   # (a param node wrapped again asks its leaf: requires_grad)
         elif requires_grad:
@@ -299,15 +296,20 @@ class Tensor:
         self.node, self._value = node, None
         return self
 
-    def _inplace(self, new: "Tensor") -> "Tensor":
-        """x.add_(y) and friends: x becomes the result, in x's dtype and shape. A leaf takes the
-        value now (computed); a result takes the new node, so gradients flow through it."""
+    def _inplace(self, new: "Tensor", reshapes: bool = False) -> "Tensor":
+        """x.add_(y) and friends: x becomes the result, in x's dtype and shape (reshapes: t_,
+        squeeze_ and the like, in the result's shape). A leaf takes the value now (computed); a
+        result takes the new node, so gradients flow through it."""
         if self.is_leaf and self.requires_grad and context.grad_enabled:
             raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
-        new = self._wrap(new).cast(self.dtype)
-        if _broadcast_shape(self.shape, new.shape, "in-place op") != self.shape:
+        new = self._wrap(new)
+        if new.dtype.is_float and not self.dtype.is_float:
+            raise TypeError(f"in-place op: result type {new.dtype} can't be cast to the desired output type "
+                            f"{self.dtype}")
+        new = new.cast(self.dtype)
+        if not reshapes and _broadcast_shape(self.shape, new.shape, "in-place op") != self.shape:
             raise ShapeError(f"in-place op: the result's shape {list(new.shape)} does not fit {list(self.shape)}")
-        new = new._broadcast_to(self.shape)
+        new = new if reshapes else new._broadcast_to(self.shape)
         if self.is_leaf:
             return self._rebind(new)
         self.node, self._value, self._rg = new.node, None, None
@@ -318,7 +320,11 @@ class Tensor:
     def new_full(self, size: Any, v: Any, dtype: Any = None) -> "Tensor": return full(size, v, dtype or self.dtype)  # noqa: E704,E501
     def new_tensor(self, v: Any, dtype: Any = None) -> "Tensor": return Tensor(v, dtype or self.dtype)  # noqa: E704
     def zero_(self) -> "Tensor": return self._inplace(zeros_like(self))  # noqa: E704
-    def fill_(self, v: Any) -> "Tensor": return self._inplace(self._wrap(v))  # noqa: E704
+    def fill_(self, v: Any) -> "Tensor":
+        if isinstance(v, Tensor) and v.ndim:
+            raise ShapeError(f"fill_ only supports 0-dimension value tensor but got tensor with {v.ndim} dimensions")
+        return self._inplace(self._wrap(v).cast(self.dtype))
+
     def copy_(self, src: Any) -> "Tensor": return self._inplace(src)  # noqa: E704
 
     def uniform_(self, a: float = 0.0, b: float = 1.0) -> "Tensor":
@@ -516,20 +522,11 @@ class Tensor:
         return Tensor(_call(op.name.lower(), lambda: ir.unary(op, x.node), x).node)
 
     # ---------------------------------------------------------------------- arithmetic
-    def __add__(self, o: Any) -> "Tensor": return self._binary(Op.ADD, o)  # noqa: E704
-    def __radd__(self, o: Any) -> "Tensor": return self._binary(Op.ADD, o, True)  # noqa: E704
-    def __sub__(self, o: Any) -> "Tensor": return self._binary(Op.SUB, o)  # noqa: E704
-    def __rsub__(self, o: Any) -> "Tensor": return self._binary(Op.SUB, o, True)  # noqa: E704
-    def __mul__(self, o: Any) -> "Tensor": return self._binary(Op.MUL, o)  # noqa: E704
-    def __rmul__(self, o: Any) -> "Tensor": return self._binary(Op.MUL, o, True)  # noqa: E704
+    # (+, -, * and the bitwise operators, with their reflected forms, are set after the class)
+    def __truediv__(self, o: Any, reverse: bool = False) -> "Tensor":
+        return (self if self.dtype.is_float else self.float())._binary(Op.DIV, o, reverse)
 
-    def __truediv__(self, o: Any) -> "Tensor":
-        a = self if self.dtype.is_float else self.float()
-        return a._binary(Op.DIV, o)
-
-    def __rtruediv__(self, o: Any) -> "Tensor":
-        a = self if self.dtype.is_float else self.float()
-        return a._binary(Op.DIV, o, True)
+    __rtruediv__ = functools.partialmethod(__truediv__, reverse=True)
 
     def __floordiv__(self, o: Any) -> "Tensor": return self.div(o, rounding_mode="floor")  # noqa: E704
     def __rfloordiv__(self, o: Any) -> "Tensor": return self._wrap(o).div(self, rounding_mode="floor")  # noqa: E704
@@ -568,7 +565,8 @@ class Tensor:
         wa, wb = a.cast(dt.f64), b.cast(dt.f64)
         r = wa - (wa / wb).trunc() * wb
         r = where(wa.isinf() | wb.eq(0), math.nan, where(wb.isinf(), wa, r)).cast(dt.f64)
-        return where(r.eq(0), wa * 0, r).cast(a.dtype)  # a zero remainder keeps the dividend's sign
+        # a zero remainder keeps the dividend's sign, and r's gradient (wa * 0 has none)
+        return where(r.eq(0), wa * 0 - (_stopped(r) - r), r).cast(a.dtype)
 
     def remainder(self, o: Any) -> "Tensor":
         """Python's %: the remainder with the divisor's sign."""
@@ -578,35 +576,28 @@ class Tensor:
         r = a.fmod(b)
         return where(r.ne(0) & ((r < 0).ne(b < 0)), r + b, r)  # a zero keeps fmod's sign, as PyTorch
     def __neg__(self) -> "Tensor": return self._unary(Op.NEG)  # noqa: E704
+    neg = negative = __neg__
     def __pow__(self, o: Any) -> "Tensor": return self.pow(o)  # noqa: E704
     def __matmul__(self, o: "Tensor") -> "Tensor": return self.matmul(o)  # noqa: E704
-    def __lt__(self, o: Any) -> "Tensor": return self._binary(Op.CMPLT, o)  # noqa: E704
-    def __gt__(self, o: Any) -> "Tensor": return self._binary(Op.CMPLT, o, True)  # noqa: E704
-    def __le__(self, o: Any) -> "Tensor": return (self > o).logical_not()  # noqa: E704
-    def __ge__(self, o: Any) -> "Tensor": return (self < o).logical_not()  # noqa: E704
-    def eq(self, o: Any) -> "Tensor": return self._binary(Op.CMPEQ, o)  # noqa: E704
-    def ne(self, o: Any) -> "Tensor": return self._binary(Op.CMPNE, o)  # noqa: E704
-    def __eq__(self, o: Any) -> "Tensor": return self.eq(o)  # type: ignore[override]  # noqa: E704
-    def __ne__(self, o: Any) -> "Tensor": return self.ne(o)  # type: ignore[override]  # noqa: E704
+    __lt__ = lt = functools.partialmethod(_binary, Op.CMPLT)
+    __gt__ = gt = functools.partialmethod(_binary, Op.CMPLT, reverse=True)
+    __eq__ = eq = functools.partialmethod(_binary, Op.CMPEQ)  # type: ignore[assignment]
+    __ne__ = ne = functools.partialmethod(_binary, Op.CMPNE)  # type: ignore[assignment]
+    def __le__(self, o: Any, reverse: bool = False) -> "Tensor":
+        """x <= y (reverse: x >= y): not (x > y) for integers, the form the compiler's patterns
+        know (a causal mask); (x < y) | (x == y) for floats, False at NaN, as PyTorch."""
+        if _promote(self, self._wrap(o))[0].dtype.is_float:
+            return self._binary(Op.CMPLT, o, reverse) | self.eq(o)
+        return self._binary(Op.CMPLT, o, not reverse).logical_not()
+
+    __ge__ = functools.partialmethod(__le__, reverse=True)
+    le, ge = __le__, __ge__
 
     def __bool__(self) -> bool:
         if self.numel() != 1:
             raise RuntimeError(f"the truth value of a tensor of {self.numel()} elements is ambiguous "
                                "(use .any() or .all())")
         return bool(self.item())
-    def __and__(self, o: Any) -> "Tensor": return self._bitwise(Op.AND, o)  # noqa: E704
-    def __or__(self, o: Any) -> "Tensor": return self._bitwise(Op.OR, o)  # noqa: E704
-    def __xor__(self, o: Any) -> "Tensor": return self._bitwise(Op.XOR, o)  # noqa: E704
-    def __rand__(self, o: Any) -> "Tensor": return self._bitwise(Op.AND, o, True)  # noqa: E704
-    def __ror__(self, o: Any) -> "Tensor": return self._bitwise(Op.OR, o, True)  # noqa: E704
-    def __rxor__(self, o: Any) -> "Tensor": return self._bitwise(Op.XOR, o, True)  # noqa: E704
-    def __lshift__(self, o: Any) -> "Tensor": return self._bitwise(Op.SHL, o)  # noqa: E704
-    def __rshift__(self, o: Any) -> "Tensor": return self._bitwise(Op.SHR, o)  # noqa: E704
-    def __rlshift__(self, o: Any) -> "Tensor": return self._bitwise(Op.SHL, o, True)  # noqa: E704
-    def __rrshift__(self, o: Any) -> "Tensor": return self._bitwise(Op.SHR, o, True)  # noqa: E704
-    bitwise_and, bitwise_or, bitwise_xor = __and__, __or__, __xor__
-    bitwise_left_shift, bitwise_right_shift = __lshift__, __rshift__
-
     def __invert__(self) -> "Tensor":
         if self.dtype.is_float:
             raise TypeError(f"~ (bitwise_not) needs an integer or bool tensor, got {self.dtype}")
@@ -633,53 +624,41 @@ class Tensor:
     # PyTorch's other spellings of the ops above
     def add(self, o: Any, alpha: float = 1) -> "Tensor": return self + (o * alpha if alpha != 1 else o)  # noqa: E704
     def sub(self, o: Any, alpha: float = 1) -> "Tensor": return self - (o * alpha if alpha != 1 else o)  # noqa: E704
-    def mul(self, o: Any) -> "Tensor": return self * o  # noqa: E704
-    def true_divide(self, o: Any) -> "Tensor": return self / o  # noqa: E704
-    def floor_divide(self, o: Any) -> "Tensor": return self // o  # noqa: E704
-    def neg(self) -> "Tensor": return -self  # noqa: E704
     def positive(self) -> "Tensor": return self  # noqa: E704
-    def lt(self, o: Any) -> "Tensor": return self < o  # noqa: E704
-    def gt(self, o: Any) -> "Tensor": return self > o  # noqa: E704
-    def le(self, o: Any) -> "Tensor": return self <= o  # noqa: E704
-    def ge(self, o: Any) -> "Tensor": return self >= o  # noqa: E704
     def logical_and(self, o: Any) -> "Tensor": return self.bool() & self._wrap(o).bool()  # noqa: E704
     def logical_or(self, o: Any) -> "Tensor": return self.bool() | self._wrap(o).bool()  # noqa: E704
     def logical_xor(self, o: Any) -> "Tensor": return self.bool() ^ self._wrap(o).bool()  # noqa: E704
     def clamp_min(self, m: Any) -> "Tensor": return self.clamp(min=m)  # noqa: E704
     def clamp_max(self, m: Any) -> "Tensor": return self.clamp(max=m)  # noqa: E704
-    def double(self) -> "Tensor": return self.cast(dt.f64)  # noqa: E704
-    def bfloat16(self) -> "Tensor": return self.cast(dt.bf16)  # noqa: E704
-    def short(self) -> "Tensor": return self.cast(dt.i16)  # noqa: E704
-    def byte(self) -> "Tensor": return self.cast(dt.u8)  # noqa: E704
-    def char(self) -> "Tensor": return self.cast(dt.i8)  # noqa: E704
     def type_as(self, o: "Tensor") -> "Tensor": return self.cast(o.dtype)  # noqa: E704
     def dim(self) -> int: return self.ndim  # noqa: E704
-    def nelement(self) -> int: return self.numel()  # noqa: E704
     def element_size(self) -> int: return self.dtype.itemsize  # noqa: E704
     def t(self) -> "Tensor": return self if self.ndim < 2 else self.transpose(0, 1)  # noqa: E704
     def view_as(self, o: "Tensor") -> "Tensor": return self.reshape(o.shape)  # noqa: E704
-    reshape_as = view_as
     def expand_as(self, o: "Tensor") -> "Tensor": return self.expand(o.shape)  # noqa: E704
-    def mm(self, o: "Tensor") -> "Tensor": return self.matmul(o)  # noqa: E704
-    def bmm(self, o: "Tensor") -> "Tensor": return self.matmul(o)  # noqa: E704
-    def mv(self, o: "Tensor") -> "Tensor": return self.matmul(o)  # noqa: E704
-    def dot(self, o: "Tensor") -> "Tensor": return (self * o).sum()  # noqa: E704
-    def outer(self, o: "Tensor") -> "Tensor": return self.reshape(-1, 1) * o.reshape(1, -1)  # noqa: E704
-    ger = outer
-    def hypot(self, o: Any) -> "Tensor": return (self * self + self._wrap(o) * self._wrap(o)).sqrt()  # noqa: E704
+    def mm(self, o: "Tensor") -> "Tensor": return self._ranked("mm", o, 2, 2).matmul(o)  # noqa: E704
+    def bmm(self, o: "Tensor") -> "Tensor": return self._ranked("bmm", o, 3, 3).matmul(o)  # noqa: E704
+    def mv(self, o: "Tensor") -> "Tensor": return self._ranked("mv", o, 2, 1).matmul(o)  # noqa: E704
+    def dot(self, o: "Tensor") -> "Tensor": return self._ranked("dot", o, 1, 1).matmul(o)  # noqa: E704
+    def outer(self, o: "Tensor") -> "Tensor":  # noqa: E704
+        return self._ranked("outer", o, 1, 1).reshape(-1, 1) * o.reshape(1, -1)
+
+    def _ranked(self, name: str, o: Any, ra: int, rb: int) -> "Tensor":
+        if not isinstance(o, Tensor) or self.ndim != ra or o.ndim != rb:
+            got = f"{self.ndim}-D and {o.ndim}-D tensors" if isinstance(o, Tensor) else f"a {type(o).__name__}"
+            raise ShapeError(f"{name}: expected {ra}-D and {rb}-D tensors, got {got}")
+        return self
+    def hypot(self, o: Any) -> "Tensor":
+        """sqrt(a^2 + b^2) scaled by the larger (no overflow at 1e30), inf where either is, NaN included."""
+        a, b = _broadcast(*_promote(self.abs(), self._wrap(o).abs()), "hypot")
+        big, small = a.maximum(b), a.minimum(b)
+        r = small / where(big.eq(0) | big.isinf(), 1.0, big).cast(big.dtype)
+        return where(a.isinf() | b.isinf(), math.inf, big * (r * r + 1).sqrt()).cast(big.dtype)
     def deg2rad(self) -> "Tensor": return self * (math.pi / 180)  # noqa: E704
     def rad2deg(self) -> "Tensor": return self * (180 / math.pi)  # noqa: E704
     def xlogy(self, o: Any) -> "Tensor":
         x = self if self.dtype.is_float else self.cast(dt.f32)  # ints give float32, as PyTorch
         return where(x.eq(0), 0.0, x * x._wrap(o).float().log()).cast(x.dtype)
-    def absolute(self) -> "Tensor": return self.abs()  # noqa: E704
-    def arcsin(self) -> "Tensor": return self.asin()  # noqa: E704
-    def arccos(self) -> "Tensor": return self.acos()  # noqa: E704
-    def arctan(self) -> "Tensor": return self.atan()  # noqa: E704
-    def arcsinh(self) -> "Tensor": return self.asinh()  # noqa: E704
-    def arccosh(self) -> "Tensor": return self.acosh()  # noqa: E704
-    def arctanh(self) -> "Tensor": return self.atanh()  # noqa: E704
-    def negative(self) -> "Tensor": return -self  # noqa: E704
 
     def nan_to_num(self, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None) -> "Tensor":
         if not self.dtype.is_float:
@@ -727,7 +706,6 @@ class Tensor:
         s = (r + where(q.eq(0) | q.eq(2), r._const(math.pi / 2), r._const(0.0)))._unary(Op.SIN)
         return where(q.eq(1) | q.eq(2), -s, s).cast(x.dtype)
     def trunc(self) -> "Tensor": return self._unary(Op.TRUNC) if self.dtype.is_float else self  # noqa: E704
-    fix = trunc
     def frac(self) -> "Tensor": return self - self.trunc()  # noqa: E704
 
     def floor(self) -> "Tensor":
@@ -760,7 +738,6 @@ class Tensor:
         one, zero = self._const(1), self._const(0)
         return where(self > 0, one, where(self < 0, -one if self.dtype.is_signed or self.dtype.is_float else one, zero))
 
-    def sgn(self) -> "Tensor": return self.sign()  # noqa: E704
 
     def copysign(self, o: Any) -> "Tensor":
         a = self if self.dtype.is_float else self.float()
@@ -769,13 +746,24 @@ class Tensor:
 
     def log10(self) -> "Tensor": return self.log2() * math.log10(2)  # noqa: E704
 
+    def _formula(self, value: Callable[["Tensor"], "Tensor"], grad: Callable[["Tensor"], "Tensor"]) -> "Tensor":
+        """value(x) of this tensor as floats, with the gradient PyTorch's formula grad(x) gives:
+        differentiating value's own expression gave NaN or 0 at the domain's edges (asin at 1,
+        acos at 0) and outside it, where PyTorch's formula is finite."""
+        x = self if self.dtype.is_float else self.float()
+        if not x.requires_grad:
+            return value(x)
+        xs = _stopped(x)
+        return _with_gradients(value(xs), [(x, grad(xs))])
+
     def log1p(self) -> "Tensor":
         """log(1 + x) accurate near 0: log(u) * x / (u - 1) with u = 1 + x (Goldberg)."""
-        x = self if self.dtype.is_float else self.float()
-        u = x + 1
-        d = u - 1
-        safe = where(d.eq(0) | u.isinf(), 1.0, d).cast(x.dtype)
-        return where(d.eq(0), x, where(u.isinf(), u.log(), u.log() * (x / safe)))
+        def value(x: Tensor) -> Tensor:
+            u = x + 1
+            d = u - 1
+            safe = where(d.eq(0) | u.isinf(), 1.0, d).cast(x.dtype)
+            return where(d.eq(0), x, where(u.isinf(), u.log(), u.log() * (x / safe)))
+        return self._formula(value, lambda x: (x + 1).reciprocal())
 
     def expm1(self) -> "Tensor":
         """exp(x) - 1 accurate near 0: (u - 1) * x / log(u) with u = exp(x) (Kahan)."""
@@ -821,16 +809,15 @@ class Tensor:
         return sgn * y  # a masked branch's infinite derivative times 0 would be NaN
 
     def acosh(self) -> "Tensor":
-        x = self if self.dtype.is_float else self.float()
-        big = x > 2 ** 28
-        s = where(big, 2.0, x).cast(x.dtype)
-        t = s - 1
-        y = (t + (t * 2 + t * t).sqrt()).log1p()  # NaN below 1 (its gradient too, as PyTorch's)
-        return where(big, where(big, x, 2.0).cast(x.dtype).log() + math.log(2), y)
+        def value(x: Tensor) -> Tensor:
+            big = x > 2 ** 28
+            t = where(big, 2.0, x).cast(x.dtype) - 1
+            y = (t + (t * 2 + t * t).sqrt()).log1p()  # NaN below 1
+            return where(big, x.log() + math.log(2), y)
+        return self._formula(value, lambda x: (x * x - 1).rsqrt())
 
     def atanh(self) -> "Tensor":
-        x = self if self.dtype.is_float else self.float()
-        return ((x * 2) / (1 - x)).log1p() * 0.5
+        return self._formula(lambda x: ((x * 2) / (1 - x)).log1p() * 0.5, lambda x: (1 - x * x).reciprocal())
 
     def atan(self) -> "Tensor":
         """Reduced to |t| <= tan(pi/12) (1/|x| above 1, then a pi/6 step), then its odd series
@@ -864,15 +851,12 @@ class Tensor:
         base = where(x.signbit(), math.pi - base, base)
         return where(y.isnan() | x.isnan(), y + x, sy * base)
 
-    arctan2 = atan2
 
     def asin(self) -> "Tensor":
-        x = self if self.dtype.is_float else self.float()
-        return x.atan2(((1 - x) * (1 + x)).sqrt())
+        return self._formula(lambda x: x.atan2(((1 - x) * (1 + x)).sqrt()), lambda x: (1 - x * x).rsqrt())
 
     def acos(self) -> "Tensor":
-        x = self if self.dtype.is_float else self.float()
-        return ((1 - x) * (1 + x)).sqrt().atan2(x)
+        return self._formula(lambda x: ((1 - x) * (1 + x)).sqrt().atan2(x), lambda x: -(1 - x * x).rsqrt())
 
     def isclose(self, o: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> "Tensor":
         a, b = _broadcast(*_promote(self, self._wrap(o)), "isclose")
@@ -906,8 +890,9 @@ class Tensor:
         a = x * sgn
         e = (a * -2).exp()
         big = (1 - e) / (1 + e)
-        x2 = x * x
-        small = a * (1 + x2 * (-1 / 3 + x2 * (2 / 15 + x2 * (-17 / 315 + x2 * (62 / 2835)))))
+        s = where(a < 0.25, a, 0.0).cast(x.dtype)   # the series' input where it is used: finite gradients
+        x2 = s * s
+        small = s * (1 + x2 * (-1 / 3 + x2 * (2 / 15 + x2 * (-17 / 315 + x2 * (62 / 2835)))))
         return sgn * where(a < 0.25, small, big)
     @_half_in_f32
     def silu(self) -> "Tensor": return self * self.sigmoid()  # noqa: E704
@@ -930,7 +915,7 @@ class Tensor:
             # reciprocal, not x over the sum: the gradient of x / d divides three times, and
             # GPT-2's bias gradient, which recomputes it, was bound by those divisions
             u = (self + self * self * self * 0.044715) * (-2 * math.sqrt(2 / math.pi))
-            return self * (u.clamp(max=80.0).exp() + 1).reciprocal()
+            return self * (where(u > 80.0, 80.0, u).cast(u.dtype).exp() + 1).reciprocal()
         if approximate != "none":
             raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
         return self * 0.5 * ((self * (1 / math.sqrt(2))).erf() + 1)
@@ -941,32 +926,28 @@ class Tensor:
         absolute error under 1.5e-7 (f32's resolution; f64 gets the same, not f64's)."""
         x = self if self.dtype.is_float else self.float()
         a = x.abs()
-        t = (a * 0.3275911 + 1).reciprocal()
+        c = where(a > 10, 10.0, a).cast(x.dtype)   # erf(10) is 1: an infinite x's gradient stays 0, not NaN
+        t = (c * 0.3275911 + 1).reciprocal()
         poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-        y = 1 - poly * (-(a * a)).exp()
-        x2 = x * x  # below 0.5 its Taylor series, which keeps the relative precision of small values
-        small = x * (2 / math.sqrt(math.pi)) * (1 + x2 * (-1 / 3 + x2 * (1 / 10 + x2 * (-1 / 42 + x2 * (
+        y = 1 - poly * (-(c * c)).exp()
+        s = where(a < 0.5, x, 0.0).cast(x.dtype)   # below 0.5 its Taylor series, which keeps the relative
+        x2 = s * s                                  # precision of small values
+        small = s * (2 / math.sqrt(math.pi)) * (1 + x2 * (-1 / 3 + x2 * (1 / 10 + x2 * (-1 / 42 + x2 * (
             1 / 216 + x2 * (-1 / 1320 + x2 / 9360))))))
         return where(a < 0.5, small, where(x.signbit(), -y, y))
 
     def pow(self, e: Any) -> "Tensor":
-        """PyTorch's pow: integer exponents by repeated squaring (exact signs of negative bases,
-        integer results for integer tensors, x**0 == 1 with gradient 0), others through exp2 and
-        log2 of |x| with C's rules for signs, zeros and infinities."""
+        """PyTorch's pow: non-negative integer exponents by repeated squaring (exact signs of
+        negative bases, integer results for integer tensors, x**0 == 1 with gradient 0), others
+        as _pow computes them."""
         if isinstance(e, Tensor):
             return _pow(self, e)
         e = e.item() if isinstance(e, np.number) else e
         e = int(e) if isinstance(e, bool) else e
         if not self.dtype.is_float and isinstance(e, float):
             return self.float().pow(e)
-        if isinstance(e, int) or float(e).is_integer() and abs(e) < 2 ** 31:
-            n = int(e)
-            if n < 0 and not self.dtype.is_float:
-                raise ValueError(f"pow: integers to negative integer powers are not allowed (exponent {n})")
-            if n < 0:
-                return self.pow(-n).reciprocal()
-            out = None
-            base = self
+        if (isinstance(e, int) or float(e).is_integer() and abs(e) < 2 ** 31) and e >= 0:
+            n, out, base = int(e), None, self
             while n:
                 if n & 1:
                     out = base if out is None else out * base
@@ -977,9 +958,9 @@ class Tensor:
                 one = self._const(1)._broadcast_to(self.shape)
                 out = where(self.isnan(), one, one)
             return out
-        if e in (0.5, -0.5):  # as PyTorch: sqrt and rsqrt (sqrt(-0.0) is -0.0, pow's is +0.0)
-            return self.sqrt() if e > 0 else self.rsqrt()
-        return _pow(self, self._wrap(float(e)))
+        if not self.dtype.is_float:
+            raise ValueError(f"pow: integers to negative integer powers are not allowed (exponent {e})")
+        return _pow(self, self._wrap(float(e)), e)
 
     def __rpow__(self, base: Any) -> "Tensor":
         b = _scalar(base)
@@ -993,28 +974,19 @@ class Tensor:
         """PyTorch's clamp: NaN stays NaN, and the gradient is 1 on [min, max], bounds included."""
         if min is None and max is None:
             raise ValueError("clamp: at least one of 'min' or 'max' must not be None")
-        out = self
-        if min is not None:
-            lo = out._wrap(min)
-            out = where(out < lo, lo, out)
-        if max is not None:
-            hi = out._wrap(max)
-            out = where(out > hi, hi, out)
+        out = where(self.isnan(), _stopped(self), self) if self.dtype.is_float else self
+        for bound, over in ((min, Tensor.__lt__), (max, Tensor.__gt__)):
+            if bound is not None:
+                b = out._wrap(bound)
+                out = where(over(out, b) | b.isnan(), b, out)
         return out
 
-    clip = clamp
 
     def cast(self, d: Any) -> "Tensor":
         d = as_dtype(d)
         return self if d is self.dtype else Tensor(ir.unary(Op.CAST, self.node, d))
 
-    type = cast
 
-    def float(self) -> "Tensor": return self.cast(dt.f32)  # noqa: E704
-    def half(self) -> "Tensor": return self.cast(dt.f16)  # noqa: E704
-    def long(self) -> "Tensor": return self.cast(dt.i64)  # noqa: E704
-    def int(self) -> "Tensor": return self.cast(dt.i32)  # noqa: E704
-    def bool(self) -> "Tensor": return self.cast(dt.bool_)  # noqa: E704
 
     # --------------------------------------------------------------------- movement
     def reshape(self, *shape: Any) -> "Tensor":
@@ -1099,9 +1071,7 @@ class Tensor:
             n = out.shape[d]
             if mode == "constant":
                 if lo < 0 or hi < 0:  # crop first
-                    idx = [slice(None)] * self.ndim
-                    idx[d] = slice(max(-lo, 0), n - max(-hi, 0))
-                    out = out[tuple(idx)]
+                    out = out.narrow(d, max(-lo, 0), n - max(-lo, 0) - max(-hi, 0))
                     lo, hi = max(lo, 0), max(hi, 0)
                 if lo or hi:
                     before, after = [0] * self.ndim, [0] * self.ndim
@@ -1130,9 +1100,7 @@ class Tensor:
                 raise ShapeError(f"pad: {mode} padding of {lo} and {hi} needs a dim larger than them (size {n})")
 
             def part(a: int, b: int, flip: bool = False) -> "Tensor":
-                idx = [slice(None)] * self.ndim
-                idx[d] = slice(a, b)
-                p = out[tuple(idx)]
+                p = out.narrow(d, a, b - a)
                 return p.flip(d) if flip else p
             pieces = []
             if lo:
@@ -1158,7 +1126,7 @@ class Tensor:
 
     def flip(self, dims: Iterable[int]) -> "Tensor":
         axes = tuple(_dim(d, self.ndim) for d in ([dims] if isinstance(dims, int) else dims))
-        return _call("flip", lambda: ir.flip(self.node, axes), self)
+        return _call("flip", lambda: ir.flip(self.node, axes), self) if self.ndim else self
 
     def repeat(self, *times: Any) -> "Tensor":
         times = _shape_arg(times)
@@ -1309,7 +1277,7 @@ class Tensor:
         x = self.cast(as_dtype(dtype)) if dtype is not None else self if self.dtype.is_float else self.cast(dt.i64)
         axes = x._axes(dim)
         keep = [d for d in range(x.ndim) if d not in axes]
-        if any(x.shape[a] == 0 for a in axes):  # the empty product
+        if x.numel() == 0:  # the empty product, or an empty result
             return x.sum(dim, keepdim) + 1
         flat = x.permute(keep + list(axes)).reshape([x.shape[d] for d in keep] + [-1]) if x.ndim else x.reshape(1)
         while flat.shape[-1] > 1:
@@ -1351,11 +1319,15 @@ class Tensor:
 
     def masked_select(self, mask: "Tensor") -> "Tensor":
         """The elements where mask (broadcast) is true, as 1-D; the count is computed first."""
+        if mask.dtype is not dt.bool_:
+            raise TypeError(f"masked_select: expected a bool mask, got {mask.dtype}")
         shape = _broadcast_shape(self.shape, mask.shape, "masked_select")
         return self._broadcast_to(shape).reshape(-1)[mask._broadcast_to(shape).reshape(-1)]
 
     def nonzero(self, as_tuple: bool = False) -> Any:
         """[count, ndim] int64 indices of the nonzero elements (computed first: the count is the shape)."""
+        if self.numel() == 0:
+            return tuple(zeros(0, dtype=dt.i64) for _ in self.shape) if as_tuple else zeros(0, self.ndim, dtype=dt.i64)
         flat = _true_positions(self.ne(0).reshape(-1))
         cols, rest = [], flat
         for n in reversed(self.shape):
@@ -1413,18 +1385,14 @@ class Tensor:
         hit = idx.unsqueeze(-1).eq(Tensor(ir.iota(dt.i64, (n,), 0)))            # [..., j, i]
         v = val.unsqueeze(-1)
         count = hit.cast(dt.i64).sum(-2)
-        if reduce in ("sum", "mean"):
-            got = where(hit, v, 0).cast(self.dtype).sum(-2).cast(self.dtype)
-        elif reduce == "prod":
-            got = where(hit, v, 1).cast(self.dtype).prod(-2).cast(self.dtype)
-        else:
-            big = math.inf if self.dtype.is_float else self.dtype.max
-            got = where(hit, v, -big if reduce == "amax" else big).cast(self.dtype)
-            got = got.amax(-2) if reduce == "amax" else got.amin(-2)
+        big = math.inf if self.dtype.is_float else self.dtype.max
+        ident, over, combine = {"sum": (0, Tensor.sum, Tensor.__add__), "mean": (0, Tensor.sum, Tensor.__add__),
+                                "prod": (1, Tensor.prod, Tensor.__mul__), "amax": (-big, Tensor.amax, Tensor.maximum),
+                                "amin": (big, Tensor.amin, Tensor.minimum)}[reduce]
+        got = over(where(hit, v, ident).cast(self.dtype), -2).cast(self.dtype)
         x_part = x[tuple(slice(0, m) for m in lead)]
         if include_self:
-            got = {"sum": lambda: got + x_part, "mean": lambda: got + x_part, "prod": lambda: got * x_part,
-                   "amax": lambda: got.maximum(x_part), "amin": lambda: got.minimum(x_part)}[reduce]()
+            got = combine(got, x_part)
         if reduce == "mean":
             denom = count + (1 if include_self else 0)
             got = got / where(denom.eq(0), 1, denom).cast(got.dtype) if self.dtype.is_float else \
@@ -1487,11 +1455,12 @@ class Tensor:
             n = self.shape[d]
             k = sh % n
             if k:
-                front = [slice(None)] * self.ndim
-                back = [slice(None)] * self.ndim
-                front[d], back[d] = slice(n - k, n), slice(0, n - k)
-                out = cat([out[tuple(front)], out[tuple(back)]], d)
+                out = cat([out.narrow(d, n - k, k), out.narrow(d, 0, n - k)], d)
         return out
+
+    def narrow(self, dim: int, start: int, length: int) -> "Tensor":
+        """The length elements from start along dim."""
+        return self[(slice(None),) * _dim(dim, self.ndim) + (slice(start, start + length),)]
 
     def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> "Tensor":
         a, b = _dim(dim1, self.ndim), _dim(dim2, self.ndim)
@@ -1537,12 +1506,7 @@ class Tensor:
         else:
             cuts = list(sections)
         bounds = [0] + cuts + [n]
-        out = []
-        for a, b in zip(bounds, bounds[1:]):
-            idx = [slice(None)] * self.ndim
-            idx[d] = slice(a, b)
-            out.append(self[tuple(idx)])
-        return out
+        return [self.narrow(d, a, b - a) for a, b in zip(bounds, bounds[1:])]
 
     # ------------------------------------------------------------------------ scans
     def _scan(self, kind: str, dim: int) -> "Tensor":
@@ -1553,6 +1517,8 @@ class Tensor:
         a reversed cumsum). A doubling scan's log2(n) steps, fused, made gradients whose code
         grew as 2^steps (a cumprod of 128 took 277 s to compile)."""
         dim = _dim(dim, self.ndim)
+        if self.numel() == 0:
+            return self
         x = self.movedim(dim, -1) if self.ndim else self.reshape(1)
         out = _block_scan(x, kind)
         return out.movedim(-1, dim) if self.ndim else out.reshape(())
@@ -1579,8 +1545,8 @@ class Tensor:
         """The indices from a running max of the keys (negated or order-flipped for a minimum);
         the values are x at them, so the gradient goes to those elements, as PyTorch's."""
         d = _dim(dim, self.ndim)
-        if self.ndim == 0:
-            return self, Tensor(ir.const(0, dt.i64, ()))
+        if self.ndim == 0 or self.numel() == 0:
+            return self, zeros(self.shape, dtype=dt.i64)
         x = self.cast(dt.u8) if self.dtype is dt.bool_ else self
         key = x if largest else -x if x.dtype.is_float else x._flip_order()
         best = Tensor(ir.stop_gradient(key._scan("max", d).node))
@@ -1607,9 +1573,8 @@ class Tensor:
         if not 0 <= k <= (self.shape[d] if self.ndim else 1):
             raise IndexError(f"topk: k={k} is out of range for dim {d} of size {self.shape[d] if self.ndim else 1}")
         values, idx = _sort(self, d, largest)
-        pick = [slice(None)] * self.ndim
-        pick[d] = slice(0, k)
-        return ValuesIndices(values[tuple(pick)], idx[tuple(pick)]) if self.ndim else ValuesIndices(values, idx)
+        pick = tuple(slice(0, k) if a == d else slice(None) for a in range(self.ndim))
+        return ValuesIndices(values[pick], idx[pick])
 
     def kthvalue(self, k: int, dim: int = -1, keepdim: bool = False) -> tuple["Tensor", "Tensor"]:
         """The k-th smallest (1-based) along dim, and its index."""
@@ -1618,19 +1583,22 @@ class Tensor:
         if not 1 <= k <= n:
             raise IndexError(f"kthvalue: k={k} is out of range for dim {d} of size {n}")
         values, idx = _sort(self, d, False)
-        pick = [slice(None)] * self.ndim
-        pick[d] = k - 1
-        v, i = (values[tuple(pick)], idx[tuple(pick)]) if self.ndim else (values, idx)
-        return ValuesIndices(v.unsqueeze(d), i.unsqueeze(d)) if keepdim and self.ndim else ValuesIndices(v, i)
+        pick = tuple(slice(k - 1, k) if a == d else slice(None) for a in range(self.ndim))
+        v, i = values[pick], idx[pick]
+        return ValuesIndices(v, i) if keepdim or not self.ndim else ValuesIndices(v.squeeze(d), i.squeeze(d))
 
     def median(self, dim: int | None = None, keepdim: bool = False) -> Any:
-        """The lower median (PyTorch's); NaN where the values have a NaN."""
+        """The lower median (PyTorch's), and with a dim its index; NaN, and the first NaN's index,
+        where the values have a NaN (empty: NaN)."""
         if dim is None:
-            flat = self.reshape(-1)
-            v, _ = flat.kthvalue((flat.shape[0] + 1) // 2)
-            return where(flat.isnan().any(), math.nan, v).cast(self.dtype) if self.dtype.is_float else v
+            return full((), math.nan, self.dtype) if self.numel() == 0 else self.reshape(-1).median(0)[0]
         d = _dim(dim, self.ndim)
-        return self.kthvalue(((self.shape[d] if self.ndim else 1) + 1) // 2, d, keepdim)
+        v, i = self.kthvalue(((self.shape[d] if self.ndim else 1) + 1) // 2, d, keepdim=True)
+        if self.dtype.is_float and self.ndim:
+            nan = self.isnan()
+            i = where(nan.any(d, keepdim=True), nan.cast(dt.u8).argmax(d, keepdim=True), i)
+            v = self.gather(d, i)
+        return ValuesIndices(v, i) if keepdim or not self.ndim else ValuesIndices(v.squeeze(d), i.squeeze(d))
 
     def max(self, dim: Any = None, keepdim: bool = False) -> Any:
         """As PyTorch: the maximum of everything; with a dim, (values, indices); with a tensor,
@@ -1639,14 +1607,20 @@ class Tensor:
             return self.amax()
         if isinstance(dim, Tensor):
             return self.maximum(dim)
-        return ValuesIndices(self.amax(dim, keepdim), self.argmax(dim, keepdim))
+        return self._extreme_at(self.argmax(dim, keepdim=True), dim, keepdim)
+
+    def _extreme_at(self, i: "Tensor", dim: int, keepdim: bool) -> ValuesIndices:
+        """max(dim) and min(dim): the values at the indices i (keepdim), so that the gradient goes
+        to the element each index names, as PyTorch's (amax shares it among ties)."""
+        v = self.gather(dim, i) if self.ndim else self
+        return ValuesIndices(v, i) if keepdim or not self.ndim else ValuesIndices(v.squeeze(dim), i.squeeze(dim))
 
     def min(self, dim: Any = None, keepdim: bool = False) -> Any:
         if dim is None:
             return self.amin()
         if isinstance(dim, Tensor):
             return self.minimum(dim)
-        return ValuesIndices(self.amin(dim, keepdim), self.argmin(dim, keepdim))
+        return self._extreme_at(self.argmin(dim, keepdim=True), dim, keepdim)
 
     def mean(self, dim: Any = None, keepdim: bool = False) -> "Tensor":
         if not self.dtype.is_float:
@@ -1664,7 +1638,8 @@ class Tensor:
         """The vector p-norm over dim (all of it by default): 2 ('fro'), inf, -inf, 0 (the count of
         nonzeros) or any other p, as torch.norm."""
         if p in ("fro", 2):
-            return (self * self).sum(dim, keepdim).sqrt()
+            s = (self * self).sum(dim, keepdim)
+            return where(s.eq(0), _stopped(s), s).sqrt()   # PyTorch's gradient at 0 is 0
         if p in (math.inf, -math.inf):
             return self.abs().amax(dim, keepdim) if p > 0 else self.abs().amin(dim, keepdim)
         if p == 0:
@@ -1672,7 +1647,8 @@ class Tensor:
         return self.abs().pow(p).sum(dim, keepdim).pow(1 / p)
 
     def std(self, dim: Any = None, keepdim: bool = False, correction: int = 1) -> "Tensor":
-        return self.var(dim, keepdim, correction).sqrt()
+        v = self.var(dim, keepdim, correction)
+        return where(v.eq(0), _stopped(v), v).sqrt()   # PyTorch's gradient at 0 is 0, not 0 * inf
 
     def logsumexp(self, dim: int = -1, keepdim: bool = False) -> "Tensor":
         m = self._stable_max(dim)
@@ -1687,6 +1663,9 @@ class Tensor:
         """The max along dim that softmax and logsumexp subtract to stay in range. Their value
         does not depend on it, so neither does their gradient, as in PyTorch: no gradient flows
         through it (ir.stop_gradient), which spares the backward pass two passes over the input."""
+        if self.numel() == 0:   # nothing to keep in range: softmax of nothing is empty, logsumexp -inf
+            d = _dim(dim, self.ndim)
+            return zeros(tuple(1 if a == d else n for a, n in enumerate(self.shape)), dtype=self.dtype)
         m = self.amax(dim, keepdim=True)
         return Tensor(ir.stop_gradient(m.node)) if self.dtype.is_float else m
 
@@ -1772,6 +1751,11 @@ class Tensor:
         be = b._broadcast_to(batch + (k, n)).unsqueeze(-3)._broadcast_to(batch + (m, k, n))
         return (ae * be).sum(-2)
 
+    # PyTorch's other names for the methods above
+    absolute, arcsin, arccos, arctan, arcsinh, arccosh, arctanh = abs, asin, acos, atan, asinh, acosh, atanh
+    sgn, fix, clip, arctan2, ger, reshape_as, nelement, type = sign, trunc, clamp, atan2, outer, view_as, numel, cast
+    true_divide, floor_divide = __truediv__, __floordiv__
+
     # --------------------------------------------------------------------- autodiff
     def backward(self, gradient: "Tensor | None" = None) -> None:
         """Gradients of this tensor's sum for every leaf that requires grad (lazy: they are
@@ -1795,9 +1779,21 @@ class Tensor:
                 t.grad = t.grad.detach()   # would otherwise compute this rank's gradients again)
 
 
+# +, -, * and the bitwise operators as the IR's binary ops, each with its reflected form (1 - x)
+for _name, _op, _form in (("add", Op.ADD, Tensor._binary), ("sub", Op.SUB, Tensor._binary),
+                          ("mul", Op.MUL, Tensor._binary), ("and", Op.AND, Tensor._bitwise),
+                          ("or", Op.OR, Tensor._bitwise), ("xor", Op.XOR, Tensor._bitwise),
+                          ("lshift", Op.SHL, Tensor._bitwise), ("rshift", Op.SHR, Tensor._bitwise)):
+    setattr(Tensor, f"__{_name}__", functools.partialmethod(_form, _op))
+    setattr(Tensor, f"__r{_name}__", functools.partialmethod(_form, _op, reverse=True))
+Tensor.mul, Tensor.bitwise_and, Tensor.bitwise_or, Tensor.bitwise_xor = (  # type: ignore[attr-defined]
+    Tensor.__mul__, Tensor.__and__, Tensor.__or__, Tensor.__xor__)  # type: ignore[attr-defined]
+Tensor.bitwise_left_shift, Tensor.bitwise_right_shift = Tensor.__lshift__, Tensor.__rshift__  # type: ignore
+
+
 def _inplace_form(name: str) -> Callable[..., Tensor]:
     def method(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        return self._inplace(getattr(self, name)(*args, **kwargs))
+        return self._inplace(getattr(self, name)(*args, **kwargs), name in ("t", "transpose", "unsqueeze", "squeeze"))
     method.__name__ = method.__qualname__ = name + "_"
     method.__doc__ = f"x.{name}_(...): x becomes x.{name}(...) (Tensor._inplace)."
     return method
@@ -1807,6 +1803,9 @@ for _name in ("add", "sub", "mul", "div", "pow", "clamp", "clip", "clamp_min", "
               "exp", "log", "masked_fill", "lerp", "relu", "sigmoid", "tanh", "floor", "ceil", "round", "fmod",
               "remainder", "square", "reciprocal", "t", "transpose", "unsqueeze", "squeeze"):
     setattr(Tensor, _name + "_", _inplace_form(_name))
+for _name, _d in (("float", dt.f32), ("double", dt.f64), ("half", dt.f16), ("bfloat16", dt.bf16), ("long", dt.i64),
+                 ("int", dt.i32), ("short", dt.i16), ("char", dt.i8), ("byte", dt.u8), ("bool", dt.bool_)):
+    setattr(Tensor, _name, functools.partialmethod(Tensor.cast, _d))
 Tensor.__iadd__, Tensor.__isub__, Tensor.__imul__, Tensor.__itruediv__ = (  # type: ignore[method-assign]
     Tensor.add_, Tensor.sub_, Tensor.mul_, Tensor.div_)  # type: ignore[attr-defined]
 
@@ -1967,6 +1966,8 @@ def _true_positions(flat: Tensor) -> Tensor:
     program computes them (a running count, then for each slot the position that fills it);
     only their number is read first, as it is the result's shape."""
     count = int(flat.cast(dt.i64).sum().item())
+    if count == 0:
+        return zeros(0, dtype=dt.i64)
     slot = flat.cast(dt.i64).cumsum(0) - 1                                  # [n]
     want = Tensor(ir.iota(dt.i64, (count, 1), 0))                           # [count, 1]
     pos = Tensor(ir.iota(dt.i64, (1, flat.shape[0]), 1))                    # [1, n]
@@ -2024,20 +2025,22 @@ def _block_cumprod(x: Tensor, keep: Tensor) -> Tensor:
             x, step = x * x.pad([step, 0], value=1)[..., :n], step * 2
         return x
     w = Tensor(ir.stop_gradient(x.node)).cast(dt.f64)
-    zero, neg = w.eq(0).cast(dt.f64), (w < 0).cast(dt.f64)
+    zero, neg = w.eq(0).cast(dt.f64), w.signbit().cast(dt.f64)   # -0.0 and -inf count as negative
     logs = where(w.eq(0), 0.0, w.abs().log()).cast(dt.f64)
     row = lambda v: where(keep, v.unsqueeze(-2), 0.0).cast(dt.f64).sum(-1, keepdim=True)  # noqa: E731  [..., i, 1]
     zs, ns, ls = row(zero), row(neg), row(logs)                                        # running counts and sums
 
     def product(z: Tensor, n_: Tensor, lg: Tensor) -> Tensor:
         odd = (n_ * 0.5).floor().ne(n_ * 0.5)
-        mag = where(z > 0, 0.0, lg.exp()).cast(dt.f64)
+        mag = where(z > 0, where(lg.eq(math.inf), math.nan, 0.0), lg.exp()).cast(dt.f64)   # 0 * inf is NaN
         return where(lg.isnan(), math.nan, where(odd, -mag, mag)).cast(dt.f64)
     y = product(zs, ns, ls).squeeze(-1).cast(x.dtype)
     others = product(zs - zero.unsqueeze(-2), ns - neg.unsqueeze(-2), ls - logs.unsqueeze(-2))   # [..., i, j]
     others = where(keep & others.isfinite(), others, 0.0).cast(dt.f64).cast(x.dtype)
-    delta = x - Tensor(ir.stop_gradient(x.node))                                       # 0, with x's gradient
-    return Tensor(ir.stop_gradient(y.node)) + (Tensor(ir.stop_gradient(others.node)) * delta.unsqueeze(-2)).sum(-1)
+    fx = where(x.isfinite(), x, 0.0).cast(x.dtype)   # (inf - inf would make the value NaN)
+    delta = fx - Tensor(ir.stop_gradient(fx.node))                                     # 0, with x's gradient
+    carry = (Tensor(ir.stop_gradient(others.node)) * delta.unsqueeze(-2)).sum(-1)      # +-0, with the gradient
+    return Tensor(ir.stop_gradient(y.node)) - (0.0 - carry)    # y - (+0) is y, -0.0 included
 
 
 def _check_index(index: Tensor, n: int, name: str) -> None:
@@ -2061,11 +2064,13 @@ def _pick(hit: Tensor, x: Tensor, axis: int) -> Tensor:
     return where(hit, x, x.dtype.min).amax(axis)
 
 
-def _pow(x: Tensor, e: Tensor) -> Tensor:
-    """Elementwise x ** e for tensors (PyTorch's promotion and C's pow rules)."""
-    const_e = e.node.op is Op.CONST
-    x, e = _promote(x, e)
-    x, e = _broadcast(x, e, "pow")
+def _pow(x: Tensor, e: Tensor, scalar: float | None = None) -> Tensor:
+    """Elementwise x ** e for tensors (PyTorch's promotion and C's pow rules; scalar: e as a
+    Python number). Float values come from _pow_value and the gradients are PyTorch's formulas,
+    e x^(e-1) for the base (0 where e is 0) and x^e ln x for the exponent (0 where x is 0 and
+    e >= 0), attached by _with_gradients: differentiating the value's own formula gave 0 where
+    PyTorch gives ln x, infinities or NaN (at e = 0, at a base of 0 or +-inf, at negative bases)."""
+    x, e = _broadcast(*_promote(x, e), "pow")
     if not x.dtype.is_float:  # square and multiply over the exponent's bits; negative: 0, 1 or -1
         out, base, bits = x._const(1)._broadcast_to(x.shape), x, e
         for _ in range(x.dtype.bits - 1 if x.dtype.is_signed else x.dtype.bits):
@@ -2076,37 +2081,70 @@ def _pow(x: Tensor, e: Tensor) -> Tensor:
             neg = where(x.eq(1), 1, where(x.eq(-1), where(odd, -1, 1), 0)).cast(x.dtype)
             out = where(e < 0, neg, out)
         return out
+    xs, es = _stopped(x), _stopped(e)
+    out = _pow_value(xs, es, scalar)
+    pairs = []
+    if x.requires_grad:
+        gx = es * _pow_value(xs, es - 1, None if scalar is None else scalar - 1)
+        pairs.append((x, where(es.eq(0), 0.0, gx).cast(x.dtype)))
+    if e.requires_grad:
+        pairs.append((e, where(xs.eq(0) & (es >= 0), 0.0, out * xs.log()).cast(x.dtype)))
+    return _with_gradients(out, pairs) if pairs else out
+
+
+def _pow_value(x: Tensor, e: Tensor, scalar: float | None) -> Tensor:
+    """x ** e of floats with no gradient path: integer scalars by repeated squaring (negative:
+    its reciprocal), 0.5 and -0.5 as sqrt and rsqrt (PyTorch's choice: sqrt(-0.0) is -0.0, where
+    C's pow gives +0.0), others through exp2 and log2 of |x| with C's rules for signs, zeros,
+    infinities and NaN."""
+    if scalar is not None and float(scalar).is_integer() and abs(scalar) < 2 ** 31:
+        return x.pow(int(scalar)) if scalar >= 0 else x.pow(-int(scalar)).reciprocal()
+    if scalar in (0.5, -0.5):
+        return x.sqrt() if scalar > 0 else x.rsqrt()
     ax = x.abs()
-    safe = where(ax.eq(0) | ax.isinf(), 1.0, ax).cast(x.dtype)  # keeps log2 finite: gradients too
-    mag = (safe.log2() * e).exp2()
-    zero_or_inf = where((ax.eq(0) & (e < 0)) | (ax.isinf() & (e > 0)), math.inf, 0.0).cast(x.dtype)
-    mag = where(ax.eq(0) | ax.isinf(), zero_or_inf, mag)
+    edge = ax.eq(0) | ax.isinf()
+    mag = (where(edge, 1.0, ax).cast(x.dtype).log2() * e).exp2()
+    big = (ax.eq(0) & (e < 0)) | (ax.isinf() & (e > 0))
+    mag = where(edge & e.isnan().logical_not(), where(big, math.inf, 0.0).cast(x.dtype), mag)
     whole = e.trunc().eq(e)
     odd = whole & (e * 0.5).trunc().ne(e * 0.5)
-    signed = where(odd, -mag, mag)
-    # a negative finite base with a fractional exponent is NaN, and so is its gradient: log2 of the
-    # base itself there, of 1 elsewhere (a NaN constant would poison every gradient through where)
-    invalid = (x < 0) & whole.logical_not() & ax.isinf().logical_not()
-    nan = (where(invalid, x, 1.0).cast(x.dtype).log2() * e).exp2()
-    negative = where(whole, signed, where(ax.isinf(), mag, nan))
+    negative = where(whole, where(odd, -mag, mag), where(ax.isinf(), mag, math.nan).cast(x.dtype))
     out = where(x < 0, negative, where(odd & x.signbit(), -mag, mag))
-    # x ** 0 and 1 ** y are 1, NaN and inf included (C's pow); finite nonzero x ** 0 computes 1
-    # through mag, whose gradient with respect to e is ln x there, as PyTorch's
-    special = ax.eq(0) | ax.isinf() | x.isnan()
-    out = where((e.eq(0) & special) | (x.eq(1) & e.isfinite().logical_not()), 1.0, out).cast(x.dtype)
-    # the base's gradient e x^(e-1) is 1 at e = 1 where x is 0 (mag's there is 0): subtracting
-    # stop(x) - x there adds it, with the value unchanged (+0, and -0.0 stays -0.0)
-    out = out - where(ax.eq(0) & e.eq(1), Tensor(ir.stop_gradient(x.node)) - x, 0.0).cast(x.dtype)
-    # and infinite where x is 0 and e < 1 (e != 0): sqrt's derivative at 0, through x - stop(x),
-    # on a term whose value is +0, signed as e x^(e-1) is
-    z = ax.eq(0) & (e < 1) & e.ne(0)
-    sign = where((e < 0).ne(x.signbit() & whole & odd.logical_not()), -1.0, 1.0).cast(x.dtype)
-    out = out + sign * (where(z, x - Tensor(ir.stop_gradient(x.node)), 1.0).cast(x.dtype).sqrt()
-                        - where(z, 0.0, 1.0).cast(x.dtype))
-    if not const_e:   # the exponent's gradient at a negative base is NaN (ln x), as PyTorch's: the
-        # derivative of sqrt at 0 through e - e (inf - inf), on a term whose value is +0
-        ef = where(e.isfinite(), e, 0.0).cast(x.dtype)
-        out = out - (where(x < 0, ef - ef, 1.0).cast(x.dtype).sqrt() - where(x < 0, 0.0, 1.0).cast(x.dtype))
+    # x ** 0 and 1 ** y are 1, NaN included, and so is (-1) ** +-inf (C's pow)
+    return where(e.eq(0) | x.eq(1) | (x.eq(-1) & e.isinf()), 1.0, out).cast(x.dtype)
+
+
+def _stopped(x: Tensor) -> Tensor:
+    return Tensor(ir.stop_gradient(x.node)) if x.dtype.is_float else x
+
+
+def _with_gradients(value: Tensor, pairs: list[tuple[Tensor, Tensor]]) -> Tensor:
+    """value (no gradient path), whose elementwise derivative with respect to each x is g (no
+    gradient path either; any float, infinities and NaN included), as PyTorch's formulas give
+    them. A term of value +0 carries each g: g (x - stop(x)) where g is finite, and where it is
+    infinite or NaN the square root of +-(x - stop(x)) or of a difference of those (its derivative
+    at 0 is inf, times +-1 or inf - inf), with 1 under the root elsewhere, so that the zero
+    gradient reaching the unused branches stays 0. value - (+0) is value bit for bit, -0.0
+    included. Where x itself is infinite or NaN, x - stop(x) is not 0: there x * g carries the
+    gradient, where it gives the value (x = inf, g = inf, value inf); elsewhere it is 0."""
+    zero = value._const(0)
+    pairs = [(x, g, _stopped(x).isfinite().logical_not() & g.ne(0)) for x, g in pairs]
+    guess = functools.reduce(Tensor.__add__, [where(nat, _stopped(x), zero) * where(nat, g, zero)
+                                              for x, g, nat in pairs])
+    use = functools.reduce(Tensor.__or__, [nat for _, _, nat in pairs]) & \
+        (guess.eq(value) | (guess.isnan() & value.isnan()))
+    carried = functools.reduce(Tensor.__add__, [where(use & nat, x, zero) * where(use & nat, g, zero)
+                                                for x, g, nat in pairs])
+    out = where(use, carried, value)
+    for x, g, nat in pairs:
+        fx = where(_stopped(x).isfinite(), x, zero)
+        d = fx - _stopped(fx)                               # +0, with derivative 1 where x is finite
+        finite = g.isfinite()
+        r = where(_stopped(x).isinf(), x, value._const(1)).reciprocal()   # 1/x: 0, with derivative -0 at inf
+        u = where(g.eq(-math.inf), d, where(g.eq(math.inf), _stopped(fx) - fx,
+                                            where(_stopped(x).isinf(), r - _stopped(r), d - d)))
+        steep = where(finite, value._const(1), u).sqrt() - where(finite, 1.0, 0.0).cast(value.dtype)
+        out = out - (where(finite, -g, zero) * d + steep)
     return out
 
 
@@ -2117,7 +2155,10 @@ def _scalar(v: Any) -> Tensor:
     return Tensor(ir.const(data.literal_value(v, d, truncate=True), d, ()))
 
 
-def where(cond: Tensor, x: Any, y: Any) -> Tensor:
+def where(cond: Tensor, x: Any = None, y: Any = None) -> Tensor:
+    """torch.where: x where cond, else y; with cond alone, cond.nonzero(as_tuple=True)."""
+    if x is None and y is None:
+        return cond.nonzero(as_tuple=True)
     if isinstance(x, Tensor) or isinstance(y, Tensor):
         xt = x if isinstance(x, Tensor) else y._wrap(x)
         yt = y if isinstance(y, Tensor) else x._wrap(y)
@@ -2310,6 +2351,7 @@ def ones(*shape: Any, dtype: Any = dt.f32, requires_grad: bool = False) -> Tenso
 def arange(start: float, end: float | None = None, step: float = 1, dtype: Any = None,
            requires_grad: bool = False) -> Tensor:
     """PyTorch's arange: int64 for integer arguments, float32 when any is a float."""
+    start, end, step = (v.item() if isinstance(v, Tensor) else v for v in (start, end, step))
     if end is None:
         start, end = 0, start
     if step == 0:
@@ -2405,25 +2447,19 @@ def einsum(equation: str, *operands: Tensor) -> Tensor:
     """Einstein summation as broadcast, multiply and sum (every label is a dim; no '...')."""
     ops = list(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else list(operands)
     eq = equation.replace(" ", "")
-    lhs, _, rhs = eq.partition("->")
+    lhs, arrow, rhs = eq.partition("->")
     terms = lhs.split(",")
     if len(terms) != len(ops) or eq.replace("...", "").count("."):
         raise ShapeError(f"einsum: {equation!r} with {len(ops)} operands")
-    if "..." in eq:   # '...' stands for the same unused labels in every term, aligned from the right
-        free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq]
-        widths = [t.ndim - (len(term) - 3) for term, t in zip(terms, ops) if "..." in term]
-        most = max(widths, default=0)
-        ell = "".join(free[:most])
+    ell = ""   # '...' stands for the same unused labels in every term, aligned from the right
+    if "..." in eq:
+        most = max((t.ndim - len(term) + 3 for term, t in zip(terms, ops) if "..." in term), default=0)
+        ell = "".join([c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq][:most])
         terms = [term.replace("...", ell[most - (t.ndim - len(term) + 3):]) for term, t in zip(terms, ops)]
-        lhs = ",".join(terms)
-        if _:
-            rhs = rhs.replace("...", ell)
-        else:
-            counts = {c: lhs.count(c) for c in lhs if c != ","}
-            rhs, _ = ell + "".join(sorted(c for c, n in counts.items() if n == 1 and c not in ell)), "->"
-    if not _:
-        counts = {c: lhs.count(c) for c in lhs if c != ","}
-        rhs = "".join(sorted(c for c, n in counts.items() if n == 1))
+        rhs = rhs.replace("...", ell)
+    if not arrow:   # the labels that appear once, in order, after the '...' ones
+        joined = "".join(terms)
+        rhs = ell + "".join(sorted(c for c in set(joined) if joined.count(c) == 1 and c not in ell))
     labels = list(dict.fromkeys(rhs + "".join(terms)))
     sizes: dict[str, int] = {}
     out = None
@@ -2546,12 +2582,7 @@ def split(t: Tensor, size: Any, dim: int = 0) -> list[Tensor]:
         if sum(size) != t.shape[dim]:
             raise ShapeError(f"split: sizes {list(size)} do not add up to dim {dim}'s size {t.shape[dim]}")
         return t.tensor_split(list(itertools.accumulate(size))[:-1], dim)
-    out = []
-    for s in range(0, t.shape[dim], size):
-        idx = [slice(None)] * t.ndim
-        idx[dim] = slice(s, min(s + size, t.shape[dim]))
-        out.append(t[tuple(idx)])
-    return out
+    return t.tensor_split(list(range(size, t.shape[dim], size)), dim)
 
 
 def chunk(t: Tensor, chunks: int, dim: int = 0) -> list[Tensor]:

@@ -430,36 +430,31 @@ def check_spec(spec: DataSpec, node: Node) -> None:
         spec.values = [data.literal_value(v, node.dtype, truncate=False) for v in spec.values]
 
 
+_BUILD = {
+    "cast": lambda s, a: ir.unary(Op.CAST, s[0], a["dtype"]),
+    "bitcast": lambda s, a: ir.unary(Op.BITCAST, s[0], a["dtype"]),
+    "where": lambda s, a: ir.where(*s),
+    "reshape": lambda s, a: ir.reshape(s[0], a["shape"]),
+    "permute": lambda s, a: ir.permute(s[0], a["order"]),
+    "expand": lambda s, a: ir.expand(s[0], a["shape"]),
+    "pad": lambda s, a: ir.pad(s[0], a["before"], a["after"],
+                               data.literal_value(a.get("value", 0), s[0].dtype, truncate=True)),
+    "shrink": lambda s, a: ir.shrink(s[0], a["start"], a["end"]),
+    "flip": lambda s, a: ir.flip(s[0], a["axes"]),
+    "sum": lambda s, a: ir.reduce(Op.SUM, s[0], a["axes"]),
+    "grad": lambda s, a: ir.grad(s[0], s[1]),
+}
+
+
 def apply(opname: str, srcs: list[Node], attrs: dict[str, Any]) -> Node:
     """Build the node of a (checked) op name with its operands and attributes."""
     if opname in UNARY_OPS:
         return ir.unary(UNARY_OPS[opname], srcs[0])
-    if opname in ("cast", "bitcast"):
-        return ir.unary(Op.CAST if opname == "cast" else Op.BITCAST, srcs[0], attrs["dtype"])
     if opname == "max" and "axes" in attrs:
         return ir.reduce(Op.RMAX, srcs[0], attrs["axes"])
     if opname in BINARY_OPS:
         return ir.binary(BINARY_OPS[opname], srcs[0], srcs[1])
-    x = srcs[0]
-    if opname == "where":
-        return ir.where(*srcs)
-    if opname == "reshape":
-        return ir.reshape(x, attrs["shape"])
-    if opname == "permute":
-        return ir.permute(x, attrs["order"])
-    if opname == "expand":
-        return ir.expand(x, attrs["shape"])
-    if opname == "pad":
-        value = data.literal_value(attrs.get("value", 0), x.dtype, truncate=True)
-        return ir.pad(x, attrs["before"], attrs["after"], value)
-    if opname == "shrink":
-        return ir.shrink(x, attrs["start"], attrs["end"])
-    if opname == "flip":
-        return ir.flip(x, attrs["axes"])
-    if opname == "sum":
-        return ir.reduce(Op.SUM, x, attrs["axes"])
-    assert opname == "grad"
-    return ir.grad(srcs[0], srcs[1])
+    return _BUILD[opname](srcs, attrs)
 
 
 def parse(text: str, path: str = "<string>") -> Program:

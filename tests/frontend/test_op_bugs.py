@@ -62,6 +62,51 @@ def test_pow_gradients() -> None:
     np.testing.assert_array_equal(x.grad.numpy(), tx.grad.numpy())
 
 
+EDGES = [0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, np.inf, -np.inf, np.nan]
+POWERS = [0.0, -0.0, 1.0, 2.0, 3.0, -1.0, -2.0, 0.5, -0.5, 2.5, -1.5, 0.3, np.inf, -np.inf, np.nan]
+
+
+def same_with_specials(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    """Equal as floats, infinities and NaN where PyTorch has them (zeros of either sign alike)."""
+    bad = ~(np.isclose(got, want, rtol=1e-5, atol=1e-6) | (np.isnan(got) & np.isnan(want)))
+    assert not bad.any(), f"{what}: at {np.argwhere(bad)[:5].tolist()} got {got[bad][:5]}, torch {want[bad][:5]}"
+
+
+@pytest.mark.parametrize("form", ["tensor ** tensor", "tensor ** number", "number ** tensor"])
+def test_pow_values_and_gradients_at_edges(form: str) -> None:
+    """Every base in EDGES to every power in POWERS: the values (signs of zero too) and both
+    gradients, PyTorch's infinities and NaN included (issue 32: pow's gradients)."""
+    xs, es = np.array(EDGES, np.float32), np.array(POWERS, np.float32)
+    for lib in (ember, torch):
+        x = lib.tensor(np.repeat(xs, len(es)), requires_grad=True)
+        e = lib.tensor(np.tile(es, len(xs)), requires_grad=True)
+        if form == "tensor ** tensor":
+            y = x ** e
+        elif form == "tensor ** number":
+            y = lib.stack([x[i * len(es):(i + 1) * len(es)][k:k + 1] ** float(p) for i in range(len(xs))
+                           for k, p in enumerate(es)]).reshape(-1)
+        else:
+            y = lib.stack([float(b) ** e[i * len(es):(i + 1) * len(es)] for i, b in enumerate(xs)]).reshape(-1)
+        y.sum().backward()
+        if lib is ember:
+            got = [y.numpy(), x.grad.numpy() if x.grad is not None else None, e.grad.numpy() if e.grad is not None else None]
+        else:
+            want = [y.detach().numpy(), x.grad.numpy() if x.grad is not None else None,
+                    e.grad.numpy() if e.grad is not None else None]
+    same_with_specials(got[0], want[0], "value")
+    real = ~np.isnan(want[0])   # (a NaN's sign bit means nothing)
+    np.testing.assert_array_equal(np.signbit(got[0])[real], np.signbit(want[0])[real])
+    # (-inf) ** 2.5 and (-inf) ** inf are +inf with a gradient of +inf in PyTorch: no expression
+    # of x has that value and derivative at -inf in floating point, so Ember's gradient there is 0
+    base, power = np.repeat(xs, len(es)), np.tile(es, len(xs))
+    odd = (base == -np.inf) & (power > 1) & ~np.isin(power, [2.0, 3.0])
+    for g, w, what in zip(got[1:], want[1:], ("d/dbase", "d/dexponent")):
+        assert (g is None) == (w is None), what
+        if w is not None:
+            same_with_specials(g[~odd], w[~odd], what)
+            assert what == "d/dexponent" or (g[odd] == 0).all()
+
+
 def test_selection_gradients_go_to_the_picked_element() -> None:
     x = np.array([[-np.inf, -np.inf, -np.inf, 1.0], [2.0, 2.0, 5.0, -np.inf]], np.float32)
     idx = np.array([[0, 3], [1, 3]])
@@ -119,6 +164,10 @@ def test_grad_is_zeros_through_an_empty_slice_and_none_when_unread() -> None:
     lambda m: m.zeros(2, 3).gather(1, m.tensor([[0, 3]])),
     lambda m: m.zeros(2, 3).scatter(1, m.tensor([[0, 1]]), m.ones(1, 2, dtype=m.float64)),
     lambda m: m.zeros(2, 3).roll((1, 2), 0),
+    lambda m: m.tensor([1, 2]).exp_(), lambda m: m.tensor([1, 2]).div_(m.tensor([2, 2])),
+    lambda m: m.zeros(2, 3).dot(m.zeros(2, 3)), lambda m: m.zeros(3).mm(m.zeros(3, 2)),
+    lambda m: m.zeros(2, 2).bmm(m.zeros(2, 2)), lambda m: m.zeros(2, 2).outer(m.zeros(2)),
+    lambda m: m.zeros(3).fill_(m.ones(3)), lambda m: m.zeros(3).masked_select(m.tensor([1, 0, 1])),
     lambda m: (m.nn.functional.scaled_dot_product_attention(m.zeros(1, 2, 4), m.zeros(1, 2, 4), m.zeros(1, 2, 4),
                                                            attn_mask=m.ones(2, 2, dtype=m.bool), is_causal=True))])
 def test_calls_pytorch_rejects_raise(call) -> None:  # type: ignore[no-untyped-def]
