@@ -27,7 +27,7 @@ class Schedule:
     outputs: list[Buffer]                # one per returned node, in return order
     kernels: list[Kernel]
     temps: list[Buffer] = field(default_factory=list)
-    slots: dict[int, int] = field(default_factory=dict)   # temp buffer id -> memory slot
+    slots: dict[int, int] = field(default_factory=dict)   # temp buffer id -> its offset in the arena (plan_memory)
     target: Target | None = None         # what it was compiled for (pipeline.py)
 
     @property
@@ -139,13 +139,26 @@ def shared_chains(order: list[Node], kernels: list[Kernel], realized: dict[Node,
 
 
 def outputs_early(kernels: list[Kernel]) -> list[Kernel]:
-    """The kernels in graph order, but each output's as soon as what it reads is computed. In a
-    training step the weight gradients (and updates) then follow the backward pass layer by
-    layer instead of all coming at the end: the temporaries they read die sooner, and a
-    gradient's all-reduce (distributed.py) can start while the backward pass goes on."""
+    """The kernels in graph order, but each output's as soon as what it reads is computed, and so
+    is each kernel that only outputs' kernels (or such kernels) read and that writes at most half
+    the elements of what it reads (a weight gradient, its split-K parts and bias sums). In a
+    training step the weight gradients (and updates) then follow the backward pass layer by layer
+    instead of coming in parameter order: the activations and activation gradients they read die
+    sooner (GPT-2's last layer's were held to the end of the step), and a gradient's all-reduce
+    (distributed.py) can start while the backward pass goes on."""
     made = {k.out.id for k in kernels}
+    readers: dict[int, list[Kernel]] = {}
+    for k in kernels:
+        for b in {b.id for b in k.reads}:
+            readers.setdefault(b, []).append(k)
+    early: set[int] = set()   # id()s of the kernels placed as soon as they can be
+    for k in reversed(kernels):   # readers come after their writers
+        users = readers.get(k.out.id, [])
+        if k.out.kind == "output" or (users and all(id(u) in early for u in users)
+                                      and 2 * k.out.size <= max((b.size for b in k.reads), default=0)):
+            early.add(id(k))
     placed: set[int] = set()
-    waiting = [k for k in kernels if k.out.kind == "output"]
+    waiting = [k for k in kernels if id(k) in early]
     order: list[Kernel] = []
 
     def place_ready() -> None:
@@ -160,7 +173,7 @@ def outputs_early(kernels: list[Kernel]) -> list[Kernel]:
 
     place_ready()
     for k in kernels:
-        if k.out.kind != "output":
+        if id(k) not in early:
             order.append(k)
             placed.add(k.out.id)
             if waiting:
@@ -168,12 +181,21 @@ def outputs_early(kernels: list[Kernel]) -> list[Kernel]:
     return order + waiting
 
 
+def reads_in_place(k: Kernel, buf: Buffer) -> bool:
+    """Whether k may write its output over buf, which it reads: it reads buf only at the element
+    it stores, each element read by the thread that then overwrites it (a map: never a
+    reduction, tile or template over it)."""
+    if k.contraction or k.fused or k.atomic or k.stages or k.members:
+        return False
+    index = k.store.srcs[1]
+    return all(n.srcs[1] is index for n in toposort([k.store]) if n.op is Op.LOAD and n.srcs[0].arg == buf.id)
+
+
 def donatable(sched: Schedule, pairs: list[tuple[Buffer, Buffer]]) -> list[bool]:
     """For each (output, input) pair, whether the output may be written over the input's memory
     (an optimizer's update in place, the old value dead after the run): every kernel that reads
-    the input runs before the output's writer, or is the writer and reads the input only at the
-    element it stores, each element read by the thread that then overwrites it (a map: never a
-    reduction, tile or template over it). The kernels are indexed once for all the pairs."""
+    the input runs before the output's writer, or is the writer and reads it in place
+    (reads_in_place). The kernels are indexed once for all the pairs."""
     members = [(i, m) for i, k in enumerate(sched.kernels) for m in k.members or [k]]   # a merged kernel's run at once
     writer: dict[int, tuple[int, Kernel]] = {}
     readers: dict[int, list[tuple[int, Kernel]]] = {}
@@ -189,17 +211,24 @@ def donatable(sched: Schedule, pairs: list[tuple[Buffer, Buffer]]) -> list[bool]
         at, w = writer[out.id]
         if any(m is not w and i >= at for i, m in readers.get(inp.id, [])):
             return False
-        if all(b.id != inp.id for b in w.reads):
-            return True
-        if w.contraction or w.fused or w.atomic or w.stages or w.members:
-            return False
-        index = w.store.srcs[1]
-        return all(n.srcs[1] is index for n in toposort([w.store]) if n.op is Op.LOAD and n.srcs[0].arg == inp.id)
+        return all(b.id != inp.id for b in w.reads) or reads_in_place(w, inp)
     return [allowed(out, inp) for out, inp in pairs]
 
 
-def plan_memory(sched: Schedule) -> dict[int, int]:
-    """Share memory between temporaries whose lifetimes do not overlap (best fit by size)."""
+ALIGN = 256   # every temporary starts at a multiple of this in the arena (cuMemAlloc's alignment, which
+# the CUDA renderer assumes for its vector accesses), and a kernel's vector tail never reaches the next
+
+
+def _aligned(nbytes: int) -> int:
+    return max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
+
+
+def plan_memory(sched: Schedule, in_place: bool = False) -> dict[int, int]:
+    """Each temporary's byte offset in one arena, temporaries whose lifetimes do not overlap
+    sharing memory: kernel by kernel, the outputs take the best-fitting free range (the arena
+    grows when none fits), and the temporaries read for the last time are freed after it.
+    in_place: a kernel may also write its output over a temporary it reads for the last time
+    (reads_in_place: a map's input, such as the logits under their gradient)."""
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for i, k in enumerate(sched.kernels):
@@ -207,21 +236,119 @@ def plan_memory(sched: Schedule) -> dict[int, int]:
             if b.kind == "temp":
                 first.setdefault(b.id, i)
                 last[b.id] = i
-    slots: dict[int, int] = {}
-    slot_size: dict[int, int] = {}
-    free: list[int] = []
-    by_id = {b.id: b for b in sched.temps}
-    for i in range(len(sched.kernels)):
-        for bid in [b for b in first if first[b] == i]:
-            need = by_id[bid].nbytes
-            fits = sorted((slot_size[s], s) for s in free if slot_size[s] >= need)
-            if fits:
-                slot = fits[0][1]
-                free.remove(slot)
+    offsets: dict[int, int] = {}
+    size = {b.id: _aligned(b.nbytes) for b in sched.temps}
+    gaps: list[list[int]] = []   # free [offset, bytes] ranges below the top, by offset
+    top = 0
+
+    def free(at: int, n: int) -> None:
+        gaps.append([at, n])
+        gaps.sort()
+        merged = [gaps[0]]
+        for g in gaps[1:]:
+            if merged[-1][0] + merged[-1][1] == g[0]:
+                merged[-1][1] += g[1]
             else:
-                slot = len(slot_size)
-                slot_size[slot] = need
-            slots[bid] = slot
-        for bid in [b for b in last if last[b] == i]:
-            free.append(slots[bid])
-    return slots
+                merged.append(g)
+        gaps[:] = merged
+
+    def take(n: int) -> int:
+        nonlocal top
+        fits = [g for g in gaps if g[1] >= n]
+        if fits:
+            g = min(fits, key=lambda g: g[1])
+            at = g[0]
+            g[0], g[1] = g[0] + n, g[1] - n
+            if not g[1]:
+                gaps.remove(g)
+            return at
+        if gaps and gaps[-1][0] + gaps[-1][1] == top:   # the free range at the top grows
+            at = gaps.pop()[0]
+        else:
+            at = top
+        top = at + n
+        return at
+
+    starts: dict[int, list[int]] = {}
+    for bid, i in first.items():
+        starts.setdefault(i, []).append(bid)
+    for i, k in enumerate(sched.kernels):
+        dying = [b for b in dict.fromkeys(b.id for b in k.reads) if last.get(b) == i and b in offsets and b != k.out.id]
+        for bid in starts.get(i, []):
+            donor = next((b for b in dying if in_place and bid == k.out.id and size[b] >= size[bid] and
+                          reads_in_place(k, next(r for r in k.reads if r.id == b))), None)
+            if donor is None:
+                offsets[bid] = take(size[bid])
+                continue
+            dying.remove(donor)
+            offsets[bid] = offsets[donor]
+            if size[donor] > size[bid]:
+                free(offsets[donor] + size[bid], size[donor] - size[bid])
+        if last.get(k.out.id) == i and all(b.id != k.out.id for b in k.reads):
+            dying.append(k.out.id)   # written, never read
+        for bid in dying:
+            free(offsets[bid], size[bid])
+    return offsets
+
+
+def arena_bytes(sched: Schedule) -> int:
+    """The bytes of the one block that holds all the temporaries (plan_memory's offsets)."""
+    return max((sched.slots[b.id] + _aligned(b.nbytes) for b in sched.temps), default=0)
+
+
+def footprint(sched: Schedule, roles: dict[Node, str] | None = None, donated: set[int] = frozenset()) -> dict[str, int]:
+    """The bytes a run of sched holds at once, by what holds them, as the runtimes allocate: every
+    input (named by roles, param node -> what it is; else "inputs"), every output not written
+    over an input (donated: those outputs' buffer ids), and the temporaries' arena, which is
+    allocated whole. The arena is told by the temporaries alive at the kernel where the most
+    are: the gradients (what outputs of their size are computed from), the activations (what a
+    scalar output, the loss, is computed from), the other temporaries, and the arena's bytes
+    that hold none of them then ("arena gaps"). The parts add up to the peak."""
+    parts: dict[str, int] = {}
+
+    def add(what: str, n: int) -> None:
+        if n:
+            parts[what] = parts.get(what, 0) + n
+    for node, b in sched.inputs.items():
+        add((roles or {}).get(node, "inputs"), b.nbytes)
+    for b in {b.id: b for b in sched.outputs if b.id not in donated}.values():
+        add("outputs", b.nbytes)
+    writer = {k.out.id: k for k in sched.kernels for k in k.members or [k]}
+    kind: dict[int, str] = {}
+    for k in writer.values():
+        if k.out.kind == "output":
+            for b in k.reads:
+                if b.kind == "temp" and b.size == k.out.size:
+                    kind[b.id] = "gradients"
+    forward, todo = set(), [b.id for b in sched.outputs if b.size == 1]
+    while todo:
+        bid = todo.pop()
+        if bid in writer and bid not in forward:
+            forward.add(bid)
+            todo += [b.id for b in writer[bid].reads]
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, k in enumerate(sched.kernels):
+        for b in [k.out, *k.reads]:
+            if b.kind == "temp":
+                first.setdefault(b.id, i)
+                last[b.id] = i
+    temps = {b.id: b for b in sched.temps}
+    alive: list[list[int]] = [[] for _ in sched.kernels]
+    for bid in first:
+        for i in range(first[bid], last[bid] + 1):
+            alive[i].append(bid)
+
+    def held(ids: list[int]) -> dict[int, int]:   # buffer id -> its bytes (one written over another: once)
+        out, seen = {}, set()
+        for bid in sorted(ids, key=lambda b: -temps[b].nbytes):
+            if sched.slots[bid] not in seen:
+                seen.add(sched.slots[bid])
+                out[bid] = _aligned(temps[bid].nbytes)
+        return out
+    peak = max(alive, key=lambda ids: sum(held(ids).values()), default=[])
+    live = held(peak)
+    for bid, n in live.items():
+        add(kind.get(bid) or ("activations" if bid in forward else "temporaries"), n)
+    add("arena gaps", arena_bytes(sched) - sum(live.values()))
+    return parts
