@@ -413,6 +413,7 @@ def step_program(model: GPT, opt: optim.AdamW, batch: int, block: int, autocast:
     loss, then each update; what each of its inputs is; and the (output, input) pairs of the
     updates, which the GPU writes over the values they replace (Tensor.assign's donation)."""
     x, y = (T.Tensor(np.zeros((batch, block), np.int32)) for _ in range(2))
+    opt.zero_grad()
     with autocast:
         loss = model.loss(x, y)
     loss.backward()
