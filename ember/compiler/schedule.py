@@ -9,6 +9,7 @@ on) or when several kernels need it. Iterate until no kernel asks for more buffe
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from .. import debug
@@ -85,6 +86,7 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
                 users[t] = users.get(t, 0) + 1
         more |= {t for t, n in users.items() if n > 1}
         more |= shared_chains(order, kernels, realized)
+        more |= {t for k in kernels for t in summed_products(k)}
         more -= set(realized)
         if not more:
             break
@@ -103,6 +105,17 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
     sched.slots = plan_memory(sched)
     debug.kernels(3, "after scheduling and lowering", kernels)
     return sched
+
+
+def summed_products(k: Kernel) -> set[Node]:
+    """The sums of outer products that a kernel adds together (a weight that several matmuls
+    read, as a language model's head over chunks of rows: its gradient adds theirs,
+    simplify._sum_of_products): each in a buffer of its own is a contraction for the
+    tensor-core paths; together they are one plain reduction."""
+    sums = {t for t in k.reduces.values()
+            if t.op is Op.SUM and t.srcs[0].op is Op.MUL and all(s.op is Op.EXPAND for s in t.srcs[0].srcs)}
+    added = {s for n in k.visited if n.op is Op.ADD for s in n.srcs if s in sums}
+    return added if len(added) > 1 else set()
 
 
 CHAIN_READS = 4   # a value several kernels compute, reading at least this many tensors, gets a buffer
@@ -138,47 +151,88 @@ def shared_chains(order: list[Node], kernels: list[Kernel], realized: dict[Node,
     return chosen
 
 
+EAGER_BYTES = 1 << 26   # temporaries this large are worth running a kernel early to free (the last two rules)
+
+
 def outputs_early(kernels: list[Kernel]) -> list[Kernel]:
-    """The kernels in graph order, but each output's as soon as what it reads is computed, and so
-    is each kernel that only outputs' kernels (or such kernels) read and that writes at most half
-    the elements of what it reads (a weight gradient, its split-K parts and bias sums). In a
-    training step the weight gradients (and updates) then follow the backward pass layer by layer
-    instead of coming in parameter order: the activations and activation gradients they read die
-    sooner (GPT-2's last layer's were held to the end of the step), and a gradient's all-reduce
-    (distributed.py) can start while the backward pass goes on."""
+    """The kernels in graph order, except that a kernel runs as soon as what it reads is computed
+    when that shrinks the memory in use: an output's kernel (in a training step the weight
+    updates then follow the backward pass layer by layer, and a gradient's all-reduce,
+    distributed.py, can start while it goes on); a kernel that only such kernels read and that
+    writes at most half the elements of what it reads (a weight gradient, its split-K parts,
+    bias sums: GPT-2's last layer's activations were held to the end of the step for them); a
+    kernel that frees at least what it writes (the last reader of its inputs: a chunk's logits
+    under their gradient); and a shrinking kernel that leaves one reader to what it reads (a
+    chunk's input gradient, then its weight gradient frees the chunk's logit gradient)."""
     made = {k.out.id for k in kernels}
-    readers: dict[int, list[Kernel]] = {}
-    for k in kernels:
+    readers: dict[int, list[int]] = {}
+    for i, k in enumerate(kernels):
         for b in {b.id for b in k.reads}:
-            readers.setdefault(b, []).append(k)
-    early: set[int] = set()   # id()s of the kernels placed as soon as they can be
-    for k in reversed(kernels):   # readers come after their writers
-        users = readers.get(k.out.id, [])
-        if k.out.kind == "output" or (users and all(id(u) in early for u in users)
+            readers.setdefault(b, []).append(i)
+    early: set[int] = set()   # kernels run as soon as they can be, whatever they free
+    for i in reversed(range(len(kernels))):   # readers come after their writers
+        k, users = kernels[i], readers.get(kernels[i].out.id, [])
+        if k.out.kind == "output" or (users and all(u in early for u in users)
                                       and 2 * k.out.size <= max((b.size for b in k.reads), default=0)):
-            early.add(id(k))
+            early.add(i)
+    pending = {bid: len(users) for bid, users in readers.items()}   # readers not yet placed
+    writer = {k.out.id: i for i, k in enumerate(kernels)}
+    computed: set[int] = set()
     placed: set[int] = set()
-    waiting = [k for k in kernels if id(k) in early]
     order: list[Kernel] = []
 
-    def place_ready() -> None:
-        nonlocal waiting
-        while True:
-            ready = [k for k in waiting if all(b.id in placed or b.id not in made for b in k.reads)]
-            if not ready:
-                return
-            order.extend(ready)
-            placed.update(k.out.id for k in ready)
-            waiting = [k for k in waiting if k not in ready]
+    def missing(k: Kernel) -> list[int]:
+        return [writer[b.id] for b in k.reads if b.id in made and b.id not in computed]
 
-    place_ready()
-    for k in kernels:
-        if id(k) not in early:
-            order.append(k)
-            placed.add(k.out.id)
-            if waiting:
-                place_ready()
-    return order + waiting
+    def eager(i: int) -> list[int] | None:
+        """None, or what to run first: for a kernel that frees memory, the small kernels it
+        waits for that can run now (the mask of a chunk's targets that its logits' gradient reads)."""
+        k = kernels[i]
+        wait = missing(k)
+        if i in early:
+            return None if wait else []
+        temps = [b for b in {b.id: b for b in k.reads}.values() if b.kind == "temp" and b.nbytes >= EAGER_BYTES]
+        frees = sum(b.nbytes for b in temps if pending[b.id] == 1)
+        if not (k.out.kind == "temp" and temps and k.out.nbytes <= frees) and not (
+                any(pending[b.id] == 2 for b in temps) and 2 * k.out.size <= max(b.size for b in temps)):
+            return None
+        if any(missing(kernels[j]) or 16 * kernels[j].out.nbytes > max(frees, EAGER_BYTES) for j in wait):
+            return None
+        return wait
+
+    def run(j: int) -> set[int]:
+        """Run kernel j; the kernels that might become eager then."""
+        k = kernels[j]
+        order.append(k)
+        placed.add(j)
+        computed.add(k.out.id)
+        near = set(readers.get(k.out.id, []))
+        for bid in {b.id for b in k.reads}:
+            pending[bid] -= 1
+            near.update(readers[bid])
+        return near
+
+    def place(i: int) -> None:
+        """Run kernel i, then every kernel that has become eager, in graph order."""
+        todo = [i]
+        while todo:
+            j = heapq.heappop(todo)
+            if j in placed:
+                continue
+            near = set()
+            for first in eager(j) or []:   # (i itself is ready: its writers came before it)
+                near |= run(first)
+            near |= run(j)
+            for u in near - placed:
+                if eager(u) is not None:
+                    heapq.heappush(todo, u)
+
+    for i in [i for i in early if eager(i) is not None]:
+        place(i)
+    for i in range(len(kernels)):
+        if i not in placed and i not in early:
+            place(i)
+    return order + [k for i, k in enumerate(kernels) if i not in placed]
 
 
 def reads_in_place(k: Kernel, buf: Buffer) -> bool:
