@@ -87,7 +87,14 @@ def torch_run(args: argparse.Namespace, out: Path) -> tuple[list[tuple[int, floa
 
 
 def plot(ember: list[tuple[int, float]], peer: list[tuple[int, float]], title: str, path: Path) -> None:
-    import matplotlib
+    """Both curves in a PNG at path, and as JSON beside it (path with .json)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".json").write_text(json.dumps({"title": title, "ember": ember, "pytorch": peer}))
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: the curves are in the .json only", file=sys.stderr)
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -99,7 +106,6 @@ def plot(ember: list[tuple[int, float]], peer: list[tuple[int, float]], title: s
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -119,7 +125,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-bytes", type=int, default=4_000_000)
     ap.add_argument("--out", default="runs/loss_curve", help="ember train's run folder")
-    ap.add_argument("--plot", default="docs/loss_curve_gpt2.png")
+    ap.add_argument("--plot", default="docs/loss_curve_gpt2.png", help="the PNG (and its .json: both curves)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     out = Path(args.out)

@@ -80,7 +80,9 @@ class GPT(LanguageModel):
         self.tok, self.pos = nn.Embedding(c.vocab, c.dim), nn.Embedding(c.block, c.dim)
         self.blocks = [Block(c) for _ in range(c.n_layer)]
         self.ln, self.head = nn.LayerNorm(c.dim), nn.Linear(c.dim, c.vocab, bias=False)
-        if c.tied:
+        if c.tied:   # GPT-2's init of the shared rows, N(0, 0.02): with N(0, 1) rows the first logits had a
+            # std of sqrt(dim), a first loss near 130 at GPT-2's size instead of ln(vocab) = 10.8
+            self.tok.weight = nn.parameter(self.tok.weight * 0.02)
             self.head.weight = self.tok.weight
 
     def hidden(self, idx: Tensor) -> Tensor:
