@@ -366,7 +366,7 @@ class CUDAProgram:
         for exe in self._graphs.values():
             self.cu.cuGraphExecDestroy(exe)
         self._graphs.clear()
-        if self._temp_ptr is not None:
+        if self._arena:
             _free(self._arena, schedule.arena_bytes(self.sched))
         temps = {b.id for b in self.sched.temps}
         for buf in {b.id: b for b in [*self.sched.inputs.values(), *self.sched.outputs]}.values() if self._io else ():

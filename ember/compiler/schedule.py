@@ -277,12 +277,8 @@ def _aligned(nbytes: int) -> int:
     return max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
 
 
-def plan_memory(sched: Schedule, in_place: bool = False) -> dict[int, int]:
-    """Each temporary's byte offset in one arena, temporaries whose lifetimes do not overlap
-    sharing memory: kernel by kernel, the outputs take the best-fitting free range (the arena
-    grows when none fits), and the temporaries read for the last time are freed after it.
-    in_place: a kernel may also write its output over a temporary it reads for the last time
-    (reads_in_place: a map's input, such as the logits under their gradient)."""
+def lifetimes(sched: Schedule) -> tuple[dict[int, int], dict[int, int]]:
+    """Each temporary's first and last kernel (by place in sched.kernels)."""
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for i, k in enumerate(sched.kernels):
@@ -290,6 +286,16 @@ def plan_memory(sched: Schedule, in_place: bool = False) -> dict[int, int]:
             if b.kind == "temp":
                 first.setdefault(b.id, i)
                 last[b.id] = i
+    return first, last
+
+
+def plan_memory(sched: Schedule, in_place: bool = False) -> dict[int, int]:
+    """Each temporary's byte offset in one arena, temporaries whose lifetimes do not overlap
+    sharing memory: kernel by kernel, the outputs take the best-fitting free range (the arena
+    grows when none fits), and the temporaries read for the last time are freed after it.
+    in_place: a kernel may also write its output over a temporary it reads for the last time
+    (reads_in_place: a map's input, such as the logits under their gradient)."""
+    first, last = lifetimes(sched)
     offsets: dict[int, int] = {}
     size = {b.id: _aligned(b.nbytes) for b in sched.temps}
     gaps: list[list[int]] = []   # free [offset, bytes] ranges below the top, by offset
@@ -380,13 +386,7 @@ def footprint(sched: Schedule, roles: dict[Node, str] | None = None, donated: se
         if bid in writer and bid not in forward:
             forward.add(bid)
             todo += [b.id for b in writer[bid].reads]
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    for i, k in enumerate(sched.kernels):
-        for b in [k.out, *k.reads]:
-            if b.kind == "temp":
-                first.setdefault(b.id, i)
-                last[b.id] = i
+    first, last = lifetimes(sched)
     temps = {b.id: b for b in sched.temps}
     alive: list[list[int]] = [[] for _ in sched.kernels]
     for bid in first:

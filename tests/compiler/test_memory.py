@@ -37,13 +37,7 @@ def test_temporaries_alive_together_never_share_memory(device: str) -> None:
     output over a temporary it reads for the last time, element by element (CUDA only)."""
     _, sched, _, _ = gpt_step(device)
     size = {b.id: schedule._aligned(b.nbytes) for b in sched.temps}
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    for i, k in enumerate(sched.kernels):
-        for b in [k.out, *k.reads]:
-            if b.kind == "temp":
-                first.setdefault(b.id, i)
-                last[b.id] = i
+    first, last = schedule.lifetimes(sched)
     shared = 0
     for i, k in enumerate(sched.kernels):
         alive = sorted((sched.slots[b], b) for b in first if first[b] <= i <= last[b])
