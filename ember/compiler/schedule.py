@@ -238,8 +238,9 @@ def outputs_early(kernels: list[Kernel]) -> list[Kernel]:
 def reads_in_place(k: Kernel, buf: Buffer) -> bool:
     """Whether k may write its output over buf, which it reads: it reads buf only at the element
     it stores, each element read by the thread that then overwrites it (a map: never a
-    reduction, tile or template over it)."""
-    if k.contraction or k.fused or k.atomic or k.stages or k.members:
+    reduction, tile or template over it), and its elements are the output's size (element i at
+    the same bytes in both)."""
+    if k.contraction or k.fused or k.atomic or k.stages or k.members or buf.dtype.itemsize != k.out.dtype.itemsize:
         return False
     index = k.store.srcs[1]
     return all(n.srcs[1] is index for n in toposort([k.store]) if n.op is Op.LOAD and n.srcs[0].arg == buf.id)
