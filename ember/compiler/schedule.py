@@ -217,11 +217,12 @@ def outputs_early(kernels: list[Kernel]) -> list[Kernel]:
         todo = [i]
         while todo:
             j = heapq.heappop(todo)
-            if j in placed:
+            first = [] if j == i else eager(j)   # (i is ready: its writers came before it)
+            if j in placed or first is None:   # (placed meanwhile, or no longer worth it)
                 continue
             near = set()
-            for first in eager(j) or []:   # (i itself is ready: its writers came before it)
-                near |= run(first)
+            for w in first:
+                near |= run(w)
             near |= run(j)
             for u in near - placed:
                 if eager(u) is not None:
