@@ -30,6 +30,7 @@ from gpu import cuda_time, device_memory_used  # noqa: E402
 from ember import data, ir  # noqa: E402
 from ember import dtype as dt  # noqa: E402
 from ember.backend import cuda  # noqa: E402
+from ember.compiler import schedule  # noqa: E402
 from ember.ir import Op  # noqa: E402
 
 PEAK = 989e12
@@ -86,7 +87,7 @@ def main() -> None:
 
 def f32_memory() -> None:
     """f32 attention (no autocast), causal, D = 64, 8 heads, forward: the device memory Ember's
-    program holds, as planned (its buffers, temporaries sharing slots) and as measured (the GPU's
+    program holds, as planned (its buffers, temporaries sharing an arena) and as measured (the GPU's
     memory in use after its runs less before it was built: Ember frees nothing in between),
     beside PyTorch's peak for SDPA on f32 and both times; then whether Ember's memory grows as
     S^2 (16x from S = 1024 to 4096) or as S (4x)."""
@@ -101,10 +102,7 @@ def f32_memory() -> None:
         q, k, v = (ir.param(n, dt.f32, (1, 8, s, 64)) for n in "qkv")
         prog = cuda.CUDAProgram([attention(q, k, v, True)])
         sched = prog.sched
-        slots = {sched.slots[b.id]: 0 for b in sched.temps}
-        for b in sched.temps:
-            slots[sched.slots[b.id]] = max(slots[sched.slots[b.id]], b.nbytes)
-        planned = sum(slots.values()) + sum(b.nbytes for b in [*sched.inputs.values(), *sched.outputs])
+        planned = sum(schedule.footprint(sched).values())
         inputs = {p: x.cpu().numpy() for p, x in zip((q, k, v), (tq, tk, tv))}
         got, times = prog.timed(inputs, 5)
         measured = (device_memory_used() - before) * 2**30

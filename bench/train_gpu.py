@@ -34,8 +34,10 @@ from gpu import device_memory_used  # noqa: E402
 import ember  # noqa: E402
 from ember import optim  # noqa: E402
 from ember import tensor as T  # noqa: E402
+from ember.backend import c as c_backend  # noqa: E402
 from ember.backend import cuda  # noqa: E402
 from ember.models.gpt import GPT, GPTConfig  # noqa: E402
+from ember.train import memory_line, step_memory, step_program  # noqa: E402
 
 PROFILE_HOST = os.environ.get("PROFILE_HOST") == "1"   # cProfile the replayed steps' Python, print the top
 # steps of an ember.jit loop before its graphs replay, for a step of one program: step 1 checks
@@ -48,14 +50,15 @@ PEAK_BF16 = 989e12   # the H200's dense bf16 tensor-core rate
 
 def timed_steps(loss_fn: Callable, opt: optim.Optimizer, batches: Callable, steps: int, low: str | None,
                 jit: bool, host: list[float] | None = None,
-                launch: list[float] | None = None) -> tuple[list[float], list[float]]:
+                launch: list[float] | None = None, profiled: int = 0) -> tuple[list[float], list[float]]:
     """Seconds of each training step (the loss, backward, the optimizer's update, reading the
     loss back), and each step's loss; low: autocast's dtype; jit: the step through ember.jit
     (replayed without its Python from the third call on). batches(s) gives step s's (x, y).
     host: gets each step's seconds before reading the loss back, the host's part of a step
     whose work the GPU runs asynchronously (a replayed step's Python). launch: each step's
     seconds until its CUDA graph was launched (the GPU idles that long between steps, as the
-    loss is read back every step), NaN where none was replayed."""
+    loss is read back every step), NaN where none was replayed. profiled: that many more steps
+    after those, untimed, each kernel timed by the CUDA runtime's profiler (cuda.PROFILE)."""
     def step(x: T.Tensor, y: T.Tensor) -> T.Tensor:
         opt.zero_grad()
         with T.autocast(low or "bfloat16", enabled=low is not None):
@@ -84,13 +87,18 @@ def timed_steps(loss_fn: Callable, opt: optim.Optimizer, batches: Callable, step
         times.append(time.perf_counter() - t0)
     if profile is not None:
         pstats.Stats(profile).sort_stats("tottime").print_stats(14)
+    cuda.PROFILE.enabled, cuda.PROFILE.totals = bool(profiled), {}
+    for s in range(steps, steps + profiled):
+        run(*batches(s)).item()
+    cuda.PROFILE.enabled = False
     return times, losses
 
 
-def ember_steps(c: GPTConfig, steps: int, tokens: np.ndarray, device: str,
-                low: str | None = None, jit: bool = False) -> tuple[float, list[float], float, float, float]:
+def ember_steps(c: GPTConfig, steps: int, tokens: np.ndarray, device: str, low: str | None = None,
+                jit: bool = False, profiled: int = 0) -> tuple[float, list[float], float, float, float, str]:
     """(first step seconds, the other steps' seconds, last loss, median host seconds of the
-    steps timed, median seconds before their graph's launch)."""
+    steps timed, median seconds before their graph's launch, the step's peak memory as its
+    schedule plans it: train.memory_line). profiled: steps profiled after those (timed_steps)."""
     T.set_default_device(device)
     T.manual_seed(0)  # the same weights with and without jit: the losses agree
     model = GPT(c)
@@ -99,11 +107,15 @@ def ember_steps(c: GPTConfig, steps: int, tokens: np.ndarray, device: str,
     launch: list[float] = []
     times, losses = timed_steps(model.loss, opt, lambda s: (T.Tensor(tokens[s % len(tokens)][:, :-1]),
                                                            T.Tensor(tokens[s % len(tokens)][:, 1:])),
-                                steps, low, jit, host, launch)
+                                steps, low, jit, host, launch, profiled)
     skip = JIT_WARMUP if jit and len(times) > JIT_WARMUP + 1 else 2 if jit else 1
     replayed = [x for x in launch[skip:] if not math.isnan(x)]
+    # the same step's program, built again (nothing runs) and scheduled (the disk store has it)
+    outputs, roles, donate = step_program(model, opt, tokens.shape[1], c.block, T.autocast(low or "bfloat16",
+                                                                                            enabled=low is not None))
+    sched = cuda.prepare(outputs) if device == "cuda" else c_backend.prepare(outputs)
     return (times[0], times[skip:], losses[-1], statistics.median(host[skip:]),
-            statistics.median(replayed) if replayed else float("nan"))
+            statistics.median(replayed) if replayed else float("nan"), memory_line(step_memory(sched, roles, donate)))
 
 
 class TorchGPT(torch.nn.Module):
@@ -168,15 +180,15 @@ KINDS = (("contraction", ("gemm", "cutlass", "xmma", "nvjet", "cublas")), ("atte
          ("fused (triton)", ("triton",)))
 
 
-def torch_profile(c: GPTConfig, tokens: np.ndarray, compiled: bool) -> None:
+def torch_profile(c: GPTConfig, tokens: np.ndarray, compiled: bool) -> tuple[dict[str, list[float]], list]:
     """PyTorch's bf16 step kernel by kernel (torch.profiler, 3 steps after 3 to warm up), summed
-    by the kinds EMBER_PROFILE reports: where the peer spends what Ember spends."""
+    by the kinds EMBER_PROFILE reports: where the peer spends what Ember spends. Returns
+    {kind: [ms, launches]} per step and the kernels as (ms, launches, kind, name)."""
     from torch.profiler import ProfilerActivity, profile
-    model = TorchGPT(c).cuda()
-    model = torch.compile(model) if compiled else model
-    torch_steps(c, 3, tokens, True, model)
+    model = TorchGPT(c).cuda()   # (compiled: torch_steps compiles it, and its AdamW is the fused one)
+    torch_steps(c, 3, tokens, True, model, compiled)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        torch_steps(c, 3, tokens, True, model)
+        torch_steps(c, 3, tokens, True, model, compiled)
     kinds: dict[str, list[float]] = {}
     top = []
     for e in prof.key_averages():
@@ -188,12 +200,42 @@ def torch_profile(c: GPTConfig, tokens: np.ndarray, compiled: bool) -> None:
         entry[0] += us / 3e3
         entry[1] += e.count / 3
         top.append((us / 3e3, e.count / 3, kind, e.key[:90]))
-    peer = "PyTorch bf16" + (" + torch.compile" if compiled else "")
-    print(f"{peer} kernels per step: {sum(v[0] for v in kinds.values()):.1f} ms")
-    for kind, (ms, n) in sorted(kinds.items(), key=lambda kv: -kv[1][0]):
-        print(f"  {kind:12s} {ms:7.2f} ms  {n:6.0f} launches")
-    for ms, n, kind, key in sorted(top, reverse=True)[:25]:
-        print(f"  {ms:7.3f} ms {n:5.0f}x {kind:11s} {key}")
+    return kinds, top
+
+
+def ember_profile(steps: int) -> tuple[dict[str, list[float]], list]:
+    """Ember's profiled steps (cuda.PROFILE's totals, `steps` of them) as torch_profile's: per
+    step by kind (contraction, attention, optimizer: kernels writing a step's outputs, reduce,
+    map, merged: small kernels launched together), and each kernel."""
+    step = max(cuda.program.programs.values(), key=lambda p: len(p.sched.kernels), default=None)
+    updates = {k.name for k in step.sched.kernels if k.out.kind == "output" or k.members and
+               all(m.out.kind == "output" for m in k.members)} if step else set()
+    kinds: dict[str, list[float]] = {}
+    top = []
+    for key, (ms, n, _, _) in cuda.PROFILE.totals.items():
+        name, kind = key.split()[0], key.split()[-1]
+        kind = "optimizer" if name in updates else kind
+        entry = kinds.setdefault(kind, [0.0, 0])
+        entry[0] += ms / steps
+        entry[1] += n / steps
+        top.append((ms / steps, n / steps, kind, key[:90]))
+    return kinds, top
+
+
+def kind_table(columns: list[tuple[str, dict[str, list[float]], list]]) -> None:
+    """One table of the step's kernel time by kind, a pair of columns (ms, launches) per run,
+    then each run's costliest kernels."""
+    kinds = sorted({k for _, by, _ in columns for k in by},
+                   key=lambda k: -max(by.get(k, [0.0])[0] for _, by, _ in columns))
+    print("kernel time per step by kind" + "".join(f" | {name:>26s}" for name, _, _ in columns))
+    for kind in kinds + ["total"]:
+        cells = [(sum(v[0] for v in by.values()), sum(v[1] for v in by.values())) if kind == "total"
+                 else by.get(kind, (0.0, 0)) for _, by, _ in columns]
+        print(f"  {kind:26s}" + "".join(f" | {ms:8.2f} ms {n:6.0f} launches" for ms, n in cells))
+    for name, _, top in columns:
+        print(f"{name}: the costliest kernels per step")
+        for ms, n, kind, key in sorted(top, reverse=True)[:20]:
+            print(f"  {ms:7.3f} ms {n:5.0f}x {kind:11s} {key}")
 
 
 def main() -> None:
@@ -206,7 +248,9 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=256, help="token ids drawn uniformly below this (GPT-2: 50304)")
     ap.add_argument("--bf16-only", action="store_true", help="only the bf16 rows (Ember with jit, PyTorch + SDPA)")
     ap.add_argument("--device", default="cuda", help="where Ember runs (PyTorch runs only on cuda)")
-    ap.add_argument("--torch-profile", action="store_true", help="then PyTorch's bf16 step by kernel kind")
+    ap.add_argument("--torch-profile", action="store_true",
+                    help="then Ember's bf16 step (3 steps under its profiler, EMBER_PROFILE's) beside PyTorch's "
+                         "(torch.profiler), by kernel kind in one table")
     ap.add_argument("--compile", action="store_true",
                     help="add PyTorch + SDPA + torch.compile + fused AdamW (nanoGPT's recipe) as a peer; profile it")
     args = ap.parse_args()
@@ -225,14 +269,20 @@ def main() -> None:
     ember_tps = {}
     variants = (("Ember f32", None, False), ("Ember f32, jit", None, True),
                 ("Ember bf16 autocast", "bfloat16", False), ("Ember bf16, jit", "bfloat16", True))
+    profiling = args.torch_profile and args.device == "cuda"
     for name, low, jit in variants[3:] if args.bf16_only else variants:
-        first, rest, loss, host, launch = ember_steps(c, args.steps, tokens, args.device, low, jit)
+        profiled = 3 if profiling and low and jit else 0   # the step the profile table shows
+        first, rest, loss, host, launch, planned = ember_steps(c, args.steps, tokens, args.device, low, jit, profiled)
         tps = per_step / statistics.median(rest)
         ember_tps[low] = max(ember_tps.get(low, 0.0), tps)
-        memory = f"   GPU memory in use {device_memory_used():5.1f} GiB" if args.device == "cuda" else ""
+        memory = (f"   GPU memory in use {device_memory_used():5.1f} GiB, Ember's allocations "
+                  f"{cuda.ALLOCATED[0] / 2 ** 30:5.2f} GiB" if args.device == "cuda" else "")
         print(f"{name:20s}{tps:10.0f} tok/s   {mfu(tps)}   step {statistics.median(rest) * 1e3:8.1f} ms   "
               f"first step {first:6.1f} s   loss {loss:.3f}   host {host * 1e3:6.2f} ms"
               + ("" if math.isnan(launch) else f" ({launch * 1e3:.2f} before the launch)") + memory, flush=True)
+        print(f"{'':20s}{planned}", flush=True)
+        if profiled:
+            ember_kinds = ember_profile(profiled)
     peers = [("PyTorch eager f32", False, False), ("PyTorch bf16+SDPA", True, False)][args.bf16_only:]
     peers += [("PyTorch bf16 compiled", True, True)] if args.compile else []
     for name, bf16, compiled in peers if torch.cuda.is_available() else ():
@@ -244,8 +294,9 @@ def main() -> None:
         ratio = f"Ember ({'bf16' if bf16 else 'f32'})/PyTorch {mine / tps:.3f}"
         print(f"{name:22s}{tps:10.0f} tok/s   {mfu(tps)}   {ratio}   "
               f"peak allocated {torch.cuda.max_memory_allocated() / 2 ** 30:5.1f} GiB{first}", flush=True)
-    if args.torch_profile and torch.cuda.is_available():
-        torch_profile(c, tokens, args.compile)
+    if profiling and torch.cuda.is_available():
+        peer = "PyTorch bf16" + (" + torch.compile" if args.compile else "")
+        kind_table([("Ember bf16, jit", *ember_kinds), (peer, *torch_profile(c, tokens, args.compile))])
 
 
 if __name__ == "__main__":

@@ -21,10 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from . import distributed, nn, optim
+from . import distributed, nn, optim, target
 from . import tensor as T
 from .capture import jit
 from .commands import Failure, HelpWithDefaults, Parser, bounded
+from .compiler import schedule
+from .compiler.schedule import Schedule
+from .ir import Node
 from .models.gpt import GPT, GPTConfig, build, kv_caches
 
 
@@ -78,9 +81,10 @@ def memory_needed(c: GPTConfig, batch: int, training: bool, cpu: bool = True) ->
     return 16 * params + 4 * batch * c.block * (16 * c.n_layer * c.dim + c.vocab) + 4 * scores
 
 
-def check_config(c: GPTConfig, batch: int, training: bool, cpu: bool = True) -> str | None:
+def check_config(c: GPTConfig, batch: int, training: bool, cpu: bool = True, memory: bool = True) -> str | None:
     """What is wrong with a model config (from the options or a checkpoint), before anything is
-    allocated: its fields' types and ranges, and whether the run fits in this machine's memory."""
+    allocated: its fields' types and ranges, and (memory) whether the run fits in this machine's
+    memory."""
     for f in dataclasses.fields(GPTConfig):
         value, kind = getattr(c, f.name), type(getattr(GPTConfig, f.name))
         if type(value) is not kind and not (kind is float and type(value) is int):
@@ -92,7 +96,7 @@ def check_config(c: GPTConfig, batch: int, training: bool, cpu: bool = True) -> 
     if c.dim % c.n_head or (c.arch == "llama" and c.dim // c.n_head % 2):
         return f"dim {c.dim} does not split into {c.n_head} heads" + (" of an even size" if c.arch == "llama" else "")
     need, have = memory_needed(c, batch, training, cpu), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if need > have:
+    if memory and need > have:
         return (f"{c.n_layer} layers of dim {c.dim}, vocab {c.vocab}, block {c.block}" + (f", batch {batch}" if training
                 else "") + f" need at least {need / 2**30:.1f} GiB of memory; this machine has {have / 2**30:.1f} GiB")
     return None
@@ -268,14 +272,19 @@ def train(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-jit", dest="jit", action="store_false",
                     help="build the step's graph in Python every step (default: ember.jit replays it)")
     ap.add_argument("--dry-run", action="store_true",
-                    help="build and compile one step for the device, print each phase's time and the kernel "
-                         "count, train nothing (CUDA source is generated without a GPU, compiled where NVRTC is)")
+                    help="build and compile one step for the device, print each phase's time, the kernel "
+                         "count and the step's peak memory, train nothing (CUDA source is generated without a GPU, "
+                         "compiled where NVRTC is)")
+    ap.add_argument("--arch", choices=list(target.ARCHS),
+                    help="--dry-run --device cuda: the GPU architecture to schedule for (default: this GPU's, else "
+                         f"{target.DEFAULT_ARCH})")
     args = ap.parse_args(argv)
     for name, value in PRESETS[args.model].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
     sizes = model_config(args, 256 if args.model == "byte" else BPE_VOCAB)
-    problem = check_config(sizes, args.batch * args.accum, True, args.device != "cuda")
+    # a dry run allocates no activations: it may plan a step bigger than this machine
+    problem = check_config(sizes, args.batch * args.accum, True, args.device != "cuda", memory=not args.dry_run)
     if problem:
         raise Failure(f"--batch {args.batch} --block {args.block} --dim {args.dim} --layers {args.layers} "
                       f"--heads {args.heads}: {problem}")
@@ -398,9 +407,44 @@ def learning_rate(step: int, steps: int, peak: float, warmup: int, cosine: bool 
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
+def step_program(model: GPT, opt: optim.AdamW, batch: int, block: int, autocast: T.autocast,
+                 clip: float = 0.0) -> tuple[list[Node], dict[Node, str], list[tuple[int, Node]]]:
+    """One training step's program (forward, backward, clipping, AdamW) as a replay runs it: the
+    loss, then each update; what each of its inputs is; and the (output, input) pairs of the
+    updates, which the GPU writes over the values they replace (Tensor.assign's donation)."""
+    x, y = (T.Tensor(np.zeros((batch, block), np.int32)) for _ in range(2))
+    opt.zero_grad()
+    with autocast:
+        loss = model.loss(x, y)
+    loss.backward()
+    if clip:
+        nn.clip_grad_norm_(model.parameters(), clip)
+    opt.steps += 1
+    pairs = opt.updates()
+    outputs, slots = T.canonical_program([loss.node] + [new.node for _, new in pairs])
+    role = {t.node: "AdamW moments" for g in opt.param_groups for s in g["state"] for t in s}
+    role.update({p.node: "parameters" for p in model.parameters()})
+    roles = {slot: role.get(p, "batch and scalars") for p, slot in slots.items()}
+    return outputs, roles, [(i + 1, slots[target.node]) for i, (target, _) in enumerate(pairs)]
+
+
+def step_memory(sched: Schedule, roles: dict[Node, str], donate: list[tuple[int, Node]]) -> dict[str, int]:
+    """The bytes a step's program holds at once, by what holds them (schedule.footprint); on the
+    GPU the updates that schedule.donatable allows are written over what they replace."""
+    gpu = sched.target is not None and sched.target.kind == "cuda"
+    allowed = schedule.donatable(sched, [(sched.outputs[i], sched.inputs[n]) for i, n in donate]) if gpu else []
+    return schedule.footprint(sched, roles, {sched.outputs[i].id for (i, _), ok in zip(donate, allowed) if ok})
+
+
+def memory_line(parts: dict[str, int]) -> str:
+    """`peak device memory X GiB (what holds it)`, what ember train --dry-run and the bench print."""
+    held = ", ".join(f"{what} {n / 2**30:.3g}" for what, n in sorted(parts.items(), key=lambda kv: -kv[1]) if n)
+    return f"peak device memory {sum(parts.values()) / 2**30:.3g} GiB ({held})"
+
+
 def dry_run(args: argparse.Namespace) -> int:
     """Build one training step (forward, backward, AdamW) and compile it for the device, timing
-    each phase; nothing is trained or written."""
+    each phase, and print the memory it holds at its peak; nothing is trained or written."""
     import time as clock
     from concurrent.futures import ThreadPoolExecutor
 
@@ -414,18 +458,11 @@ def dry_run(args: argparse.Namespace) -> int:
     opt = optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     times["init"] = clock.perf_counter() - t
     t = clock.perf_counter()
-    x = T.Tensor(np.zeros((args.batch, args.block), np.int32))
-    with precision(args):
-        loss = model.loss(x, x)
-    loss.backward()
-    if args.clip:
-        nn.clip_grad_norm_(model.parameters(), args.clip)
-    opt.steps += 1
-    outputs, _ = T.canonical_program([loss.node] + [new.node for _, new in opt.updates()])
+    outputs, roles, donate = step_program(model, opt, args.batch, args.block, precision(args), args.clip)
     times["graph"] = clock.perf_counter() - t
     t = clock.perf_counter()
-    if device == "cuda":
-        gpu = cuda.device_target()
+    if device == "cuda":   # without a GPU, for --arch (default: the table's DEFAULT_ARCH)
+        gpu = target.gpu(args.arch) if args.arch else cuda.device_target()
         arch = gpu.arch
         sched = cuda.prepare(outputs, arch)
         times["schedule"] = clock.perf_counter() - t
@@ -451,8 +488,10 @@ def dry_run(args: argparse.Namespace) -> int:
         times[f"cc ({os.cpu_count()} cores)"] = clock.perf_counter() - t
     contractions = sum(k.kind == "contraction" for k in sched.kernels)
     flash = sum(k.kind == "attention" for k in sched.kernels)
+    where = f"{sched.target.arch} schedule" if device == "cuda" and sched.target else "C schedule, host memory"
     print(f"ember train --dry-run: device {device}, {len(sched.kernels)} kernels ({contractions} contractions, "
           f"{flash} flash attention), {sum(p.numel() for p in model.parameters()):,} parameters")
+    print(f"{memory_line(step_memory(sched, roles, donate))}, {where}, batch {args.batch}")
     for phase, seconds in times.items():
         print(f"  {phase:28s} {seconds:8.2f} s")
     return 0

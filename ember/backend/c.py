@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import debug, target
 from ..cache import cache_dir, cache_read, cache_write
-from ..compiler import pipeline
+from ..compiler import pipeline, schedule
 from ..compiler.contraction import PackedPlan
 from ..compiler.lower import Kernel
 from ..compiler.schedule import Schedule
@@ -261,10 +261,7 @@ class CProgram:
         debug.log(1, f"ember: {len(self.sched.kernels)} kernels, codegen {self.compile_seconds[0] * 1e3:.1f} ms, "
                      f"cc {self.compile_seconds[1] * 1e3:.1f} ms")
         debug.log(2, self.source)
-        slots = self.sched.slots
-        self.slot_bytes = [0] * (max(slots.values(), default=-1) + 1)
-        for b in self.sched.temps:
-            self.slot_bytes[slots[b.id]] = max(self.slot_bytes[slots[b.id]], b.nbytes)
+        self.arena_bytes = schedule.arena_bytes(self.sched)
         self.nbuf = max((b.id for b in self.sched.buffers), default=-1) + 1
 
     def __call__(self, inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
@@ -278,12 +275,12 @@ class CProgram:
             arrays[buf.id] = arr
         for buf in self.sched.outputs:
             arrays.setdefault(buf.id, np.empty(buf.size, dtype=np.dtype(buf.dtype.np_name)))
-        slots = [np.empty(max(n, 1), dtype=np.uint8) for n in self.slot_bytes]
+        arena = np.empty(max(self.arena_bytes, 1), dtype=np.uint8)   # the temporaries, at their offsets
         ptrs = (ctypes.c_void_p * max(self.nbuf, 1))()
         for bid, arr in arrays.items():
             ptrs[bid] = arr.ctypes.data
         for b in self.sched.temps:
-            ptrs[b.id] = slots[self.sched.slots[b.id]].ctypes.data
+            ptrs[b.id] = arena.ctypes.data + self.sched.slots[b.id]
         results = [arrays[b.id].reshape(b.node.shape) for b in self.sched.outputs]
 
         def run() -> list[np.ndarray]:
@@ -292,7 +289,7 @@ class CProgram:
             else:
                 self.lib.ember_run(ptrs)
             return results
-        run.keep_alive = (arrays, slots)  # type: ignore[attr-defined]
+        run.keep_alive = (arrays, arena)  # type: ignore[attr-defined]
         run.ptrs = ptrs  # type: ignore[attr-defined]
         return run
 

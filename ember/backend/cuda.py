@@ -270,7 +270,8 @@ class CUDAProgram:
     def start_runs(self) -> None:
         """The state its runs keep, empty: what a compiled program starts with (bench/host_step.py
         and tests/compiler/test_cuda_runtime.py give it to a program they build without a GPU)."""
-        self._temp_ptr: dict[int, int] | None = None  # the temporaries' device memory (_temps)
+        self._temp_ptr: dict[int, int] | None = None  # the temporaries' addresses (_temps)
+        self._arena = 0   # the block they lie in
         self._io: tuple[dict[int, int], list] | None = None   # bind's buffers and launches
         self._graphs: collections.OrderedDict = collections.OrderedDict()  # buffers -> captured run
         self._seen: dict[tuple, int] = {}   # runs per set of buffers (graphs are captured on the second)
@@ -281,19 +282,13 @@ class CUDAProgram:
         # allowed: (output buffer id, input buffer id, the input's place)
 
     def _temps(self) -> dict[int, int]:
-        """Device memory for the program's temporaries, allocated at its first run and kept:
-        later runs allocate nothing (temps share slots as schedule.plan_memory decided)."""
+        """Device memory for the program's temporaries, one block allocated at its first run and
+        kept: later runs allocate nothing (each temporary at its offset in it, as
+        schedule.plan_memory decided)."""
         if self._temp_ptr is None:
-            cu, sched = self.cu, self.sched
-            ptr: dict[int, int] = {}
-            slot_ptr: dict[int, int] = {}
-            for buf in sched.temps:
-                s = sched.slots[buf.id]
-                if s not in slot_ptr:
-                    size = max(b.nbytes for b in sched.temps if sched.slots[b.id] == s)
-                    slot_ptr[s] = int(_check(cu.cuMemAlloc(max(size, 1))))
-                ptr[buf.id] = slot_ptr[s]
-            self._temp_ptr = ptr
+            sched = self.sched
+            self._arena = _alloc(schedule.arena_bytes(sched))
+            self._temp_ptr = {b.id: self._arena + sched.slots[b.id] for b in sched.temps}
         return self._temp_ptr
 
     def _launch_list(self, ptr: dict[int, int]) -> list:
@@ -310,7 +305,7 @@ class CUDAProgram:
             io = dict(self._temps())
             for buf in [*sched.inputs.values(), *sched.outputs]:
                 if buf.id not in io:
-                    io[buf.id] = int(_check(cu.cuMemAlloc(max(buf.nbytes, 1))))
+                    io[buf.id] = _alloc(buf.nbytes)
             self._io = (io, self._launch_list(io))
         ptr, launches = self._io
         for node, buf in sched.inputs.items():
@@ -372,10 +367,13 @@ class CUDAProgram:
         for exe in self._graphs.values():
             self.cu.cuGraphExecDestroy(exe)
         self._graphs.clear()
-        io = self._io[0] if self._io else {}
-        for p in set((self._temp_ptr or {}).values()) | set(io.values()):
-            self.cu.cuMemFree(p)
-        self._temp_ptr, self._io = None, None
+        if self._arena:
+            _free(self._arena, schedule.arena_bytes(self.sched))
+        temps = {b.id for b in self.sched.temps}
+        for buf in {b.id: b for b in [*self.sched.inputs.values(), *self.sched.outputs]}.values() if self._io else ():
+            if buf.id not in temps:
+                _free(self._io[0][buf.id], buf.nbytes)
+        self._temp_ptr, self._io, self._arena = None, None, 0
 
     def __call__(self, inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
         run, fetch = self.bind(inputs)
@@ -431,7 +429,7 @@ class CUDAProgram:
             for bid, shape, dtype, nbytes, _ in fresh:
                 made[bid] = DeviceArray.adopt(out_ptr[bid], shape, dtype, nbytes)
             return [made[o[0]] for o in outs]
-        if key in self._graphs:  # the same buffers as a captured run: replay it
+        if key in self._graphs and not PROFILE.enabled:  # the same buffers as a captured run: replay it
             self._graphs.move_to_end(key)
             _check((self.cu.cuGraphLaunch(self._graphs[key], _graph_stream())[0], None))
             LAST_REPLAY[0] = time.perf_counter()
@@ -530,6 +528,23 @@ def _graph_stream() -> Any:
     return _check(cu.cuStreamCreate(0))
 
 
+ALLOCATED = [0]   # the device bytes this process holds: the pool's blocks, free or not, and the programs' arenas
+
+
+def _alloc(nbytes: int) -> int:
+    """A new block of device memory (counted in ALLOCATED)."""
+    from cuda.bindings import driver as cu
+    ptr = int(_check(cu.cuMemAlloc(max(nbytes, 1))))
+    ALLOCATED[0] += max(nbytes, 1)
+    return ptr
+
+
+def _free(ptr: int, nbytes: int) -> None:
+    from cuda.bindings import driver as cu
+    cu.cuMemFree(ptr)
+    ALLOCATED[0] -= max(nbytes, 1)
+
+
 class _Pool:
     """Device memory blocks by size, reused: a training step's values come and go with the same
     sizes every step, so after the first step nothing is allocated (cuMemAlloc synchronizes
@@ -548,8 +563,7 @@ class _Pool:
                     del blocks[p]
                     return p
             return blocks.popitem()[0]
-        from cuda.bindings import driver as cu
-        return int(_check(cu.cuMemAlloc(max(nbytes, 1))))
+        return _alloc(nbytes)
 
     def give(self, ptr: int, nbytes: int) -> None:
         self.free.setdefault(nbytes, {})[ptr] = None

@@ -6,7 +6,7 @@ the GPU (2-6 us) for microseconds of work. Small kernels whose outputs no large 
 move to the end of the program, in order; there, each group that does not depend on itself
 becomes one merged kernel (`MergedPlan`; its name: b and the first member's) whose blocks
 run each member's code in turn. The members read and
-write what they did; the memory plan is made again for the new order.
+write what they did; the pipeline makes the memory plan again for the new order.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import math
 
 from .loops import MergedPlan, ThreadPlan
 from .lower import Kernel
-from .schedule import Schedule, plan_memory
+from .schedule import Schedule
 
 SMALL_THREADS = 4096           # a kernel of at most this many threads (16 blocks of 256) is small
 SMALL_TEMP_BYTES = 4 << 20     # and it may wait for the end only if the temporaries it reads are small
@@ -54,7 +54,6 @@ def merge_small(sched: Schedule) -> None:
         groups.setdefault(level[k.out.id], []).append(k)
     merged = [group[0] if len(group) == 1 else _merged(group) for _, group in sorted(groups.items())]
     sched.kernels = [k for k in kernels if id(k) not in small] + merged
-    sched.slots = plan_memory(sched)
 
 
 def _merged(members: list[Kernel]) -> Kernel:

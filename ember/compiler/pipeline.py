@@ -21,7 +21,7 @@ from ..target import Target
 from . import attention, autodiff, plans, store
 from .merge import merge_small
 from .optimize import optimize
-from .schedule import Schedule, schedule
+from .schedule import Schedule, plan_memory, schedule
 from .split import split_large_reductions
 
 
@@ -48,5 +48,6 @@ def _compile(outputs: list[Node], target: Target, nest: int) -> Schedule:
     optimize(sched, target)
     if target.kind == "cuda":
         merge_small(sched)
+        sched.slots = plan_memory(sched, in_place=True)   # the new order's (outputs over dead inputs: not in C)
     sched.target = target
     return sched

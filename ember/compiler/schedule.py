@@ -9,6 +9,7 @@ on) or when several kernels need it. Iterate until no kernel asks for more buffe
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from .. import debug
@@ -27,7 +28,7 @@ class Schedule:
     outputs: list[Buffer]                # one per returned node, in return order
     kernels: list[Kernel]
     temps: list[Buffer] = field(default_factory=list)
-    slots: dict[int, int] = field(default_factory=dict)   # temp buffer id -> memory slot
+    slots: dict[int, int] = field(default_factory=dict)   # temp buffer id -> its offset in the arena (plan_memory)
     target: Target | None = None         # what it was compiled for (pipeline.py)
 
     @property
@@ -85,6 +86,7 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
                 users[t] = users.get(t, 0) + 1
         more |= {t for t, n in users.items() if n > 1}
         more |= shared_chains(order, kernels, realized)
+        more |= {t for k in kernels for t in summed_products(k)}
         more -= set(realized)
         if not more:
             break
@@ -103,6 +105,17 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
     sched.slots = plan_memory(sched)
     debug.kernels(3, "after scheduling and lowering", kernels)
     return sched
+
+
+def summed_products(k: Kernel) -> set[Node]:
+    """The sums of outer products that a kernel adds together (a weight that several matmuls
+    read, as a language model's head over chunks of rows: its gradient adds theirs,
+    simplify._sum_of_products): each in a buffer of its own is a contraction for the
+    tensor-core paths; together they are one plain reduction."""
+    sums = {t for t in k.reduces.values()
+            if t.op is Op.SUM and t.srcs[0].op is Op.MUL and all(s.op is Op.EXPAND for s in t.srcs[0].srcs)}
+    added = {s for n in k.visited if n.op is Op.ADD for s in n.srcs if s in sums}
+    return added if len(added) > 1 else set()
 
 
 CHAIN_READS = 4   # a value several kernels compute, reading at least this many tensors, gets a buffer
@@ -138,42 +151,107 @@ def shared_chains(order: list[Node], kernels: list[Kernel], realized: dict[Node,
     return chosen
 
 
+EAGER_BYTES = 1 << 26   # temporaries this large are worth running a kernel early to free (the last two rules)
+
+
 def outputs_early(kernels: list[Kernel]) -> list[Kernel]:
-    """The kernels in graph order, but each output's as soon as what it reads is computed. In a
-    training step the weight gradients (and updates) then follow the backward pass layer by
-    layer instead of all coming at the end: the temporaries they read die sooner, and a
-    gradient's all-reduce (distributed.py) can start while the backward pass goes on."""
+    """The kernels in graph order, except that a kernel runs as soon as what it reads is computed
+    when that shrinks the memory in use: an output's kernel (in a training step the weight
+    updates then follow the backward pass layer by layer, and a gradient's all-reduce,
+    distributed.py, can start while it goes on); a kernel that only such kernels read and that
+    writes at most half the elements of what it reads (a weight gradient, its split-K parts,
+    bias sums: GPT-2's last layer's activations were held to the end of the step for them); a
+    kernel that frees at least what it writes (the last reader of its inputs: a chunk's logits
+    under their gradient); and a shrinking kernel that leaves one reader to what it reads (a
+    chunk's input gradient, then its weight gradient frees the chunk's logit gradient)."""
     made = {k.out.id for k in kernels}
+    readers: dict[int, list[int]] = {}
+    for i, k in enumerate(kernels):
+        for b in {b.id for b in k.reads}:
+            readers.setdefault(b, []).append(i)
+    early: set[int] = set()   # kernels run as soon as they can be, whatever they free
+    for i in reversed(range(len(kernels))):   # readers come after their writers
+        k, users = kernels[i], readers.get(kernels[i].out.id, [])
+        if k.out.kind == "output" or (users and all(u in early for u in users)
+                                      and 2 * k.out.size <= max((b.size for b in k.reads), default=0)):
+            early.add(i)
+    pending = {bid: len(users) for bid, users in readers.items()}   # readers not yet placed
+    writer = {k.out.id: i for i, k in enumerate(kernels)}
+    computed: set[int] = set()
     placed: set[int] = set()
-    waiting = [k for k in kernels if k.out.kind == "output"]
     order: list[Kernel] = []
 
-    def place_ready() -> None:
-        nonlocal waiting
-        while True:
-            ready = [k for k in waiting if all(b.id in placed or b.id not in made for b in k.reads)]
-            if not ready:
-                return
-            order.extend(ready)
-            placed.update(k.out.id for k in ready)
-            waiting = [k for k in waiting if k not in ready]
+    def missing(k: Kernel) -> list[int]:
+        return [writer[b.id] for b in k.reads if b.id in made and b.id not in computed]
 
-    place_ready()
-    for k in kernels:
-        if k.out.kind != "output":
-            order.append(k)
-            placed.add(k.out.id)
-            if waiting:
-                place_ready()
-    return order + waiting
+    def eager(i: int) -> list[int] | None:
+        """None, or what to run first: for a kernel that frees memory, the small kernels it
+        waits for that can run now (the mask of a chunk's targets that its logits' gradient reads)."""
+        k = kernels[i]
+        wait = missing(k)
+        if i in early:
+            return None if wait else []
+        temps = [b for b in {b.id: b for b in k.reads}.values() if b.kind == "temp" and b.nbytes >= EAGER_BYTES]
+        frees = sum(b.nbytes for b in temps if pending[b.id] == 1)
+        if not (k.out.kind == "temp" and temps and k.out.nbytes <= frees) and not (
+                any(pending[b.id] == 2 for b in temps) and 2 * k.out.size <= max(b.size for b in temps)):
+            return None
+        if any(missing(kernels[j]) or 16 * kernels[j].out.nbytes > max(frees, EAGER_BYTES) for j in wait):
+            return None
+        return wait
+
+    def run(j: int) -> set[int]:
+        """Run kernel j; the kernels that might become eager then."""
+        k = kernels[j]
+        order.append(k)
+        placed.add(j)
+        computed.add(k.out.id)
+        near = set(readers.get(k.out.id, []))
+        for bid in {b.id for b in k.reads}:
+            pending[bid] -= 1
+            near.update(readers[bid])
+        return near
+
+    def place(i: int) -> None:
+        """Run kernel i, then every kernel that has become eager, in graph order."""
+        todo = [i]
+        while todo:
+            j = heapq.heappop(todo)
+            first = [] if j == i else eager(j)   # (i is ready: its writers came before it)
+            if j in placed or first is None:   # (placed meanwhile, or no longer worth it)
+                continue
+            near = set()
+            for w in first:
+                near |= run(w)
+            near |= run(j)
+            for u in near - placed:
+                if eager(u) is not None:
+                    heapq.heappush(todo, u)
+
+    for i in [i for i in early if eager(i) is not None]:
+        place(i)
+    for i in range(len(kernels)):
+        if i not in placed and i not in early:
+            place(i)
+    return order + [k for i, k in enumerate(kernels) if i not in placed]
+
+
+def reads_in_place(k: Kernel, buf: Buffer) -> bool:
+    """Whether k may write its output over buf, which it reads: it reads buf only at the element
+    it stores, each element read by the thread that then overwrites it (a map: never a
+    reduction, tile or template over it), and its elements are the output's size (element i at
+    the same bytes in both)."""
+    if k.contraction or k.fused or k.atomic or k.stages or k.members or buf.dtype.itemsize != k.out.dtype.itemsize:
+        return False
+    index = k.store.srcs[1]
+    return all(n.srcs[1] is index for n in toposort([k.store]) if n.op is Op.LOAD and n.srcs[0].arg == buf.id)
 
 
 def donatable(sched: Schedule, pairs: list[tuple[Buffer, Buffer]]) -> list[bool]:
     """For each (output, input) pair, whether the output may be written over the input's memory
     (an optimizer's update in place, the old value dead after the run): every kernel that reads
-    the input runs before the output's writer, or is the writer and reads the input only at the
-    element it stores, each element read by the thread that then overwrites it (a map: never a
-    reduction, tile or template over it). The kernels are indexed once for all the pairs."""
+    the input runs before the output's writer, or is the writer and reads it in place
+    (reads_in_place). The kernels are indexed once for all the pairs."""
     members = [(i, m) for i, k in enumerate(sched.kernels) for m in k.members or [k]]   # a merged kernel's run at once
     writer: dict[int, tuple[int, Kernel]] = {}
     readers: dict[int, list[tuple[int, Kernel]]] = {}
@@ -189,17 +267,20 @@ def donatable(sched: Schedule, pairs: list[tuple[Buffer, Buffer]]) -> list[bool]
         at, w = writer[out.id]
         if any(m is not w and i >= at for i, m in readers.get(inp.id, [])):
             return False
-        if all(b.id != inp.id for b in w.reads):
-            return True
-        if w.contraction or w.fused or w.atomic or w.stages or w.members:
-            return False
-        index = w.store.srcs[1]
-        return all(n.srcs[1] is index for n in toposort([w.store]) if n.op is Op.LOAD and n.srcs[0].arg == inp.id)
+        return all(b.id != inp.id for b in w.reads) or reads_in_place(w, inp)
     return [allowed(out, inp) for out, inp in pairs]
 
 
-def plan_memory(sched: Schedule) -> dict[int, int]:
-    """Share memory between temporaries whose lifetimes do not overlap (best fit by size)."""
+ALIGN = 256   # every temporary starts at a multiple of this in the arena (cuMemAlloc's alignment, which
+# the CUDA renderer assumes for its vector accesses), and a kernel's vector tail never reaches the next
+
+
+def _aligned(nbytes: int) -> int:
+    return max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
+
+
+def lifetimes(sched: Schedule) -> tuple[dict[int, int], dict[int, int]]:
+    """Each temporary's first and last kernel (by place in sched.kernels)."""
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for i, k in enumerate(sched.kernels):
@@ -207,21 +288,123 @@ def plan_memory(sched: Schedule) -> dict[int, int]:
             if b.kind == "temp":
                 first.setdefault(b.id, i)
                 last[b.id] = i
-    slots: dict[int, int] = {}
-    slot_size: dict[int, int] = {}
-    free: list[int] = []
-    by_id = {b.id: b for b in sched.temps}
-    for i in range(len(sched.kernels)):
-        for bid in [b for b in first if first[b] == i]:
-            need = by_id[bid].nbytes
-            fits = sorted((slot_size[s], s) for s in free if slot_size[s] >= need)
-            if fits:
-                slot = fits[0][1]
-                free.remove(slot)
+    return first, last
+
+
+def plan_memory(sched: Schedule, in_place: bool = False) -> dict[int, int]:
+    """Each temporary's byte offset in one arena, temporaries whose lifetimes do not overlap
+    sharing memory: kernel by kernel, the outputs take the best-fitting free range (the arena
+    grows when none fits), and the temporaries read for the last time are freed after it.
+    in_place: a kernel may also write its output over a temporary it reads for the last time
+    (reads_in_place: a map's input, such as the logits under their gradient)."""
+    first, last = lifetimes(sched)
+    offsets: dict[int, int] = {}
+    size = {b.id: _aligned(b.nbytes) for b in sched.temps}
+    gaps: list[list[int]] = []   # free [offset, bytes] ranges below the top, by offset
+    top = 0
+
+    def free(at: int, n: int) -> None:
+        gaps.append([at, n])
+        gaps.sort()
+        merged = [gaps[0]]
+        for g in gaps[1:]:
+            if merged[-1][0] + merged[-1][1] == g[0]:
+                merged[-1][1] += g[1]
             else:
-                slot = len(slot_size)
-                slot_size[slot] = need
-            slots[bid] = slot
-        for bid in [b for b in last if last[b] == i]:
-            free.append(slots[bid])
-    return slots
+                merged.append(g)
+        gaps[:] = merged
+
+    def take(n: int) -> int:
+        nonlocal top
+        fits = [g for g in gaps if g[1] >= n]
+        if fits:
+            g = min(fits, key=lambda g: g[1])
+            at = g[0]
+            g[0], g[1] = g[0] + n, g[1] - n
+            if not g[1]:
+                gaps.remove(g)
+            return at
+        if gaps and gaps[-1][0] + gaps[-1][1] == top:   # the free range at the top grows
+            at = gaps.pop()[0]
+        else:
+            at = top
+        top = at + n
+        return at
+
+    starts: dict[int, list[int]] = {}
+    for bid, i in first.items():
+        starts.setdefault(i, []).append(bid)
+    for i, k in enumerate(sched.kernels):
+        dying = [b for b in dict.fromkeys(b.id for b in k.reads) if last.get(b) == i and b in offsets and b != k.out.id]
+        for bid in starts.get(i, []):
+            donor = next((b for b in dying if in_place and bid == k.out.id and size[b] >= size[bid] and
+                          reads_in_place(k, next(r for r in k.reads if r.id == b))), None)
+            if donor is None:
+                offsets[bid] = take(size[bid])
+                continue
+            dying.remove(donor)
+            offsets[bid] = offsets[donor]
+            if size[donor] > size[bid]:
+                free(offsets[donor] + size[bid], size[donor] - size[bid])
+        if last.get(k.out.id) == i and all(b.id != k.out.id for b in k.reads):
+            dying.append(k.out.id)   # written, never read
+        for bid in dying:
+            free(offsets[bid], size[bid])
+    return offsets
+
+
+def arena_bytes(sched: Schedule) -> int:
+    """The bytes of the one block that holds all the temporaries (plan_memory's offsets)."""
+    return max((sched.slots[b.id] + _aligned(b.nbytes) for b in sched.temps), default=0)
+
+
+def footprint(sched: Schedule, roles: dict[Node, str] | None = None, donated: set[int] = frozenset()) -> dict[str, int]:
+    """The bytes a run of sched holds at once, by what holds them, as the runtimes allocate: every
+    input (named by roles, param node -> what it is; else "inputs"), every output not written
+    over an input (donated: those outputs' buffer ids), and the temporaries' arena, which is
+    allocated whole. The arena is told by the temporaries alive at the kernel where the most
+    are: the gradients (what outputs of their size are computed from), the activations (what a
+    scalar output, the loss, is computed from), the other temporaries, and the arena's bytes
+    that hold none of them then ("arena gaps"). The parts add up to the peak."""
+    parts: dict[str, int] = {}
+
+    def add(what: str, n: int) -> None:
+        if n:
+            parts[what] = parts.get(what, 0) + n
+    for node, b in sched.inputs.items():
+        add((roles or {}).get(node, "inputs"), b.nbytes)
+    for b in {b.id: b for b in sched.outputs if b.id not in donated}.values():
+        add("outputs", b.nbytes)
+    writer = {k.out.id: k for k in sched.kernels for k in k.members or [k]}
+    kind: dict[int, str] = {}
+    for k in writer.values():
+        if k.out.kind == "output":
+            for b in k.reads:
+                if b.kind == "temp" and b.size == k.out.size:
+                    kind[b.id] = "gradients"
+    forward, todo = set(), [b.id for b in sched.outputs if b.size == 1]
+    while todo:
+        bid = todo.pop()
+        if bid in writer and bid not in forward:
+            forward.add(bid)
+            todo += [b.id for b in writer[bid].reads]
+    first, last = lifetimes(sched)
+    temps = {b.id: b for b in sched.temps}
+    alive: list[list[int]] = [[] for _ in sched.kernels]
+    for bid in first:
+        for i in range(first[bid], last[bid] + 1):
+            alive[i].append(bid)
+
+    def held(ids: list[int]) -> dict[int, int]:   # buffer id -> its bytes (one written over another: once)
+        out, seen = {}, set()
+        for bid in sorted(ids, key=lambda b: -temps[b].nbytes):
+            if sched.slots[bid] not in seen:
+                seen.add(sched.slots[bid])
+                out[bid] = _aligned(temps[bid].nbytes)
+        return out
+    peak = max(alive, key=lambda ids: sum(held(ids).values()), default=[])
+    live = held(peak)
+    for bid, n in live.items():
+        add(kind.get(bid) or ("activations" if bid in forward else "temporaries"), n)
+    add("arena gaps", arena_bytes(sched) - sum(live.values()))
+    return parts

@@ -217,8 +217,27 @@ def _concatenated(n: Node) -> Node | None:
     return None if low is None else Node(Op.CAST, n.dtype, (low,), None, n.shape)
 
 
+def _terms(x: Node) -> list[Node]:
+    return _terms(x.srcs[0]) + _terms(x.srcs[1]) if x.op is Op.ADD else [x]
+
+
+def _sum_of_products(n: Node, x: Node) -> Node | None:
+    """A sum over axes of added outer products (each a MUL of two broadcasts) is the sum of the
+    products' sums: the gradient of a weight that several matmuls of one shape read (a language
+    model's head over chunks of rows) adds their products before the broadcast's reduction, one
+    reduction that no contraction path takes; apart, each is a matmul's weight gradient."""
+    terms = _terms(x)
+    if len(terms) < 2 or not all(t.op is Op.MUL and all(s.op is Op.EXPAND for s in t.srcs) for t in terms):
+        return None
+    out = ir.reduce(Op.SUM, terms[0], n.arg)
+    for t in terms[1:]:
+        out = ir.binary(Op.ADD, out, ir.reduce(Op.SUM, t, n.arg))
+    return out
+
+
 RULES = RuleSet([
     (P(Op.ADD, name="n", pred=lambda n: n.dtype.is_float), _concatenated),
+    (P(Op.SUM, P(Op.ADD, name="x"), name="n"), _sum_of_products),
     (P(ir.ELEMENTWISE, name="n", pred=_all_int_consts), _fold_int),
     (P(Op.NEG, P(Op.NEG, P(name="x"))), lambda x: x),
     (P(Op.MUL, P(name="x"), P(Op.CONST, pred=lambda c: _is_const(c, 1))), lambda x: x),

@@ -39,13 +39,39 @@ class Block(nn.Module):
         return x + self.drop(self.proj(self.fc(self.ln2(x)).gelu(approximate="tanh")))  # GPT-2's
 
 
+LOGITS_CHUNK = 1 << 28   # logits of at most this many elements at once in the loss (GPT-2 at B = 16: 4 chunks)
+
+
 class LanguageModel(nn.Module):
     """What the GPT and the LLaMA share: the next-token loss over their logits."""
     config: GPTConfig
+    head: nn.Linear
+
+    def hidden(self, idx: Tensor) -> Tensor:
+        """The last layer's normalized features [B, T, dim], which the head turns into logits."""
+        raise NotImplementedError
+
+    def forward(self, idx: Tensor) -> Tensor:
+        """Logits [B, T, vocab] for token ids [B, T]."""
+        return self.head(self.hidden(idx))
 
     def loss(self, idx: Tensor, targets: Tensor) -> Tensor:
-        logits = self(idx)
-        return nn.cross_entropy(logits.reshape(-1, self.config.vocab), targets.reshape(-1))
+        """The mean cross-entropy of the next tokens. Logits of more than LOGITS_CHUNK elements
+        are made in chunks of rows, each with its own cross-entropy (summed): a chunk's logits
+        and their gradient die before the next chunk's are made, instead of all B T rows of
+        vocab-wide f32 or bf16 values at once (GPT-2's at B = 16: 1.5 GiB in bf16)."""
+        h = self.hidden(idx)
+        n, vocab = h.shape[0] * h.shape[1], self.config.vocab
+        rows = -(-n // -(-n * vocab // LOGITS_CHUNK))   # that many chunks, as even as they come
+        if n * vocab <= LOGITS_CHUNK:
+            return nn.cross_entropy(self.head(h).reshape(-1, vocab), targets.reshape(-1))
+        h, t = h.reshape(n, -1), targets.reshape(-1)
+        total = None
+        for i in range(0, n, rows):
+            part = nn.cross_entropy(self.head(h[i:i + rows]), t[i:i + rows], reduction="sum")
+            total = part if total is None else total + part
+        assert total is not None
+        return total * (1.0 / n)
 
 
 class GPT(LanguageModel):
@@ -54,18 +80,19 @@ class GPT(LanguageModel):
         self.tok, self.pos = nn.Embedding(c.vocab, c.dim), nn.Embedding(c.block, c.dim)
         self.blocks = [Block(c) for _ in range(c.n_layer)]
         self.ln, self.head = nn.LayerNorm(c.dim), nn.Linear(c.dim, c.vocab, bias=False)
-        if c.tied:
+        if c.tied:   # GPT-2's init of the shared rows, N(0, 0.02): with N(0, 1) rows the first logits had a
+            # std of sqrt(dim), a first loss near 130 at GPT-2's size instead of ln(vocab) = 10.8
+            self.tok.weight = nn.parameter(self.tok.weight * 0.02)
             self.head.weight = self.tok.weight
 
-    def forward(self, idx: Tensor) -> Tensor:
-        """Logits [B, T, vocab] for token ids [B, T]."""
+    def hidden(self, idx: Tensor) -> Tensor:
         _, t = idx.shape
         # the first t rows of the position table: pos(arange(t)) is the same, but a gather by
         # data costs a comparison of every position with every row, forward and backward
         x = self.tok(idx) + self.pos.weight[:t]
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln(x))
+        return self.ln(x)
 
     def decode(self, token: Tensor, caches: list[nn.KVCache]) -> Tensor:
         """Logits [B, vocab] of the token after token [B, 1], which sits at caches[0].pos."""
@@ -122,13 +149,13 @@ class Llama(LanguageModel):
         angles = np.outer(np.arange(c.block), 10000.0 ** (-np.arange(half) / half))  # [T, d/2]
         self.cos, self.sin = T.Tensor(np.cos(angles).astype(np.float32)), T.Tensor(np.sin(angles).astype(np.float32))
 
-    def forward(self, idx: Tensor) -> Tensor:
+    def hidden(self, idx: Tensor) -> Tensor:
         _, t = idx.shape
         cos, sin = self.cos[:t], self.sin[:t]
         x = self.tok(idx)
         for block in self.blocks:
             x = block(x, cos, sin)
-        return self.head(self.norm(x))
+        return self.norm(x)
 
     def decode(self, token: Tensor, caches: list[nn.KVCache]) -> Tensor:
         """Logits [B, vocab] of the token after token [B, 1], which sits at caches[0].pos."""

@@ -60,3 +60,30 @@ def test_gpt_forward_backward_matches_pytorch() -> None:
     loss_diff, grads = compare_with_pytorch(GPTConfig(block=16, dim=32, n_layer=2, n_head=4), batch=4)
     assert loss_diff < 1e-5
     assert max(grads.values()) < 1e-3, f"max relative gradient difference {max(grads.values()):.2e}"
+
+
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+def test_loss_in_chunks_of_rows_matches_pytorch(monkeypatch: pytest.MonkeyPatch, arch: str) -> None:
+    """Logits over LOGITS_CHUNK elements are made chunk by chunk (three chunks of 22, 22, 20
+    rows here, a tied head): the loss and every gradient are the whole batch's."""
+    from ember.models import gpt
+    monkeypatch.setattr(gpt, "LOGITS_CHUNK", 22 * 256)
+    c = GPTConfig(block=16, dim=32, n_layer=1, n_head=4, arch=arch, tied=arch == "gpt")
+    et.manual_seed(3)
+    model = gpt.build(c)
+    rng = np.random.default_rng(0)
+    x, y = (et.tensor(rng.integers(0, 256, (4, 16)).astype(np.int32)) for _ in range(2))
+    loss = model.loss(x, y)
+    loss.backward()
+    named = dict(model.named_parameters())
+    et.realize(loss, *[p.grad for p in named.values()])
+    got = [loss.item()] + [p.grad.numpy() for p in named.values()]
+    for p in named.values():
+        p.grad = None
+    whole = et.tensor(0.0) + model(x).reshape(-1, 256).log_softmax(-1).gather(1, y.reshape(-1, 1)).mean() * -1.0
+    whole.backward()
+    et.realize(whole, *[p.grad for p in named.values()])
+    want = [whole.item()] + [p.grad.numpy() for p in named.values()]
+    assert got[0] == pytest.approx(want[0], rel=1e-5)
+    for g, w in zip(got[1:], want[1:]):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6 * np.abs(w).max())
