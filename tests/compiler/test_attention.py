@@ -167,28 +167,65 @@ def test_frontend_forms_are_fused(autocast: bool) -> None:
         assert compare([o.node], got, ref.evaluate([o.node], inputs), precision=dt.bf16 if autocast else None) is None
 
 
-@pytest.mark.parametrize("what", ["f64", "head_dim_32", "strict_mask", "additive_mask", "small_fill",
-                                  "negative_scale", "grad_of_grad"])
-def test_what_is_not_flash_attention_is_left_alone(what: str) -> None:
-    hi, low, d = (dt.f64, dt.f64, 64) if what == "f64" else (dt.f32, dt.bf16, 32 if what == "head_dim_32" else 64)
+def _scored(what: str, hi: dt.DType, low: dt.DType, d: int) -> tuple[Node, list[Node]]:
+    """Attention over [2, 40, d] whose scores are written in a way of `what`."""
     q, k, v = (ir.param(n, hi, (2, 40, d)) for n in "qkv")
-    if what in ("strict_mask", "additive_mask"):
+    if what in ("strict_mask", "additive_mask", "bias_with_grad", "transposed", "flipped"):
         s = cast(matmul(cast(q, low), t(cast(k, low))), hi)
         rows, cols = (ir.iota(dt.i64, (40, 40), a) for a in (0, 1))
-        if what == "strict_mask":   # j < i: the first row has no key
+        bias = ir.param("bias", hi, s.shape)
+        if what == "strict_mask":   # j < i: the first row has no key (NaN, as the graph says)
             s = ir.where(ir.expand(ir.reshape(ir.binary(Op.CMPLT, cols, rows), (1, 40, 40)), s.shape), s,
                          ir.const(-math.inf, hi, s.shape))
+        elif what == "transposed":   # s + s^T: a score reads another position's
+            s = ir.binary(Op.ADD, s, ir.permute(s, (0, 2, 1)))
+        elif what == "flipped":   # the scores reversed along the keys
+            s = ir.flip(s, (2,))
         else:
-            s = ir.binary(Op.ADD, s, ir.param("bias", hi, s.shape))
+            s = ir.binary(Op.ADD, s, bias)
         o = cast(matmul(cast(softmax(s), low), cast(v, low)), hi)
-    else:
-        o = attention_graph(q, k, v, True, low, scale=-0.1 if what == "negative_scale" else None,
-                            fill=-100.0 if what == "small_fill" else -math.inf)
+        return o, [q, k, v, bias] if what == "bias_with_grad" else [q, k, v]
+    o = attention_graph(q, k, v, True, low, scale=-0.1 if what == "negative_scale" else None,
+                        fill=-100.0 if what == "small_fill" else -math.inf)
+    return o, [q, k, v]
+
+
+@pytest.mark.parametrize("what", ["strict_mask", "additive_mask", "small_fill", "negative_scale"])
+def test_any_elementwise_score_is_fused(what: str) -> None:
+    """Masks of any iota condition, a bias param, any mask constant and any scale: the score
+    graph takes them, forward and backward, on bf16 and f32 operands, and matches the graph on
+    the reference (f32: the graph's own roundings are f32's). A row with no key (strict_mask's
+    first) is NaN, as in the graph; its gradients are NaN too (PyTorch's as well), where the
+    graph's where-rule gives the masked scores none: forward only there."""
+    for low in (dt.bf16, dt.f32):
+        o, params = _scored(what, dt.f32, low, 64)
+        outputs = [o] if what == "strict_mask" else loss_and_grads(o, params)
+        assert fused_kinds(outputs) == (["attention"] if what == "strict_mask" else
+                                        ["attention", "attention_dkdv", "attention_dq"])
+    inputs = inputs_for(outputs, 4)
+    got = ref.evaluate(autodiff.expand_grads(attention.fuse(outputs)), inputs)
+    assert compare(outputs, got, ref.evaluate(outputs, inputs)) is None
+
+
+@pytest.mark.parametrize("what", ["f64", "head_dim_32", "grad_of_grad", "transposed", "flipped", "bias_with_grad"])
+def test_what_is_not_flash_attention_is_left_alone(what: str, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    """Not fused, each with an EMBER_DEBUG=1 line saying why where the softmax was found: scores
+    that read other positions' scores, a gradient asked of the score graph's bias."""
+    monkeypatch.setenv("EMBER_DEBUG", "1")
+    hi, low, d = (dt.f64, dt.f64, 64) if what == "f64" else (dt.f32, dt.bf16, 32 if what == "head_dim_32" else 64)
+    o, params = _scored(what, hi, low, d)
     outputs = [o]
     if what == "grad_of_grad":
-        g = ir.grad(ir.reduce(Op.SUM, o, (0, 1, 2)), q)
-        outputs = [ir.grad(ir.reduce(Op.SUM, ir.binary(Op.MUL, g, g), (0, 1, 2)), v)]
+        g = ir.grad(ir.reduce(Op.SUM, o, (0, 1, 2)), params[0])
+        outputs = [ir.grad(ir.reduce(Op.SUM, ir.binary(Op.MUL, g, g), (0, 1, 2)), params[2])]
+    elif what == "bias_with_grad":
+        outputs = loss_and_grads(o, params)
     assert fused_kinds(outputs) == []
+    why = {"head_dim_32": "head sizes 32", "transposed": "other positions", "flipped": "no elementwise function",
+           "bias_with_grad": "gradient is taken through the score graph"}
+    if what in why:
+        assert why[what] in capsys.readouterr().err
 
 
 @pytest.mark.skipif(COMPILER is None, reason="neither nvcc nor NVRTC is installed")
