@@ -289,6 +289,7 @@ def score_struct(r: CLike, k: Kernel, name: str) -> str:
     sc = scores(k)
     members = [b for b in dict.fromkeys(bufs[FIXED[node.arg[0]]:])]
     out = f"struct {name} {{\n" + "".join(f"  const {r.stype(b.dtype)}* __restrict__ b{b.id};\n" for b in members)
+    out += f"  static constexpr bool loads = {str(bool(members)).lower()};\n"   # indices must stay in bounds
     args = "float s, int n, int i, int j"
     for fn, full, inner in (("score", sc.value, sc.inner), ("grad", sc.grad, sc.grad_inner)):
         if full is None:

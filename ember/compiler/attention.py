@@ -528,6 +528,7 @@ def score_parts(node: Node, bufs: dict[Node, Buffer], grad: bool) -> Scores:
     grad: the derivative too (the backward kernels)."""
     score = node.arg[1]
     value, ranges = lower_score(score, bufs)
+    (value,) = fused_canonical([value])   # what the movements kept apart meets (a scale, log2 e)
     masks, kept = [], {}
     for w, keep in _mask_wheres(value):
         cond = w.srcs[0]
@@ -543,7 +544,7 @@ def score_parts(node: Node, bufs: dict[Node, Buffer], grad: bool) -> Scores:
 
     d = d_inner = dconst = None
     if grad:
-        d, _ = lower_score(score_derivative(score), bufs)
+        (d,) = fused_canonical([lower_score(score_derivative(score), bufs)[0]])
         d_inner = inner(d)
         dconst = float(d_inner.arg) if d_inner.op is Op.CONST else None
     return Scores(ranges, value, inner(value), d, d_inner, dconst, tuple(masks))

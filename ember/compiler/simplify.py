@@ -291,6 +291,14 @@ def _is_float(n: Node) -> bool:
     return n.dtype.is_float
 
 
+def _compare_narrow(n: Node, x: Node, y: Node) -> Node | None:
+    """A comparison of two values cast up from one dtype is the comparison of the values (every
+    value of the narrower dtype is exactly one of the wider, in the same order)."""
+    if x.dtype is not y.dtype or not _holds(x.dtype, n.srcs[0].dtype) or x.dtype.is_float != n.srcs[0].dtype.is_float:
+        return None
+    return Node(n.op, n.dtype, (x, y), None, n.shape)
+
+
 EXACT = [
     (P(Op.ADD, name="n", pred=lambda n: n.dtype.is_float), _concatenated),
     (P(ir.ELEMENTWISE, name="n", pred=_all_int_consts), _fold_int),
@@ -320,6 +328,7 @@ EXACT = [
     (P(ir.MOVEMENT, P(Op.CONST, name="c"), name="n"), _movement_of_const),
     (P(ir.REDUCTION, P(name="x"), name="n"), _reduce_of_ones),
     (P(Op.ADD, P(name="x"), P(name="x"), name="n", pred=lambda n: n.dtype.is_numeric), _double),
+    (P(ir.COMPARE, P(Op.CAST, P(name="x")), P(Op.CAST, P(name="y")), name="n"), _compare_narrow),
     (P(Op.DIV, P(name="x"), P(Op.CONST, name="c"), name="n"), _halve),
     (P(Op.MUL, P(Op.MUL, P(name="x"), P(Op.CONST, name="a")), P(Op.CONST, name="b"), name="n"), _scale_up),
 ]

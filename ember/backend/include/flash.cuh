@@ -173,12 +173,13 @@ EMBER_D bool ember_flash_edge(const SM& sm, int nb, int r0, int r1, int c0, int 
    thread's 2 rows r_lo and r_lo + 8, in the accumulator layout) made the score graph's base-2
    scores (edge tiles: the iota masks and the bound S in), the running max m and sum l updated
    (the 4 threads of a row combine with shuffles), o rescaled, and s replaced by the weights
-   exp2(score - m). Rows past T read the scores of row T - 1 (computed, never written). */
+   exp2(score - m). Rows past T are computed, never written; where the score graph reads sources
+   (SM::loads) they read row T - 1's. */
 template <int BN, int NT, typename SM>
 EMBER_D void ember_flash_online(float (*s)[4], float* m, float* l, float (*o)[4], const SM& sm, int nb, int col0,
                                 int r_lo, int T, int S, bool edge) {
   const int lane = threadIdx.x & 31;
-  const int rows[2] = {min(r_lo, T - 1), min(r_lo + 8, T - 1)};
+  const int rows[2] = {SM::loads ? min(r_lo, T - 1) : r_lo, SM::loads ? min(r_lo + 8, T - 1) : r_lo + 8};
   if (edge) {
 #pragma unroll
     for (int n = 0; n < BN / 8; n++)
@@ -324,7 +325,8 @@ EMBER_D void ember_flash_ds_tile(float (*s)[4], float (*dp)[4], const SM& sm, in
       const int row = r_lo + (e >> 1) * 8, col = col0 + n * 8 + (lane & 3) * 2 + (e & 1);
       int i = ROWS_ARE_KEYS ? col : row, j = ROWS_ARE_KEYS ? row : col;
       const bool out = EDGE && (i >= T || j >= S);
-      if (EDGE) { i = min(i, T - 1); j = min(j, S - 1); }
+      if (EDGE) i = min(i, T - 1);
+      if (EDGE && SM::loads) j = min(j, S - 1);   /* the score graph reads its sources at j */
       const float x = s[n][e];
       const float p = out ? 0.f : ember_ex2(sm.template score<EDGE>(x, nb, i, j) - lse[(size_t)i * lse_stride]);
       s[n][e] = p;

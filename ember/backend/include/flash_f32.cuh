@@ -176,7 +176,8 @@ EMBER_D void ember_flash32_dq(float* out, const float* q, const float* k, const 
 #pragma unroll
       for (int j = 0; j < KC; j++) {
         const float sj = ember_row_total<D>(s[j]), dpj = ember_row_total<D>(dp[j]);   /* every lane shuffles */
-        s[j] = live && col0 + j < S ? ember_flash32_ds<DGRAD>(sm, sj, dpj, nb, row, col0 + j, lse, dd) : 0.f;
+        const float ds = ember_flash32_ds<DGRAD>(sm, sj, dpj, nb, min(row, T - 1), min(col0 + j, S - 1), lse, dd);
+        s[j] = live && col0 + j < S ? ds : 0.f;
       }
 #pragma unroll
       for (int j = 0; j < KC; j++) {
@@ -225,10 +226,10 @@ EMBER_D void ember_flash32_dkdv(float* out, const float* q, const float* k, cons
         const int qi = qi0 + i;
         const float si = ember_row_total<D>(s[i]), dpi = ember_row_total<D>(dp[i]);   /* every lane shuffles */
         const bool ok = live && qi < T;
-        const float lse = ok ? packed[(size_t)qi * (D + 1) + D] : 0.f;
-        s[i] = ok ? ember_ex2(sm.template score<true>(si, nb, qi, key) - lse) : 0.f;
-        dp[i] = ok ? s[i] * (dpi - di[qi]) : 0.f;
-        if (DGRAD && ok) dp[i] *= sm.template grad<true>(si, nb, qi, key);
+        const int qc = min(qi, T - 1), kc = min(key, S - 1);   /* in bounds for the score graph's loads */
+        const float p = ember_ex2(sm.template score<true>(si, nb, qc, kc) - packed[(size_t)qc * (D + 1) + D]);
+        s[i] = ok ? p : 0.f;
+        dp[i] = ok ? p * (dpi - di[qc]) * (DGRAD ? sm.template grad<true>(si, nb, qc, kc) : 1.f) : 0.f;
       }
 #pragma unroll
       for (int i = 0; i < KC; i++) {

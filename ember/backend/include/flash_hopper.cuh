@@ -177,8 +177,6 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
   unsigned long long *full = bars, *empty = bars + STAGES, *own = bars + 2 * STAGES;
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row0 = (gridDim.x - 1 - blockIdx.x) * BM;
-  const int2 span = ember_flash_span<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, S);
-  const int first = span.x, tiles = span.y;
   if (threadIdx.x == 0) {
     for (int st = 0; st < STAGES; st++) { ember_mbar_init(&full[st], 1); ember_mbar_init(&empty[st], 8); }
     ember_mbar_init(own, 1);
@@ -187,11 +185,14 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
   if (warp < 4) {   /* the producer */
     ember_setmaxnreg_dec<24>();
     if (threadIdx.x != 0) return;
-    ember_flash_produce<D, BM, BN, STAGES>(sq, tq, sdo, tdo, row0, own, sk, tk, sv, tv, first, tiles, full, empty,
+    const int2 span = ember_flash_span<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, S);
+    ember_flash_produce<D, BM, BN, STAGES>(sq, tq, sdo, tdo, row0, own, sk, tk, sv, tv, span.x, span.y, full, empty,
                                            nb, heads);
     return;
   }
   ember_setmaxnreg_inc<240>();
+  const int2 span = ember_flash_span<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, S);   /* after the split */
+  const int first = span.x, tiles = span.y;
   const int wg = (warp >> 2) - 1;
   const int r_lo = row0 + (warp - 4) * 16 + (lane >> 2);
   float acc[NT][4];
@@ -230,8 +231,6 @@ EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap*
   unsigned long long *full = bars, *empty = bars + STAGES, *own = bars + 2 * STAGES;
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int key0 = blockIdx.x * BN;
-  const int2 span = ember_flash_span<BM, true>(sm, nb, key0, min(key0 + BN, S) - 1, T);
-  const int first = span.x, tiles = span.y;
   if (threadIdx.x == 0) {
     for (int st = 0; st < STAGES; st++) { ember_mbar_init(&full[st], 1); ember_mbar_init(&empty[st], 8); }
     ember_mbar_init(own, 1);
@@ -240,11 +239,14 @@ EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap*
   if (warp < 4) {   /* the producer */
     ember_setmaxnreg_dec<24>();
     if (threadIdx.x != 0) return;
-    ember_flash_produce<D, BN, BM, STAGES>(sk, tk, sv, tv, key0, own, sq, tq, sdo, tdo, first, tiles, full, empty, nb,
-                                           heads);
+    const int2 span = ember_flash_span<BM, true>(sm, nb, key0, min(key0 + BN, S) - 1, T);
+    ember_flash_produce<D, BN, BM, STAGES>(sk, tk, sv, tv, key0, own, sq, tq, sdo, tdo, span.x, span.y, full, empty,
+                                           nb, heads);
     return;
   }
   ember_setmaxnreg_inc<240>();
+  const int2 span = ember_flash_span<BM, true>(sm, nb, key0, min(key0 + BN, S) - 1, T);   /* after the split */
+  const int first = span.x, tiles = span.y;
   const int wg = (warp >> 2) - 1;
   const int r_lo = key0 + (warp - 4) * 16 + (lane >> 2);   /* this thread's key rows */
   float dk[NT][4], dv[NT][4];
