@@ -17,7 +17,7 @@ from ember import dtype as dt
 from ember.compiler import attention, autodiff
 from ember.ir import Node, Op, toposort
 
-from .cuda_compile import COMPILER, compile_cuda
+from .cuda_compile import COMPILER, NVCC, compile_cuda, spills
 from .randprog import compare
 from .test_contractions import matmul, t
 
@@ -398,3 +398,144 @@ def test_flash_plans_are_chosen_before_the_schedule_is_cached(tmp_path: Path, mo
     monkeypatch.setenv("EMBER_DEBUG", "2")
     assert not any(p.wgmma for p in plans("sm_86"))
     assert "attention: flash: 128 rows, tiles of 64, 128 threads, mma.sync" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------- the score forms of issue 30
+
+VARIANTS = ["causal", "key_padding", "alibi", "softcap", "window", "prefix", "doubled", "q_prescaled"]
+WINDOW, CAP = 100, 20.0
+
+
+def variant(name: str, b: int = 2, h: int = 2, t_len: int = 80, s_len: int = 80, d: int = 64,
+            low: dt.DType = dt.bf16) -> tuple[list[Node], list[Node]]:
+    """The variant as a program writes it with the frontend (F.scaled_dot_product_attention,
+    F.flex_attention, Tensor ops) on [B, H, T, D] params, forward and the gradients of q, k and
+    v; and those three params. Key padding reads a bool param [B, S], ALiBi its slopes [H]."""
+    from ember import functional as F
+    from ember import tensor as T
+    q, k, v = (ir.param(n, low, (b, h, x, d)) for n, x in zip("qkv", (t_len, s_len, s_len)))
+    tq, tk, tv = (T.Tensor(x) for x in (q, k, v))
+    scale = 1 / math.sqrt(d)
+    if name == "causal":
+        o = F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+    elif name == "key_padding":
+        pad = T.Tensor(ir.param("pad", dt.bool_, (b, s_len)))
+        o = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=pad.reshape(b, 1, 1, s_len))
+    elif name == "alibi":
+        slopes = T.Tensor(ir.param("slopes", dt.f32, (h,)))
+        o = F.flex_attention(tq, tk, tv, score_mod=lambda s, _b, _h, i, j: s + slopes.reshape(1, h, 1, 1) * (j - i))
+    elif name == "softcap":
+        o = F.flex_attention(tq, tk, tv, score_mod=lambda s, *_: (s / CAP).tanh() * CAP)
+    elif name == "window":
+        o = F.flex_attention(tq, tk, tv, mask_mod=lambda _b, _h, i, j: (j <= i) & (i - j < WINDOW))
+    elif name == "prefix":
+        o = F.flex_attention(tq, tk, tv, mask_mod=lambda _b, _h, i, j: (j <= i) | (j < WINDOW))
+    elif name == "doubled":
+        sc = tq @ tk.transpose(-2, -1)
+        o = ((sc + sc) * (0.5 * scale)).softmax(-1) @ tv
+    else:
+        o = F.scaled_dot_product_attention(tq * scale, tk, tv, is_causal=True, scale=1.0)
+    return loss_and_grads(o.node, [q, k, v]), [q, k, v]
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_score_forms_take_the_flash_path(name: str) -> None:
+    """Every variant fuses (bf16, f16 and f32 operands): three flash kernels on sm_86 and sm_90a,
+    no S x S buffer (S = 1024); on f32 operands (the graph's roundings are f32's) the fused graph
+    matches the graph, values and gradients."""
+    from ember.backend import cuda
+    for low in (dt.bf16, dt.f16, dt.f32):
+        assert fused_kinds(variant(name, low=low)[0]) == ["attention", "attention_dkdv", "attention_dq"], low
+    big = variant(name, 1, 2, 1024, 1024)[0]
+    for arch in ("sm_86", "sm_90a"):
+        sched = cuda.prepare(big, arch)
+        assert sum(k.fused is not None for k in sched.kernels) == 3
+        assert max(b.size for b in sched.buffers) < 1024 * 1024
+    outputs, _ = variant(name, low=dt.f32)
+    inputs = inputs_for(outputs, 6)
+    got = ref.evaluate(autodiff.expand_grads(attention.fuse(outputs)), inputs)
+    assert compare(outputs, got, ref.evaluate(outputs, inputs)) is None
+
+
+def test_iota_masks_give_each_block_its_tiles() -> None:
+    """The score graph's iota masks as linear formulas: a sliding window is one, the and of two
+    atoms (not i < j, i - j - W < 0), which the kernels read as the tiles each block visits; a
+    param mask (key padding) is per element, no formula; plain scores have none."""
+    from ember.backend import cuda, flash
+    got = {}
+    for name in ("window", "key_padding", "doubled"):
+        sched = cuda.prepare(variant(name, 1, 2, 256, 256)[0][:1], "sm_86")
+        (k,) = [k for k in sched.kernels if k.fused is not None]
+        got[name] = flash.scores(k).masks
+    ((op, first, second),) = got["window"]
+    assert op == "and" and first[0] == "not" and first[1][2] == 0 and second[0] == "lt" and second[2] == -WINDOW
+    assert got["key_padding"] == () and got["doubled"] == ()
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("arch", ["sm_86", "sm_90a"])
+@pytest.mark.parametrize("low", [dt.bf16, dt.f16])
+def test_score_forms_compile_without_spills(arch: str, low: dt.DType, tmp_path: Path) -> None:
+    """CI: every variant's flash kernels build for sm_86 (mma.sync) and sm_90a (warp-specialized)
+    and ptxas spills no register in them (the score graph adds registers; FA3's consumers have 240)."""
+    from ember.backend import cuda
+    outputs = [o for name in VARIANTS for o in variant(name, 2, 4, 256, 256, low=low)[0]]
+    sched = cuda.prepare(outputs, arch)
+    flash_kernels = [k.name for k in sched.kernels if k.fused is not None]
+    assert len(flash_kernels) == 3 * len(VARIANTS)
+    spilled = spills(cuda.render(sched), arch, tmp_path)
+    assert {k: spilled.get(k, 0) for k in flash_kernels if spilled.get(k, 0)} == {}
+
+
+def _torch_variant(name: str, q, k, v, pad, slopes):  # type: ignore[no-untyped-def]
+    """The variant in PyTorch's math, f64 on the CPU: scores, mod, mask, softmax."""
+    import torch
+    t_len, s_len = q.shape[2], k.shape[2]
+    i, j = torch.arange(t_len)[:, None], torch.arange(s_len)[None, :]
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    keep = torch.ones(t_len, s_len, dtype=torch.bool)
+    if name in ("causal", "q_prescaled"):
+        keep = j <= i
+    elif name == "key_padding":
+        keep = pad[:, None, None, :]
+    elif name == "alibi":
+        s = s + slopes[None, :, None, None] * (j - i)
+    elif name == "softcap":
+        s = torch.tanh(s / CAP) * CAP
+    elif name == "window":
+        keep = (j <= i) & (i - j < WINDOW)
+    elif name == "prefix":
+        keep = (j <= i) | (j < WINDOW)
+    return torch.softmax(s.masked_fill(~keep, -math.inf), -1) @ v
+
+
+@needs_gpu
+@pytest.mark.parametrize("low", [dt.bf16, dt.f16])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_score_forms_on_the_gpu_match_pytorch(name: str, low: dt.DType) -> None:
+    """Each variant's flash kernels (three, on the GPU's own plans) against PyTorch's math in
+    f64: forward and the gradients of q, k and v, at S = 300 (edge tiles, skipped tiles of the
+    window, keys padded at 290 and 150)."""
+    torch = pytest.importorskip("torch")
+    from ember.backend import cuda
+    b, h, n, d = 2, 4, 300, 64
+    outputs, (q, k, v) = variant(name, b, h, n, n, d, low)
+    assert sum(kk.fused is not None for kk in cuda.prepare(outputs).kernels) == 3
+    rng = np.random.default_rng(7)
+    arrays = {p: ref.cast(rng.standard_normal(p.shape), dt.f64, p.dtype) for p in toposort(outputs)
+              if p.op is Op.PARAM and p.dtype.is_float}
+    params = {p.arg: p for p in toposort(outputs) if p.op is Op.PARAM}
+    pad = np.arange(n)[None, :] < np.array([290, 150])[:, None]
+    slopes = 2.0 ** (-8.0 * np.arange(1, h + 1) / h)
+    inputs = dict(arrays)
+    if "pad" in params:
+        inputs[params["pad"]] = pad
+    if "slopes" in params:
+        inputs[params["slopes"]] = slopes.astype(np.float32)
+    got = cuda.run_values(outputs, inputs)
+    tq, tk, tv = (torch.tensor(np.asarray(arrays[x], np.float64), requires_grad=True) for x in (q, k, v))
+    to = _torch_variant(name, tq, tk, tv, torch.tensor(pad), torch.tensor(slopes))
+    (to * torch.tensor(np.asarray(arrays[params["w"]], np.float64))).sum().backward()
+    for mine, theirs in zip(got, (to, tq.grad, tk.grad, tv.grad)):
+        a, want = np.asarray(mine, np.float64), theirs.detach().numpy()
+        assert np.abs(a - want).max() <= 0.03 * np.abs(want).max() + 1e-3, name
