@@ -10,7 +10,7 @@ layout copies and casts included), "kernel" the flash kernels alone. Every resul
 against PyTorch before it is timed. Peak: 989 TFLOP/s (H200, dense bf16).
 
 --variants: the score forms of issue 30 at B4 H16 S2048 D64 bf16 (key-padding mask from a bool
-param, ALiBi, soft-capping, a sliding window of 1024, a scale written (s + s) * 0.5, q scaled
+param, causal ALiBi, soft-capping, a sliding window of 1024, a scale written (s + s) * 0.5, q scaled
 before the product, causal), written with F.scaled_dot_product_attention, F.flex_attention or
 plain Tensor ops, beside SDPA with the equivalent attn_mask and FlexAttention compiled (where
 torch has it); the ratio is to the faster of the two. FLOPs count the scores kept.
@@ -204,8 +204,9 @@ def _ember_variant(name: str, q, k, v, pad, slopes):  # type: ignore[no-untyped-
     scale = 1 / math.sqrt(VD)
     if name == "key_padding":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=pad.reshape(VB, 1, 1, VS))
-    if name == "alibi":
-        return F.flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: s + slopes.reshape(1, VH, 1, 1) * (j - i))
+    if name == "alibi":   # causal, as ALiBi's models use it
+        return F.flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: s + slopes.reshape(1, VH, 1, 1) * (j - i),
+                                mask_mod=lambda b, h, i, j: j <= i)
     if name == "softcap":
         return F.flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: (s / CAP).tanh() * CAP)
     if name == "window":
@@ -237,9 +238,11 @@ def _torch_variant(name: str, tq, tk, tv, tpad, tslopes, with_flex: bool):  # ty
         return (lambda: sdpa(tq, tk, tv, attn_mask=keep), flex and (lambda: flex(tq, tk, tv, block_mask=mask)),
                 float(tpad.float().mean()))
     if name == "alibi":
-        bias = (tslopes[:, None, None] * (j - i)[None]).to(torch.bfloat16)[None]
+        bias = (tslopes[:, None, None] * (j - i)[None]).masked_fill(j > i, -math.inf).to(torch.bfloat16)[None]
+        mask = create_block_mask(lambda b, h, qi, kv: kv <= qi, None, None, VS, VS) if flex else None
         return (lambda: sdpa(tq, tk, tv, attn_mask=bias),
-                flex and (lambda: flex(tq, tk, tv, score_mod=lambda s, b, h, qi, kv: s + tslopes[h] * (kv - qi))), 1.0)
+                flex and (lambda: flex(tq, tk, tv, score_mod=lambda s, b, h, qi, kv: s + tslopes[h] * (kv - qi),
+                                       block_mask=mask)), causal)
     if name == "softcap":
         return None, flex and (lambda: flex(tq, tk, tv, score_mod=lambda s, b, h, qi, kv: torch.tanh(s / CAP) * CAP)), \
             1.0

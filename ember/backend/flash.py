@@ -226,10 +226,22 @@ def scores(k: Kernel) -> Scores:
 
 
 class _ScoreWriter(KernelWriter):
-    """The elementwise renderer with the raw score (buffer -1) as the variable s."""
+    """The elementwise renderer with the raw score (buffer -1) as the variable s, and f32
+    divisions and exponentials on the hardware's approximations (MUFU.RCP and MUFU.EX2, 2 ulp:
+    spec 4 leaves a fused kernel's precision free; a soft-cap's tanh divided in IEEE f32, three
+    times an element in its derivative, was most of the backward's time)."""
+
+    FAST = {Op.DIV: "__fdividef({0}, {1})", Op.EXP2: "ember_ex2({0})"}
 
     def buf(self, b: Node) -> str:
         return "s" if b.arg == -1 else super().buf(b)
+
+    def emit(self, n: Node, scope: Scope) -> str:   # type: ignore[override]
+        if n.dtype is not dt.f32 or n.op not in self.FAST:
+            return super().emit(n, scope)   # type: ignore[return-value]
+        name = self.var()
+        scope.put(f"float {name} = {self.FAST[n.op].format(*(self.operand(x, scope) for x in n.srcs))};")
+        return name
 
 
 def _function(r: CLike, value: Node, ranges: tuple[Node, ...], head: str) -> str:
