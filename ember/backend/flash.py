@@ -6,11 +6,15 @@ Three kernels on `mma.sync.m16n8k16` (sm_80 and later; f16 or bf16 operands, f32
   (32 for D = 128) arrive by `cp.async` into a double buffer while the warps compute s = q k^T,
   update the running max and sum per row (the 4 threads of a row combine with shuffles),
   rescale o and add p v, with p converted to the operand dtype in registers (the accumulator
-  layout of s is the A layout of p). Key tiles past the diagonal are never loaded; the diagonal
-  tile and the edges are masked. It writes o / l and the base-2 logsumexp m + log2(l) of every
+  layout of s is the A layout of p). The score graph's functor (`score_struct`) makes the raw
+  scores the program's; a block reads only the key tiles between its first and last that its
+  iota masks keep a score of (`ember_flash_span`: past a causal diagonal or outside a window,
+  none is loaded), and only edge tiles (masks not full, the bounds) apply the masks per
+  element. It writes o / l and the base-2 logsumexp m + log2(l) of every
   row, [N, T, D + 1] in f32, or (no gradient in the graph) o / l alone in the operand dtype.
-- dq: a block per 64 query rows; per key tile it recomputes p = exp2(s c - lse), dp = do v^T and
-  ds = p (dp - rowsum(do o)), and adds ds k. Both backward kernels write their gradients in
+- dq: a block per 64 query rows; per key tile it recomputes p = exp2(score - lse), dp = do v^T
+  and ds = p (dp - rowsum(do o)) (times the score's derivative where it is no constant), and
+  adds ds k. Both backward kernels write their gradients in
   the operand dtype.
 - dk, dv: a block per 64 keys; per query tile (64 rows, 32 for D = 128 so the accumulators fit
   in registers) it computes s^T = k q^T directly (keys as rows, so p^T and ds^T are A operands
@@ -39,7 +43,7 @@ values each in registers; every thread of a block reads the same key (or query) 
 shared-memory tile at once, a broadcast, and a row's dot products are summed over its G threads
 with shuffles. The forward holds two query rows a thread (each key loaded serves both) and
 updates the running max every 16 keys; dq and dk|dv hold one row. 96-134 registers, no local
-memory. A causal block skips the tiles past its last row but computes its diagonal tiles whole,
+memory. A block skips the tiles its iota masks cover whole but computes its edge tiles whole,
 masked: skipping per warp inside a tile made ptxas keep a divergent copy of the shuffles
 (BRA.DIV) and spill.
 """

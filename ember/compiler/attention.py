@@ -4,8 +4,8 @@ that never hold the scores (backend/flash.py renders them).
 Nothing in the IR names attention. A program writes it as two contractions around a softmax,
 each contraction an expand-mul-sum:
 
-    s = (q . k over d) * c1                      a SUM over d of q and k broadcast against each other
-    s = where(j <= i, s, -inf)                   optional: a causal mask from two iotas
+    s = f(q . k over d)                          any elementwise function of a SUM over d of q and
+                                                 k broadcast against each other (scale, masks, biases)
     e = exp2((s - max_j s) * c2)                 softmax, as Tensor.softmax writes it (c2 = log2 e)
     o = sum over j of (e / sum_j e) * v          the second contraction
 
@@ -19,13 +19,16 @@ the operand dtype: nothing would read the logsumexp, and no kernel has to conver
 gradient (`vjp`, called by autodiff) is two more FUSED kernels, FlashAttention-2 style: the
 scores and probabilities are recomputed per tile from the saved logsumexp.
 
+f is the score graph (the FUSED node's arg): [N, T, S] in f32 over placeholders for the raw
+score and for what else it reads (the FUSED node's sources after q, k, v), which the kernels
+evaluate per element (`score_parts`; docs/architecture.md, "Flash attention").
+
 Rounding: the kernels keep the scores, the running max and the sums in f32 and round p to the
 operand dtype once, where the graph rounds after every op (the scores to bf16, p = e / sum
 before the cast). The difference is within bf16 rounding of the result (docs/performance.md
 measures it). f32 operands get kernels of their own on CUDA cores (tensor cores would round
 them), which differ from the graph by f32 rounding alone. A mask value of -1e9 or below
-counts as -inf: a causal row always keeps its diagonal, so every such weight is exactly 0 in
-f32 either way.
+counts as -inf: a row that keeps a key gives every such weight exactly 0 in f32 either way.
 """
 from __future__ import annotations
 

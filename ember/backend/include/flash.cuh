@@ -47,14 +47,18 @@ EMBER_D void ember_tile_load(float* s, const float* g, int row0, int nrows, int 
 template <bool HOPPER> EMBER_D void ember_proxy_fence() {
   if constexpr (HOPPER) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-/* the next tile of two [nrows][D] matrices into the other slot of their double buffers (none
-   after the last), then wait until this tile's have arrived */
+/* tile t of two [nrows][D] matrices into slot t & 1 of their double buffers (none from tiles on) */
+template <int D, int ROWS, bool HOPPER = false, typename E>
+EMBER_D void ember_tiles_at(E* a, const E* ga, int lda, E* b, const E* gb, int ldb, int t, int tiles, int nrows) {
+  if (t < tiles) {
+    ember_tile_load<D, ROWS, HOPPER>(a + (t & 1) * ROWS * D, ga, t * ROWS, nrows, lda);
+    ember_tile_load<D, ROWS, HOPPER>(b + (t & 1) * ROWS * D, gb, t * ROWS, nrows, ldb);
+  }
+}
+/* the next tile into the other slot, then wait until this tile's have arrived */
 template <int D, int ROWS, bool HOPPER = false, typename E>
 EMBER_D void ember_next_tiles(E* a, const E* ga, int lda, E* b, const E* gb, int ldb, int t, int tiles, int nrows) {
-  if (t + 1 < tiles) {
-    ember_tile_load<D, ROWS, HOPPER>(a + ((t + 1) & 1) * ROWS * D, ga, (t + 1) * ROWS, nrows, lda);
-    ember_tile_load<D, ROWS, HOPPER>(b + ((t + 1) & 1) * ROWS * D, gb, (t + 1) * ROWS, nrows, ldb);
-  }
+  ember_tiles_at<D, ROWS, HOPPER>(a, ga, lda, b, gb, ldb, t + 1, tiles, nrows);
   ember_cp_async_commit();
   ember_cp_async_wait<1>();
   ember_proxy_fence<HOPPER>();
@@ -262,10 +266,7 @@ EMBER_D void ember_flash_fwd(OUT* out, const unsigned short* q, const unsigned s
   const int2 span = ember_flash_span<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, S);
   const int first = span.x, tiles = span.y;
   ember_tile_load<D, BM, HOPPER>(sq, q, row0, T, ldq);
-  if (first < tiles) {
-    ember_tile_load<D, BN, HOPPER>(sk + (first & 1) * BN * D, k, first * BN, S, ldk);
-    ember_tile_load<D, BN, HOPPER>(sv + (first & 1) * BN * D, v, first * BN, S, ldv);
-  }
+  ember_tiles_at<D, BN, HOPPER>(sk, k, ldk, sv, v, ldv, first, tiles, S);
   ember_cp_async_commit();
   float o[WM][NT][4], m[WM][2], l[WM][2];
 #pragma unroll
@@ -356,10 +357,7 @@ EMBER_D void ember_flash_dq(OUT* out, const unsigned short* q, const unsigned sh
   const int first = span.x, tiles = span.y;
   ember_tile_load<D, BM, HOPPER>(sq, q, row0, T, ldq);
   ember_tile_load<D, BM, HOPPER>(sdo, dout, row0, T, D);
-  if (first < tiles) {
-    ember_tile_load<D, BN, HOPPER>(sk + (first & 1) * BN * D, k, first * BN, S, ldk);
-    ember_tile_load<D, BN, HOPPER>(sv + (first & 1) * BN * D, v, first * BN, S, ldv);
-  }
+  ember_tiles_at<D, BN, HOPPER>(sk, k, ldk, sv, v, ldv, first, tiles, S);
   ember_cp_async_commit();
   float acc[NT][4];
 #pragma unroll
@@ -391,10 +389,7 @@ EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned 
   const int first = span.x, tiles = span.y;
   ember_tile_load<D, BN, HOPPER>(sk, k, key0, S, ldk);
   ember_tile_load<D, BN, HOPPER>(sv, v, key0, S, ldv);
-  if (first < tiles) {
-    ember_tile_load<D, BM, HOPPER>(sq + (first & 1) * BM * D, q, first * BM, T, ldq);
-    ember_tile_load<D, BM, HOPPER>(sdo + (first & 1) * BM * D, dout, first * BM, T, D);
-  }
+  ember_tiles_at<D, BM, HOPPER>(sq, q, ldq, sdo, dout, D, first, tiles, T);
   ember_cp_async_commit();
   float dk[NT][4], dv[NT][4];
 #pragma unroll

@@ -55,10 +55,7 @@ EMBER_D void ember_flash32_fwd(float* out, const float* q, const float* k, const
   const int r0 = row0 + threadIdx.x / G * 2;   /* this thread's rows: r0 and r0 + 1 */
   const int2 span = ember_flash_span<TILE, false>(sm, nb, row0, last, S);
   const int first = span.x, tiles = span.y;
-  if (first < tiles) {
-    ember_tile_load<D, TILE>(sk + (first & 1) * TILE * D, k, first * TILE, S, ldk);
-    ember_tile_load<D, TILE>(sv + (first & 1) * TILE * D, v, first * TILE, S, ldv);
-  }
+  ember_tiles_at<D, TILE>(sk, k, ldk, sv, v, ldv, first, tiles, S);
   ember_cp_async_commit();
   float qr[2][16], o[2][16], m[2], l[2];
 #pragma unroll
@@ -152,10 +149,7 @@ EMBER_D void ember_flash32_dq(float* out, const float* q, const float* k, const 
   const bool live = row < T;
   const int2 span = ember_flash_span<TILE, false>(sm, nb, row0, min(row0 + ROWS, T) - 1, S);
   const int first = span.x, tiles = span.y;
-  if (first < tiles) {
-    ember_tile_load<D, TILE>(sk + (first & 1) * TILE * D, k, first * TILE, S, ldk);
-    ember_tile_load<D, TILE>(sv + (first & 1) * TILE * D, v, first * TILE, S, ldv);
-  }
+  ember_tiles_at<D, TILE>(sk, k, ldk, sv, v, ldv, first, tiles, S);
   ember_cp_async_commit();
   float qr[16], dor[16], acc[16];
 #pragma unroll
@@ -201,10 +195,7 @@ EMBER_D void ember_flash32_dkdv(float* out, const float* q, const float* k, cons
   const bool live = key < S;
   const int2 span = ember_flash_span<TILE, true>(sm, nb, key0, min(key0 + ROWS, S) - 1, T);
   const int first = span.x, tiles = span.y;
-  if (first < tiles) {
-    ember_tile_load<D, TILE>(sq + (first & 1) * TILE * D, q, first * TILE, T, ldq);
-    ember_tile_load<D, TILE>(sdo + (first & 1) * TILE * D, dout, first * TILE, T, D);
-  }
+  ember_tiles_at<D, TILE>(sq, q, ldq, sdo, dout, D, first, tiles, T);
   ember_cp_async_commit();
   float kr[16], vr[16], dk[16], dv[16];
 #pragma unroll
