@@ -41,6 +41,7 @@ from .. import dtype as dt
 from ..ir import Node, Op, toposort
 from ..target import Target
 from . import symbolic as sym
+from .autodiff import VJP, derivative
 from .lower import Buffer, Kernel, Lowerer, flat_index
 from .rewrite import P, RuleSet, rewrite, substitute
 from .simplify import fused_canonical
@@ -425,6 +426,9 @@ def vjp(n: Node, g: Node) -> list[tuple[Node, Node]]:
     return [(q, dq), (k, dk), (v, dv)]
 
 
+VJP[Op.FUSED] = vjp   # autodiff's rule for the nodes this module makes
+
+
 # ---------------------------------------------------------------- the score graph's parts
 
 @dataclass(frozen=True)
@@ -521,7 +525,6 @@ def _mask_wheres(v: Node) -> list[tuple[Node, bool]]:
 def score_derivative(score: Node) -> Node:
     """d score / d (raw score) times ln 2: the factor from a gradient of the natural-log scores
     (the kernels' p (dp - rowsum(do o))) to the gradient of q . k."""
-    from .autodiff import derivative
     raw, _ = placeholders(score)
     return fused_canonical([ir.binary(Op.MUL, derivative(score, raw), ir.const(math.log(2.0), dt.f32, raw.shape))])[0]
 
