@@ -1,13 +1,19 @@
 """Attention on the GPU: Ember's flash kernels, derived from the primitive graph (expand-mul-sum,
 iota mask, max, exp2, sum, div, expand-mul-sum), beside PyTorch's SDPA flash in the same run.
 
-    PYTHONPATH=. python3 bench/attention_gpu.py [--quick | --f32-memory]
+    PYTHONPATH=. python3 bench/attention_gpu.py [--quick | --f32-memory | --variants]
 
 bf16, 16k tokens a batch (batch = 16384 / S) and a model width of 2048 (heads = 2048 / D), as
 FlashAttention's own benchmarks. FLOPs: 4 B H S^2 D for the forward (two matmuls), 2.5 times
 that for the backward; causal counts half. "program" times Ember's whole compiled program (its
 layout copies and casts included), "kernel" the flash kernels alone. Every result is checked
 against PyTorch before it is timed. Peak: 989 TFLOP/s (H200, dense bf16).
+
+--variants: the score forms of issue 30 at B4 H16 S2048 D64 bf16 (key-padding mask from a bool
+param, causal ALiBi, soft-capping, a sliding window of 1024, a scale written (s + s) * 0.5, q scaled
+before the product, causal), written with F.scaled_dot_product_attention, F.flex_attention or
+plain Tensor ops, beside SDPA with the equivalent attn_mask and FlexAttention compiled (where
+torch has it); the ratio is to the faster of the two. FLOPs count the scores kept.
 """
 from __future__ import annotations
 
@@ -71,9 +77,14 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="the rows whose \"case pass\" this regular expression finds")
     ap.add_argument("--f32-memory", action="store_true",
                     help="only f32 attention's device memory and time at S = 1024, 2048, 4096 (issue 9: not S^2)")
+    ap.add_argument("--variants", action="store_true", help="the score forms of issue 30 (masks, biases, softcap)")
+    ap.add_argument("--flex", default=".", help="--variants: those this regular expression finds get FlexAttention")
     args = ap.parse_args()
     if args.f32_memory:
         f32_memory()
+        return
+    if args.variants:
+        variants(args.only, args.flex)
         return
     print(f"{'case':28} {'pass':8} {'Ember TFLOP/s':>13} {'(kernel)':>9} {'SDPA':>7} {'ratio':>6} {'% peak':>7} "
           f"{'ms':>7} {'compile':>8}")
@@ -173,6 +184,141 @@ def run_case(d: int, s: int, causal: bool, only: str | None = None) -> None:
         prog.free()
         del prog
     torch.cuda.empty_cache()
+
+
+VB, VH, VS, VD, WINDOW, CAP = 4, 16, 2048, 64, 1024, 30.0
+VARIANTS = ["key_padding", "window", "alibi", "doubled", "q_prescaled", "causal", "softcap"]
+
+
+def _variant_inputs() -> dict[str, np.ndarray]:
+    """The masks' and biases' data: keys kept per batch (key padding), ALiBi's slopes per head."""
+    kept = np.array([VS, VS - 300, VS // 2, VS - 1000])
+    return {"pad": np.arange(VS)[None, :] < kept[:, None], "slopes": 2.0 ** (-8.0 * np.arange(1, VH + 1) / VH)}
+
+
+def _ember_variant(name: str, q, k, v, pad, slopes):  # type: ignore[no-untyped-def]
+    """The variant as a program writes it with Ember's frontend (q, k, v: Tensors, [B, H, S, D])."""
+    from ember import functional as F
+    scale = 1 / math.sqrt(VD)
+    if name == "key_padding":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=pad.reshape(VB, 1, 1, VS))
+    if name == "alibi":   # causal, as ALiBi's models use it
+        return F.flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: s + slopes.reshape(1, VH, 1, 1) * (j - i),
+                                mask_mod=lambda b, h, i, j: j <= i)
+    if name == "softcap":
+        return F.flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: (s / CAP).tanh() * CAP)
+    if name == "window":
+        return F.flex_attention(q, k, v, mask_mod=lambda b, h, i, j: (j <= i) & (i - j < WINDOW))
+    if name == "doubled":   # the issue's program: the scale written (s + s) * 0.5
+        sc = q @ k.transpose(-2, -1)
+        return ((sc + sc) * (0.5 * scale)).softmax(-1) @ v
+    if name == "q_prescaled":
+        return F.scaled_dot_product_attention(q * scale, k, v, is_causal=True, scale=1.0)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _torch_variant(name: str, tq, tk, tv, tpad, tslopes, with_flex: bool):  # type: ignore[no-untyped-def]
+    """(SDPA with the equivalent attn_mask or None, FlexAttention compiled or None, the kept
+    fraction of the scores): PyTorch's ways to the same result."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    i = torch.arange(VS, device="cuda")[:, None]
+    j = torch.arange(VS, device="cuda")[None, :]
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        flex = torch.compile(flex_attention) if with_flex else None
+    except ImportError:
+        flex = create_block_mask = None
+    scale = 1 / math.sqrt(VD)
+    causal = float(((j <= i).float().mean()))
+    if name == "key_padding":
+        keep = tpad[:, None, None, :]
+        mask = create_block_mask(lambda b, h, qi, kv: tpad[b, kv], VB, None, VS, VS) if flex else None
+        return (lambda: sdpa(tq, tk, tv, attn_mask=keep), flex and (lambda: flex(tq, tk, tv, block_mask=mask)),
+                float(tpad.float().mean()))
+    if name == "alibi":
+        bias = (tslopes[:, None, None] * (j - i)[None]).masked_fill(j > i, -math.inf).to(torch.bfloat16)[None]
+        mask = create_block_mask(lambda b, h, qi, kv: kv <= qi, None, None, VS, VS) if flex else None
+        return (lambda: sdpa(tq, tk, tv, attn_mask=bias),
+                flex and (lambda: flex(tq, tk, tv, score_mod=lambda s, b, h, qi, kv: s + tslopes[h] * (kv - qi),
+                                       block_mask=mask)), causal)
+    if name == "softcap":
+        return None, flex and (lambda: flex(tq, tk, tv, score_mod=lambda s, b, h, qi, kv: torch.tanh(s / CAP) * CAP)), \
+            1.0
+    if name == "window":
+        keep = (j <= i) & (i - j < WINDOW)
+        mask = create_block_mask(lambda b, h, qi, kv: (kv <= qi) & (qi - kv < WINDOW), None, None, VS, VS) \
+            if flex else None
+        return (lambda: sdpa(tq, tk, tv, attn_mask=keep), flex and (lambda: flex(tq, tk, tv, block_mask=mask)),
+                float(keep.float().mean()))
+    if name == "doubled":
+        return lambda: sdpa(tq, tk, tv), None, 1.0
+    if name == "q_prescaled":
+        return lambda: sdpa(tq * scale, tk, tv, is_causal=True, scale=1.0), None, causal
+    return lambda: sdpa(tq, tk, tv, is_causal=True), None, causal
+
+
+def variants(only: str | None = None, flex: str = "") -> None:
+    """flex: a regular expression of the variants that get a FlexAttention peer (compiling it
+    takes tens of seconds a variant)."""
+    from ember import tensor as T
+    print(f"B={VB} H={VH} S={VS} D={VD} bf16; TFLOP/s of the scores kept, % of the {PEAK / 1e12:.0f} TFLOP/s peak")
+    print(f"{'variant':12} {'pass':8} {'Ember':>7} {'%peak':>6} {'SDPA':>7} {'Flex':>7} {'ratio':>6} {'ms':>7} "
+          f"{'compile':>8} {'error':>8}")
+    extra = _variant_inputs()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    tq, tk, tv, tw = (torch.randn((VB, VH, VS, VD), device="cuda", generator=g).to(torch.bfloat16) for _ in range(4))
+    tpad = torch.tensor(extra["pad"], device="cuda")
+    tslopes = torch.tensor(extra["slopes"], device="cuda", dtype=torch.float32)
+    for name in VARIANTS:
+        if only and not re.search(only, name):
+            continue
+        params = [ir.param(n, dt.bf16, (VB, VH, VS, VD)) for n in "qkvw"]
+        pad, slopes = ir.param("pad", dt.bool_, (VB, VS)), ir.param("slopes", dt.f32, (VH,))
+        q, k, v, w = (T.Tensor(p) for p in params)
+        o = _ember_variant(name, q, k, v, T.Tensor(pad), T.Tensor(slopes))
+        loss = (o.float() * w.float()).sum()
+        inputs = {p: data.to_storage(x.float().cpu().numpy(), dt.bf16) for p, x in zip(params, (tq, tk, tv, tw))}
+        inputs.update({pad: extra["pad"], slopes: extra["slopes"].astype(np.float32)})
+        sdpa, flexed, kept = _torch_variant(name, tq, tk, tv, tpad, tslopes, bool(re.search(flex, name)))
+        flops = 4.0 * VB * VH * VS * VS * VD * kept
+        both = [o.node] + [ir.grad(loss.node, p) for p in params[:3]]
+        for label, outputs, work in (("fwd", [o.node], flops), ("fwd+bwd", both, 3.5 * flops)):
+            t0 = time.perf_counter()
+            prog = cuda.CUDAProgram(outputs)
+            compile_s = time.perf_counter() - t0
+            flash = sum(kk.fused is not None for kk in prog.sched.kernels)
+            got, times = prog.timed(inputs, 10)
+            peers, want = [], None
+            for fn in (sdpa, flexed):
+                if fn is None:
+                    peers.append(None)
+                    continue
+                tq.requires_grad_(label != "fwd"), tk.requires_grad_(label != "fwd"), tv.requires_grad_(label != "fwd")
+
+                def step(fn=fn) -> torch.Tensor:  # type: ignore[no-untyped-def]
+                    out = fn()
+                    if label != "fwd":
+                        tq.grad = tk.grad = tv.grad = None
+                        (out.float() * tw.float()).sum().backward()
+                    return out
+                out = step()
+                if want is None:
+                    want = [out] + ([tq.grad, tk.grad, tv.grad] if label != "fwd" else [])
+                    want = [x.detach().float().cpu().numpy() for x in want]
+                peers.append(cuda_time(step))
+            tq.requires_grad_(False), tk.requires_grad_(False), tv.requires_grad_(False)
+            err = max(float(np.abs(np.asarray(data.from_storage(a, dt.bf16) if a.dtype == np.uint16 else a, np.float64)
+                                   - b).max() / np.abs(b).max()) for a, b in zip(got, want))
+            ember_s = statistics.median(times) / 1e3
+            best = min(t for t in peers if t is not None)
+            cells = [f"{work / t / 1e12:7.1f}" if t else f"{'-':>7}" for t in peers]
+            bad = "" if err < 3e-2 else "  WRONG"
+            print(f"{name:12} {label:8} {work / ember_s / 1e12:7.1f} {100 * work / ember_s / PEAK:5.1f}% {cells[0]} "
+                  f"{cells[1]} {best / ember_s:6.2f} {ember_s * 1e3:7.2f} {compile_s:7.1f}s {err:8.1e}"
+                  f"{'' if flash else '  (no flash kernel)'}{bad}", flush=True)
+            prog.free()
+            del prog
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -265,18 +265,24 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     return where(keep, x * (1 / (1 - p)), 0.0)
 
 
+def _grouped(q: Tensor, k: Tensor, v: Tensor, enable_gqa: bool, name: str) -> tuple[Tensor, Tensor]:
+    """k and v with each of their heads (dim -3) shared by a group of q's heads (enable_gqa)."""
+    if not enable_gqa or k.shape[-3] == q.shape[-3]:
+        return k, v
+    if q.shape[-3] % k.shape[-3]:
+        raise ShapeError(f"{name}: {q.shape[-3]} query heads are not a multiple of {k.shape[-3]} key heads")
+    return k.repeat_interleave(q.shape[-3] // k.shape[-3], -3), v.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
+
+
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                                  enable_gqa: bool = False) -> Tensor:
-    """softmax(q k^T * scale + mask) v, with PyTorch's mask conventions (bool: True keeps);
+    """softmax(q k^T * scale + mask) v, with PyTorch's mask conventions (bool: True keeps; else
+    added), broadcast against the scores; is_causal keeps j <= i (the top-left diagonal);
     enable_gqa: k and v have fewer heads (dim -3), each shared by a group of q's heads."""
     if is_causal and attn_mask is not None:
         raise ValueError("scaled_dot_product_attention: an explicit attn_mask must not be set with is_causal=True")
-    if enable_gqa and k.shape[-3] != q.shape[-3]:
-        if q.shape[-3] % k.shape[-3]:
-            raise ShapeError(f"scaled_dot_product_attention: {q.shape[-3]} query heads are not a multiple of "
-                             f"{k.shape[-3]} key heads")
-        k, v = (t.repeat_interleave(q.shape[-3] // k.shape[-3], -3) for t in (k, v))
+    k, v = _grouped(q, k, v, enable_gqa, "scaled_dot_product_attention")
     s = (q @ k.transpose(-2, -1)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
     if is_causal:
         t, u = q.shape[-2], k.shape[-2]
@@ -286,6 +292,50 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
     if attn_mask is not None:
         s = where(attn_mask, s, -math.inf) if attn_mask.dtype.name == "bool" else s + attn_mask
     return (dropout(s.softmax(-1), dropout_p) if dropout_p else s.softmax(-1)) @ v
+
+
+class BlockMask:
+    """What torch.nn.attention.flex_attention.create_block_mask returns, for flex_attention: the
+    mask_mod, traced into the graph (the compiler finds the tiles it masks whole itself)."""
+
+    def __init__(self, mask_mod: Any, shape: tuple[int, ...]):
+        self.mask_mod, self.shape = mask_mod, shape
+
+
+def create_block_mask(mask_mod: Any, B: int | None, H: int | None, Q_LEN: int, KV_LEN: int,
+                      device: Any = None) -> BlockMask:
+    return BlockMask(mask_mod, (B or 1, H or 1, Q_LEN, KV_LEN))
+
+
+def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod: Any = None, block_mask: Any = None,
+                   scale: float | None = None, enable_gqa: bool = False, mask_mod: Any = None) -> Tensor:
+    """softmax(score_mod(q k^T * scale, b, h, q_idx, kv_idx)) v over [B, H, T, D] operands, the
+    scores where mask_mod(b, h, q_idx, kv_idx) (or block_mask's) is false left out, as
+    torch.nn.attention.flex_attention defines it. Both functions are traced into the graph on
+    int64 index tensors broadcast against the scores ([B, 1, 1, 1], [1, H, 1, 1], [1, 1, T, 1],
+    [1, 1, 1, S], from iotas), so the compiler renders them into the flash kernels' tile loop."""
+    if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
+        raise ShapeError(f"flex_attention: q, k and v must be [B, H, T, D], got {query.shape}, {key.shape}, "
+                         f"{value.shape}")
+    key, value = _grouped(query, key, value, enable_gqa, "flex_attention")
+    if block_mask is not None:
+        if mask_mod is not None:
+            raise ValueError("flex_attention: give block_mask or mask_mod, not both")
+        mask_mod = block_mask.mask_mod if isinstance(block_mask, BlockMask) else block_mask
+    # the scores in f32 (score_mod sees them so), the weights in the operands' dtype
+    s = (query @ key.transpose(-2, -1)).float() * (scale if scale is not None else 1 / math.sqrt(query.shape[-1]))
+    sizes = s.shape
+    idx = [Tensor(ir.iota(dt.i64, tuple(n if a == d else 1 for a, n in enumerate(sizes)), d)) for d in range(4)]
+    if score_mod is not None:
+        s = score_mod(s, *idx)
+        if not isinstance(s, Tensor) or s.shape != sizes:
+            raise ShapeError(f"flex_attention: score_mod must return a tensor of the scores' shape {sizes}")
+    if mask_mod is not None:
+        keep = mask_mod(*idx)
+        if not isinstance(keep, Tensor) or keep.dtype is not dt.bool_:
+            raise TypeError("flex_attention: mask_mod must return a bool tensor")
+        s = where(keep, s, -math.inf)
+    return s.softmax(-1).cast(value.dtype) @ value
 
 
 # ----------------------------------------------------------------- convolution and pooling

@@ -156,22 +156,28 @@ def eval_node(node: Node, srcs: list[np.ndarray], wide: bool = False, reverse: b
 
 def _attention(node: Node, srcs: list[np.ndarray], rnd: Callable = _float) -> np.ndarray:
     """The flash-attention kernels the CUDA pipeline puts in a graph (compiler/attention.py), in
-    f64: tests evaluate a rewritten graph here against the graph it came from. Scores are in
-    base 2 (c folds the softmax's own scale); "attention" returns o beside the logsumexp of each
-    row, [N, T, D + 1] (or o alone, [N, T, D]); "attention_dq" dq; "attention_dkdv" dk beside dv, [N, S, 2 D]."""
-    kind, causal, c = node.arg
+    f64: tests evaluate a rewritten graph here against the graph it came from. The score graph
+    (node.arg[1]) maps q k^T to base-2 scores; "attention" returns o beside the logsumexp of each
+    row, [N, T, D + 1] (or o alone, [N, T, D]); "attention_dq" dq; "attention_dkdv" dk beside dv,
+    [N, S, 2 D], with dS = dP's part times the score graph's derivative."""
+    from .compiler.attention import FIXED, placeholders, score_derivative
+    kind, score = node.arg
     q, k, v = (a.astype(np.float64) for a in srcs[:3])
-    s = q @ k.transpose(0, 2, 1) * c
-    if causal:
-        s = np.where(np.tril(np.ones(s.shape[1:], bool)), s, -np.inf)
+    raw, extra = placeholders(score)
+    inputs = {raw: q @ k.transpose(0, 2, 1), **{p: srcs[FIXED[kind] + i] for i, p in enumerate(extra)}}
+    values: dict[Node, np.ndarray] = {}
+    _fill([score], inputs, values, True)
+    s = np.broadcast_to(values[score], score.shape)
     m = s.max(-1, keepdims=True)
     lse = m + np.log2(np.exp2(s - m).sum(-1, keepdims=True))
     p = np.exp2(s - lse)
     if kind == "attention":   # o beside the logsumexp, or o alone (a forward with no gradient)
         o = np.concatenate([p @ v, lse], -1) if node.shape[-1] > q.shape[-1] else p @ v
         return rnd(o.reshape(node.shape), node.dtype)
+    dg = score_derivative(score)
+    _fill([dg], inputs, values, True)
     do, di = srcs[4].astype(np.float64), srcs[5].astype(np.float64)[..., None]
-    ds = p * (do @ v.transpose(0, 2, 1) - di) * (c * np.log(2.0))
+    ds = p * (do @ v.transpose(0, 2, 1) - di) * np.broadcast_to(values[dg], score.shape)
     if kind == "attention_dq":
         return rnd(ds @ k, node.dtype)
     return rnd(np.concatenate([ds.transpose(0, 2, 1) @ q, p.transpose(0, 2, 1) @ do], -1), node.dtype)

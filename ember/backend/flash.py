@@ -6,11 +6,15 @@ Three kernels on `mma.sync.m16n8k16` (sm_80 and later; f16 or bf16 operands, f32
   (32 for D = 128) arrive by `cp.async` into a double buffer while the warps compute s = q k^T,
   update the running max and sum per row (the 4 threads of a row combine with shuffles),
   rescale o and add p v, with p converted to the operand dtype in registers (the accumulator
-  layout of s is the A layout of p). Key tiles past the diagonal are never loaded; the diagonal
-  tile and the edges are masked. It writes o / l and the base-2 logsumexp m + log2(l) of every
+  layout of s is the A layout of p). The score graph's functor (`score_struct`) makes the raw
+  scores the program's; a block reads only the key tiles between its first and last that its
+  iota masks keep a score of (`ember_flash_span`: past a causal diagonal or outside a window,
+  none is loaded), and only edge tiles (masks not full, the bounds) apply the masks per
+  element. It writes o / l and the base-2 logsumexp m + log2(l) of every
   row, [N, T, D + 1] in f32, or (no gradient in the graph) o / l alone in the operand dtype.
-- dq: a block per 64 query rows; per key tile it recomputes p = exp2(s c - lse), dp = do v^T and
-  ds = p (dp - rowsum(do o)), and adds ds k. Both backward kernels write their gradients in
+- dq: a block per 64 query rows; per key tile it recomputes p = exp2(score - lse), dp = do v^T
+  and ds = p (dp - rowsum(do o)) (times the score's derivative where it is no constant), and
+  adds ds k. Both backward kernels write their gradients in
   the operand dtype.
 - dk, dv: a block per 64 keys; per query tile (64 rows, 32 for D = 128 so the accumulators fit
   in registers) it computes s^T = k q^T directly (keys as rows, so p^T and ds^T are A operands
@@ -39,7 +43,7 @@ values each in registers; every thread of a block reads the same key (or query) 
 shared-memory tile at once, a broadcast, and a row's dot products are summed over its G threads
 with shuffles. The forward holds two query rows a thread (each key loaded serves both) and
 updates the running max every 16 keys; dq and dk|dv hold one row. 96-134 registers, no local
-memory. A causal block skips the tiles past its last row but computes its diagonal tiles whole,
+memory. A block skips the tiles its iota masks cover whole but computes its edge tiles whole,
 masked: skipping per warp inside a tile made ptxas keep a divergent copy of the shuffles
 (BRA.DIV) and spill.
 """
@@ -47,10 +51,13 @@ from __future__ import annotations
 
 import math
 
-from ..compiler.attention import FlashPlan
-from ..compiler.lower import Kernel
+from .. import dtype as dt
+from ..compiler.attention import FIXED, FlashPlan, Scores, placeholders, score_parts
+from ..compiler.lower import Buffer, Kernel
+from ..compiler.rewrite import substitute
+from ..ir import Node, Op, toposort
 from .mma import wgmma_helper  # mma.helpers brings the descriptors and fences
-from .render import CLike, KernelWriter, include
+from .render import CLike, KernelWriter, Scope, include
 
 # the device code (backend/include/): the tile loads, online softmax and the three mma.sync
 # kernels; their f32 variants on CUDA cores; the sm_90a kernels on wgmma and TMA, after the
@@ -73,7 +80,7 @@ def _hopper_helpers(kernels: list[Kernel]) -> str:
         return ""
     scores, products = set(), set()
     for k in hopper:
-        d = _sizes(k)[6]
+        d = _sizes(k)[4]
         dtype = k.fused[0].srcs[0].dtype.name
         scores.add((dtype, _plan(k)[1]))
         products.add((dtype, d))
@@ -104,12 +111,12 @@ def _f32(k: Kernel) -> bool:
     return k.fused[0].srcs[0].dtype.name == "f32"
 
 
-def _sizes(k: Kernel) -> tuple[str, bool, float, int, int, int, int]:
+def _sizes(k: Kernel) -> tuple[str, int, int, int, int]:
+    """(kind, N, T, S, D)."""
     assert k.fused is not None
     node = k.fused[0]
-    kind, causal, c = node.arg
     n, t_len, d = node.srcs[0].shape
-    return kind, causal, c, n, t_len, node.srcs[1].shape[1], d
+    return node.arg[0], n, t_len, node.srcs[1].shape[1], d
 
 
 # the warp-specialized kernels' slots, and which of a kernel's sources it copies once (its block's
@@ -192,7 +199,7 @@ def smem_bytes(k: Kernel) -> int:
     and v); each streams two matrices through double buffers (the warp-specialized kernels
     through WS_STAGES slots). The sm_90a tiles start on 1024 bytes (the swizzle's period). f32:
     only the two streamed matrices (a thread's own rows are in its registers)."""
-    kind, _, _, _, _, _, d = _sizes(k)
+    kind, _, _, _, d = _sizes(k)
     rows, tile, _ = _plan(k)
     if _f32(k):
         return 4 * tile * d * 4
@@ -203,7 +210,7 @@ def smem_bytes(k: Kernel) -> int:
 
 
 def launch(k: Kernel, sms: int) -> tuple[tuple[int, int, int], int, int]:
-    kind, _, _, n, t_len, s_len, d = _sizes(k)
+    kind, n, t_len, s_len, d = _sizes(k)
     rows, _, threads = _plan(k)
     blocks = -(-(s_len if kind == "attention_dkdv" else t_len) // rows)
     if kind == "attention" and ws_heads(k) is not None:   # persistent: a block per SM at most
@@ -211,17 +218,129 @@ def launch(k: Kernel, sms: int) -> tuple[tuple[int, int, int], int, int]:
     return (blocks, n, 1), threads, smem_bytes(k)
 
 
+def scores(k: Kernel) -> Scores:
+    """The kernel's score graph taken apart (compiler/attention.py's score_parts), reading its
+    sources from the kernel's buffers."""
+    assert k.fused is not None
+    node, bufs, _ = k.fused
+    raw, extra = placeholders(node.arg[1])
+    at = {raw: Buffer(-1, dt.f32, raw.numel, "temp", raw)}
+    at.update((p, bufs[FIXED[node.arg[0]] + i]) for i, p in enumerate(extra))
+    return score_parts(node, at, node.arg[0] != "attention")
+
+
+class _ScoreWriter(KernelWriter):
+    """The elementwise renderer with the raw score (buffer -1) as the variable s, and f32
+    divisions and exponentials on the hardware's approximations (MUFU.RCP and MUFU.EX2, 2 ulp:
+    spec 4 leaves a fused kernel's precision free; a soft-cap's tanh divided in IEEE f32, three
+    times an element in its derivative, was most of the backward's time)."""
+
+    FAST = {Op.DIV: "__fdividef({0}, {1})", Op.EXP2: "ember_ex2({0})"}
+
+    def buf(self, b: Node) -> str:
+        return "s" if b.arg == -1 else super().buf(b)
+
+    def emit(self, n: Node, scope: Scope) -> str:   # type: ignore[override]
+        if n.dtype is not dt.f32 or n.op not in self.FAST:
+            return super().emit(n, scope)   # type: ignore[return-value]
+        name = self.var()
+        scope.put(f"float {name} = {self.FAST[n.op].format(*(self.operand(x, scope) for x in n.srcs))};")
+        return name
+
+
+def _function(r: CLike, value: Node, ranges: tuple[Node, ...], head: str) -> str:
+    """A device function computing value at (n, i, j) from the raw score s, by the elementwise
+    renderer (render.KernelWriter): its loads of the score graph's sources are the kernel's."""
+    names = {x: v for x, v in zip(ranges, "nij") if x.op is Op.RANGE}
+    raw = {ld: ld.srcs[0] for ld in toposort([value]) if ld.op is Op.LOAD and ld.srcs[0].arg == -1}
+    (value,) = substitute([value], raw) if raw else (value,)
+    out = Buffer(-2, dt.f32, 1, "temp", value)
+    store = Node(Op.STORE, dt.f32, (out.ref(), Node(Op.CONST, dt.i32, (), 0), value))
+    w = _ScoreWriter(r, Kernel("score", out, list(names), store), "")
+    w.names.update(names)
+    root = Scope(None, frozenset(names), [])
+    v = w.ref(w.value(value, root), value)
+    body = "".join(f"    {line}\n" for line in root.lines if isinstance(line, str))
+    return f"  {head} {{\n{body}    return {v};\n  }}\n"
+
+
+def _bound(atom: tuple, box: dict[Node, tuple[str, str]], high: bool) -> str:
+    """The largest (high) or smallest value over the box of an atom's linear form."""
+    _, terms, k = atom
+    parts = [str(k)] + [f"{c} * {box[x][int((c > 0) == high)]}" for x, c in terms.items()]
+    return "(" + " + ".join(parts) + ")"
+
+
+def _never(f: tuple, box: dict[Node, tuple[str, str]]) -> str:
+    """C for: formula f is false everywhere in the box."""
+    if f[0] == "lt":
+        return f"{_bound(f, box, False)} >= 0"
+    if f[0] == "not":
+        return _always(f[1], box)
+    parts = [_never(x, box) for x in f[1:]]
+    return "(" + (" || " if f[0] == "and" else " && ").join(parts) + ")"
+
+
+def _always(f: tuple, box: dict[Node, tuple[str, str]]) -> str:
+    """C for: formula f is true everywhere in the box."""
+    if f[0] == "lt":
+        return f"{_bound(f, box, True)} < 0"
+    if f[0] == "not":
+        return _never(f[1], box)
+    parts = [_always(x, box) for x in f[1:]]
+    return "(" + (" && " if f[0] == "and" else " || ").join(parts) + ")"
+
+
+METHOD = "__device__ __forceinline__"   # the functor's methods (EMBER_D is static)
+
+
+def score_struct(r: CLike, k: Kernel, name: str) -> str:
+    """The score graph as the functor the kernel templates take: `score<EDGE>(s, n, i, j)`, the
+    base-2 score of raw score s at batch n, query i, key j (EDGE false: inside every iota mask,
+    which is then left out), `grad<EDGE>` its derivative, and over a box of rows and columns
+    `live` (some score may be kept by the iota masks: the tile is not skipped) and `full`
+    (every score is: the masks are left out)."""
+    assert k.fused is not None
+    node, bufs, _ = k.fused
+    sc = scores(k)
+    members = [b for b in dict.fromkeys(bufs[FIXED[node.arg[0]]:])]
+    out = f"struct {name} {{\n" + "".join(f"  const {r.stype(b.dtype)}* __restrict__ b{b.id};\n" for b in members)
+    out += f"  static constexpr bool loads = {str(bool(members)).lower()};\n"   # indices must stay in bounds
+    args = "float s, int n, int i, int j"
+    for fn, full, inner in (("score", sc.value, sc.inner), ("grad", sc.grad, sc.grad_inner)):
+        if full is None:
+            continue
+        out += (f"  template <bool EDGE> {METHOD} float {fn}({args}) const {{\n"
+                f"    if constexpr (EDGE) return {fn}_edge(s, n, i, j); else return {fn}_inner(s, n, i, j);\n  }}\n")
+        out += _function(r, full, sc.ranges, f"{METHOD} float {fn}_edge({args}) const")
+        out += _function(r, inner, sc.ranges, f"{METHOD} float {fn}_inner({args}) const")
+    box = {x: b for x, b in zip(sc.ranges, (("n", "n"), ("i0", "i1"), ("j0", "j1")))}
+    live = " && ".join(f"!({_never(m, box)})" for m in sc.masks) or "true"
+    full = " && ".join(f"({_always(m, box)})" for m in sc.masks) or "true"
+    box_args = "int n, int i0, int i1, int j0, int j1"
+    out += f"  {METHOD} bool live({box_args}) const {{ return {live}; }}\n"
+    out += f"  {METHOD} bool full({box_args}) const {{ return {full}; }}\n"
+    return out + "};\n"
+
+
 def render(r: CLike, k: Kernel, prefix: str = "") -> str:
     """The kernel's entry point: its buffers in `Kernel.args` order, each source placed at the
     block's batch (q, k and v where their View says, the others in order) and handed to the
-    template with the row strides of q, k and v."""
+    template with the row strides of q, k and v, and the score graph's functor (score_struct)
+    holding the buffers it reads."""
     assert k.fused is not None
     node, bufs, views = k.fused
-    kind, causal, c, _, t_len, s_len, d = _sizes(k)
+    kind, n, t_len, s_len, d = _sizes(k)
+    fixed = FIXED[kind]
     bf16 = node.srcs[0].dtype.name == "bf16"
     signature = KernelWriter(r, k, prefix).signature()[len("void "):]
+    name = signature.split("(")[0].strip()
+    functor = f"EmberScore_{name}"
+    members = list(dict.fromkeys(bufs[fixed:]))
+    struct = score_struct(r, k, functor)
+    sm = f"{functor}{{{', '.join(f'b{b.id}' for b in members)}}}"
     args = []
-    for src, b, view in zip(node.srcs, bufs, views):
+    for src, b, view in zip(node.srcs[:fixed], bufs, views):
         if view is None:
             args.append(f"b{b.id} + (size_t)nb * {math.prod(src.shape[1:])}")
         else:
@@ -229,26 +348,30 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
                         f"(size_t)(nb % {view.heads}) * {view.sh}")
     lds = [str(v.ld if v else d) for v in views[:3]]
     call = ", ".join(args + lds)
-    extra = "" if kind == "attention" else f", {c * math.log(2.0)!r}f"   # the backward's scale of ds
+    dgrad, extra = False, ""
+    if kind != "attention":   # the backward's factor of ds: the score's derivative, or 1 and it per element
+        dconst = scores(k).dconst
+        dgrad = dconst is None
+        extra = f", {1.0 if dgrad else dconst!r}f"
     fn = {"attention": "fwd", "attention_dq": "dq", "attention_dkdv": "dkdv"}[kind]
     fn = f"ember_flash32_{fn}" if _f32(k) else f"ember_flash_{fn}"
+    flag = "" if kind == "attention" else f", {str(dgrad).lower()}"
     rows, tile, threads = _plan(k)
     heads = ws_heads(k)
     if heads is not None:   # q, k, v (and do) by TMA: the tensor maps follow the buffers, by value
         maps = ["tq", "tk", "tv", "tdo"][:len(_ws_sources(k))]
         # the forward's items (row blocks x heads) count n; the backward's: the packed output, rowsum(do o)
-        rest = f"{_sizes(k)[3]}, " if kind == "attention" else f"{args[3]}, {args[5]}, "
-        name = signature.split("(")[0].strip()
+        rest = f"{n}, " if kind == "attention" else f"{args[3]}, {args[5]}, "
         # the forward's item counter, zero when the module loads and put back by each launch
         counter = f"__device__ unsigned {name}_next[2];\n" if kind == "attention" else ""
         extra += f", {name}_next" if kind == "attention" else ""
-        return (counter + f"extern \"C\" __global__ void __launch_bounds__({threads}, 1) {signature[:-1]}, "
+        return (struct + counter + f"extern \"C\" __global__ void __launch_bounds__({threads}, 1) {signature[:-1]}, "
                 + ", ".join(f"const __grid_constant__ EmberTmap {m}" for m in maps) + ") {\n"
                 "  const int nb = blockIdx.y;\n"
-                f"  {fn}_ws<{d}, {tile}, {WS_STAGES}, {str(causal).lower()}, {str(bf16).lower()}>(b{k.out.id}, "
-                f"{', '.join('&' + m for m in maps)}, {rest}{heads}, {t_len}, {s_len}, {c!r}f{extra});\n}}\n")
-    flags = str(causal).lower() if _f32(k) else f"{str(causal).lower()}, {str(bf16).lower()}, {str(_wgmma(k)).lower()}"
-    return (f"extern \"C\" __global__ void __launch_bounds__({threads}) {signature} {{\n"
+                f"  {fn}_ws<{d}, {tile}, {WS_STAGES}, {str(bf16).lower()}{flag}>(b{k.out.id}, "
+                f"{', '.join('&' + m for m in maps)}, {rest}{heads}, {t_len}, {s_len}{extra}, {sm});\n}}\n")
+    flags = flag[2:] if _f32(k) else f"{str(bf16).lower()}, {str(_wgmma(k)).lower()}{flag}"
+    return (struct + f"extern \"C\" __global__ void __launch_bounds__({threads}) {signature} {{\n"
             "  const int nb = blockIdx.y;\n"
-            f"  {fn}<{d}, {rows}, {tile}, {flags}>(b{k.out.id}, {call}, {t_len}, "
-            f"{s_len}, {c!r}f{extra});\n}}\n")
+            f"  {fn}<{d}, {rows}, {tile}{', ' + flags if flags else ''}>(b{k.out.id}, {call}, {t_len}, "
+            f"{s_len}{extra}, {sm});\n}}\n")

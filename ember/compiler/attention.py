@@ -4,8 +4,8 @@ that never hold the scores (backend/flash.py renders them).
 Nothing in the IR names attention. A program writes it as two contractions around a softmax,
 each contraction an expand-mul-sum:
 
-    s = (q . k over d) * c1                      a SUM over d of q and k broadcast against each other
-    s = where(j <= i, s, -inf)                   optional: a causal mask from two iotas
+    s = f(q . k over d)                          any elementwise function of a SUM over d of q and
+                                                 k broadcast against each other (scale, masks, biases)
     e = exp2((s - max_j s) * c2)                 softmax, as Tensor.softmax writes it (c2 = log2 e)
     o = sum over j of (e / sum_j e) * v          the second contraction
 
@@ -19,25 +19,31 @@ the operand dtype: nothing would read the logsumexp, and no kernel has to conver
 gradient (`vjp`, called by autodiff) is two more FUSED kernels, FlashAttention-2 style: the
 scores and probabilities are recomputed per tile from the saved logsumexp.
 
+f is the score graph (the FUSED node's arg): [N, T, S] in f32 over placeholders for the raw
+score and for what else it reads (the FUSED node's sources after q, k, v), which the kernels
+evaluate per element (`score_parts`; docs/architecture.md, "Flash attention").
+
 Rounding: the kernels keep the scores, the running max and the sums in f32 and round p to the
 operand dtype once, where the graph rounds after every op (the scores to bf16, p = e / sum
 before the cast). The difference is within bf16 rounding of the result (docs/performance.md
 measures it). f32 operands get kernels of their own on CUDA cores (tensor cores would round
 them), which differ from the graph by f32 rounding alone. A mask value of -1e9 or below
-counts as -inf: a causal row always keeps its diagonal, so every such weight is exactly 0 in
-f32 either way.
+counts as -inf: a row that keeps a key gives every such weight exactly 0 in f32 either way.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+from .. import debug, ir
 from .. import dtype as dt
-from .. import ir
 from ..ir import Node, Op, toposort
 from ..target import Target
-from .lower import Kernel
-from .rewrite import P, RuleSet, rewrite
+from . import symbolic as sym
+from .autodiff import VJP, derivative
+from .lower import Buffer, Kernel, Lowerer, flat_index
+from .rewrite import P, RuleSet, rewrite, substitute
+from .simplify import fused_canonical
 
 HEAD_DIMS = (64, 128)      # head sizes the kernels are written for
 OPERANDS = (dt.bf16, dt.f16, dt.f32)   # f16/bf16 on tensor cores, f32 on CUDA cores
@@ -46,27 +52,31 @@ MASKED = -1e9              # a mask constant at or below this is -inf (see above
 Labels = list  # one label per axis of a node ("i", "j", "k", "d", "b0", ...; None for axes of size 1)
 
 
+def _step(n: Node, labels: Labels) -> tuple[Node, Labels] | None:
+    """One step down from n through a float cast, stop_gradient, a permute, a reshape that only
+    adds or drops axes of size 1, or an expand, carrying the axis labels; None at any other node."""
+    if n.op is Op.CAST and n.dtype.is_float and n.srcs[0].dtype.is_float:
+        return n.srcs[0], labels
+    if (inner := ir.stopped(n)) is not None:   # softmax's max
+        return inner, labels
+    if n.op is Op.PERMUTE:
+        src = [None] * len(labels)
+        for out_axis, src_axis in enumerate(n.arg):
+            src[src_axis] = labels[out_axis]
+        return n.srcs[0], src
+    if n.op is Op.RESHAPE and [d for d in n.srcs[0].shape if d != 1] == [d for d in n.shape if d != 1]:
+        kept = iter([lab for lab, d in zip(labels, n.shape) if d != 1])
+        return n.srcs[0], [next(kept) if d != 1 else None for d in n.srcs[0].shape]
+    if n.op is Op.EXPAND:   # a broadcast axis has no label below it
+        return n.srcs[0], [lab if d != 1 else None for lab, d in zip(labels, n.srcs[0].shape)]
+    return None
+
+
 def _through(n: Node, labels: Labels) -> tuple[Node, Labels]:
-    """Walk down from n through float casts, stop_gradient, permutes and reshapes that only add or drop axes
-    of size 1, carrying the axis labels."""
-    while True:
-        if n.op is Op.CAST and n.dtype.is_float and n.srcs[0].dtype.is_float:
-            n = n.srcs[0]
-        elif (inner := ir.stopped(n)) is not None:   # softmax's max
-            n = inner
-        elif n.op is Op.PERMUTE:
-            src = [None] * len(labels)
-            for out_axis, src_axis in enumerate(n.arg):
-                src[src_axis] = labels[out_axis]
-            n, labels = n.srcs[0], src
-        elif n.op is Op.RESHAPE and [d for d in n.srcs[0].shape if d != 1] == [d for d in n.shape if d != 1]:
-            kept = iter([lab for lab, d in zip(labels, n.shape) if d != 1])
-            n, labels = n.srcs[0], [next(kept) if d != 1 else None for d in n.srcs[0].shape]
-        elif n.op is Op.EXPAND:   # a broadcast axis has no label below it
-            labels = [lab if d != 1 else None for lab, d in zip(labels, n.srcs[0].shape)]
-            n = n.srcs[0]
-        else:
-            return n, labels
+    """Walk down from n by _step as far as it goes."""
+    while (down := _step(n, labels)) is not None:
+        n, labels = down
+    return n, labels
 
 
 def _operands(prod: Node, axis: int) -> tuple[Node, Node, int, int] | None:
@@ -103,66 +113,158 @@ def _const(n: Node) -> float | None:
     return float(_literal(n)) if n.dtype.is_float and _literal(n) is not None else None  # type: ignore[arg-type]
 
 
-def _causal(cond: Node, labels: Labels, keep_when: bool) -> bool:
-    """Whether the scores kept (where cond equals keep_when) are exactly those with j <= i."""
-    cond, labels = _through(cond, labels)
-    false = [x is not None and not x for x in map(_literal, cond.srcs)]
-    if cond.op is Op.CMPEQ and cond.srcs[0].dtype is dt.bool_ and any(false):   # a negation
-        cond = cond.srcs[1] if false[0] else cond.srcs[0]
-        keep_when = not keep_when
-    if cond.op is not Op.CMPLT or keep_when:   # kept where not (x < y): x must be i and y j
-        return False
-    names = []
-    for s in cond.srcs:
-        while s.op is Op.CAST and not s.dtype.is_float:
-            s = s.srcs[0]
-        names.append(labels[s.arg] if s.op is Op.IOTA and s.shape == cond.shape else None)
-    return names == ["i", "j"]
+def _why(msg: str) -> None:
+    debug.log(1, f"attention: not on the flash path: {msg}")
 
 
-@dataclass
-class _Scores:
-    sum: Node          # the SUM over d of q and k
-    labels: Labels     # its axes
-    scale: float       # c1
-    causal: bool
+def _qk_sums(s: Node, labels: Labels) -> list[tuple[Node, Labels]]:
+    """The contractions (a SUM of a product of two broadcasts) that the scores s are an
+    elementwise function of, each with its labels: candidates for q . k."""
+    found, seen, stack = [], set(), [(s, labels)]
+    while stack:
+        n, lab = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op is Op.SUM and len(n.arg) == 1 and _operands(n.srcs[0], n.arg[0]) is not None:
+            found.append((n, lab))
+        elif (down := _step(n, lab)) is not None:
+            stack.append(down)
+        elif n.op in ir.ELEMENTWISE:
+            stack.extend((x, lab) for x in n.srcs)
+    return found
 
 
-def _scores(s: Node, labels: Labels) -> _Scores | None:
-    """The raw scores under an optional causal mask and a positive scale."""
-    s, labels = _through(s, labels)
-    causal = False
-    if s.op is Op.WHERE:
-        cond, a, b = s.srcs
-        ca, cb = _const(a), _const(b)
-        if cb is not None and cb <= MASKED:
-            keep_when, s = True, a
-        elif ca is not None and ca <= MASKED:
-            keep_when, s = False, b
+def _prescaled(n: Node, labels: Labels) -> tuple[Node, Labels, float]:
+    """q (or k) with the constant factors it was scaled by before the product taken out (they
+    move into the score graph): through casts, reshapes and permutes, products and divisions
+    by finite nonzero constants."""
+    c, x, lab = 1.0, n, labels
+    while True:
+        if x.op in (Op.MUL, Op.DIV) and (k := _const(x.srcs[1])) is not None and k != 0 and math.isfinite(k):
+            c, x = c * k if x.op is Op.MUL else c / k, x.srcs[0]
+        elif x.op is Op.MUL and (k := _const(x.srcs[0])) is not None and k != 0 and math.isfinite(k):
+            c, x = c * k, x.srcs[1]
+        elif x.op is not Op.EXPAND and (down := _step(x, lab)) is not None:
+            x, lab = down
         else:
-            return None
-        if not _causal(cond, list(labels), keep_when):
-            return None
-        causal = True
-        s, labels = _through(s, labels)
-    scale = 1.0
-    while s.op in (Op.MUL, Op.DIV):
-        x, y = s.srcs
-        if s.op is Op.MUL and _const(x) is not None:
-            x, y = y, x
-        c = _const(y)
-        if c is None or c <= 0 or not math.isfinite(c):
-            return None
-        scale = scale * c if s.op is Op.MUL else scale / c
-        s, labels = _through(x, labels)
-    if s.op is not Op.SUM or len(s.arg) != 1:
-        return None
-    return _Scores(s, labels, scale, causal)
+            break
+    return (n, labels, 1.0) if c == 1.0 else (x, lab, c)
 
 
-def _match(o_sum: Node, o_only: bool = False) -> Node | None:
+def _ungather(x: Node, labels: Labels, order: list[str], size: dict[str, int], shape: tuple[int, ...]) -> Node:
+    """_gather's inverse: x, whose axes are the labels of order, as a node of shape whose
+    axes carry labels (None: size 1)."""
+    x = ir.reshape(x, tuple(size[lab] for lab in order))
+    want = [lab for lab, d in zip(labels, shape) if d != 1]
+    perm = tuple(order.index(lab) for lab in want)
+    if perm != tuple(range(len(perm))):
+        x = ir.permute(x, perm)
+    return ir.reshape(x, shape)
+
+
+SCORE = "%score"   # the score graph's placeholder for q . k, [N, T, S] in f32
+
+
+def placeholders(score: Node) -> tuple[Node, list[Node]]:
+    """The score graph's placeholders: the raw score, and its sources in order (the FUSED node's
+    sources after q, k, v; after the six the backward kernels read)."""
+    params = {n.arg: n for n in toposort([score]) if n.op is Op.PARAM}
+    extra = [params[f"%src{i}"] for i in range(len(params)) if f"%src{i}" in params]
+    return params.get(SCORE) or ir.param(SCORE, dt.f32, score.shape), extra
+
+
+def _inside(n: Node) -> bool:
+    """Whether the score graph computes n itself (else n is one of its sources)."""
+    return n.op in ir.ELEMENTWISE | ir.MOVEMENT | {Op.CONST, Op.IOTA}
+
+
+def _depends(n: Node, x: Node, limit: int = 4096) -> bool:
+    """Whether n's value depends on x (or the graph below n is too large to tell)."""
+    seen, stack = set(), [n]
+    while stack:
+        y = stack.pop()
+        if y is x or len(seen) > limit:
+            return True
+        if y not in seen:
+            seen.add(y)
+            stack.extend(y.srcs)
+    return False
+
+
+def _in_f32(top: Node, qk: Node, raw: Node) -> tuple[Node, list[Node]] | None:
+    """The graph from the scores top down to q . k (replaced by raw), in f32: float casts
+    dropped, mask constants at or below MASKED made -inf. What it reads other than iotas and
+    constants (params, other reductions) become placeholders %src0, %src1, ...; returns the
+    graph and those sources, or None where a source depends on q . k (a score function that is
+    not elementwise)."""
+    order, seen, stack = [], {qk}, [(top, False)]
+    while stack:   # the region between top and qk, sources first
+        n, done = stack.pop()
+        if done:
+            order.append(n)
+        elif n not in seen:
+            seen.add(n)
+            stack.append((n, True))
+            if _inside(n):
+                stack.extend((s, False) for s in ((ir.stopped(n),) if ir.stopped(n) is not None else n.srcs))
+    memo: dict[Node, Node] = {qk: raw}
+    extra: list[Node] = []
+    for n in order:
+        if not _inside(n):
+            if _depends(n, qk):
+                return None
+            ph = ir.param(f"%src{len(extra)}", n.dtype, n.shape)
+            extra.append(n)
+            memo[n] = ir.unary(Op.CAST, ph, dt.f32) if n.dtype.is_float and n.dtype is not dt.f32 else ph
+        elif (inner := ir.stopped(n)) is not None:
+            memo[n] = memo[inner]
+        elif n.op is Op.CAST and n.dtype.is_float and n.srcs[0].dtype.is_float:
+            memo[n] = memo[n.srcs[0]]
+        elif n.op is Op.BITCAST:   # of the value in its own dtype (a sign bit: tanh's odd symmetry)
+            x, d = memo[n.srcs[0]], n.srcs[0].dtype
+            bits = Node(Op.BITCAST, n.dtype, (x if x.dtype is d else ir.unary(Op.CAST, x, d),), None, n.shape)
+            memo[n] = ir.unary(Op.CAST, bits, dt.f32) if n.dtype.is_float and n.dtype is not dt.f32 else bits
+        elif n.op is Op.CONST and n.dtype.is_float:
+            v = float(n.arg)
+            memo[n] = Node(Op.CONST, dt.f32, (), -math.inf if v <= MASKED else v, n.shape)
+        else:
+            memo[n] = Node(n.op, dt.f32 if n.dtype.is_float else n.dtype, tuple(memo[s] for s in n.srcs), n.arg,
+                           n.shape)
+    return memo[top], extra
+
+
+def _score_ranges(shape: tuple[int, ...]) -> tuple[Node, ...]:
+    return tuple(sym.rng(f"score_{a}", d) if d > 1 else sym.const(0) for a, d in zip("nij", shape))
+
+
+def lower_score(g: Node, bufs: dict[Node, Buffer]) -> tuple[Node, tuple[Node, ...]]:
+    """The score graph g (or its derivative) as a scalar expression at (n, i, j), reading the
+    raw score and the sources from bufs (keyed by placeholder), and those three ranges (a
+    constant 0 for an axis of size 1)."""
+    ranges = _score_ranges(g.shape)
+    return Lowerer(bufs, g, prefix="score_").value(g, ranges, None), ranges
+
+
+def _pointwise(g: Node) -> str | None:
+    """Why the score graph g is not an elementwise function of the raw score at each (n, i, j),
+    or None when it is."""
+    raw, extra = placeholders(g)
+    bufs = {p: Buffer(i, p.dtype, p.numel, "input", p) for i, p in enumerate([raw, *extra])}
+    value, ranges = lower_score(g, bufs)
+    (here,) = sym.simplify([flat_index(ranges, g.shape)])
+    for n in toposort([value]):
+        if n.op is Op.REDUCE:
+            return "the score graph holds a reduction"
+        if n.op is Op.LOAD and n.srcs[0].arg == 0 and (len(n.srcs) > 2 or n.srcs[1] is not here):
+            return "the score graph reads the scores of other positions"
+    return None
+
+
+def _match(o_sum: Node, o_only: bool = False, wrt: frozenset[Node] = frozenset()) -> Node | None:
     """The replacement of attention's second contraction o_sum, or None if it is not one;
-    o_only: the graph takes no gradient (16-bit operands then give o alone)."""
+    o_only: the graph takes no gradient (16-bit operands then give o alone); wrt: the nodes
+    gradients are taken with respect to (the score graph's sources get none)."""
     if len(o_sum.arg) != 1 or o_sum.dtype not in OPERANDS:
         return None
     (jax,) = o_sum.arg
@@ -174,14 +276,13 @@ def _match(o_sum: Node, o_only: bool = False) -> Node | None:
         batch = iter(range(len(prod.shape)))
         lab: Labels = [None if d == 1 else "j" if a == jax else "d" if a == p_wide else "i" if a == v_wide
                        else f"b{next(batch)}" for a, d in enumerate(prod.shape)]
-        out = _match_sides(o_sum, lab, p_op, v_op, o_only)
+        out = _match_sides(o_sum, lab, p_op, v_op, o_only, wrt)
         if out is not None:
             return out
     return None
 
 
-def _match_sides(o_sum: Node, lab: Labels, p_op: Node, v_op: Node, o_only: bool) -> Node | None:
-    prod = o_sum.srcs[0]
+def _match_sides(o_sum: Node, lab: Labels, p_op: Node, v_op: Node, o_only: bool, wrt: frozenset[Node]) -> Node | None:
     if p_op.dtype is not v_op.dtype or v_op.dtype is not o_sum.dtype:
         return None
     # p = e / sum_j e, e = exp2((s - max_j s) * c2)
@@ -199,48 +300,88 @@ def _match_sides(o_sum: Node, lab: Labels, p_op: Node, v_op: Node, o_only: bool)
         x, y = t.srcs if _const(t.srcs[1]) is not None else t.srcs[::-1]
         c2 = _const(y) or 0.0
         t = x
-    if t.op is not Op.SUB or c2 <= 0 or not math.isfinite(c2):
+    if t.op is not Op.SUB or c2 == 0 or not math.isfinite(c2):
         return None
     s, mx = t.srcs
     mx, _ = _through(mx, list(labels))
     if mx.op is not Op.RMAX or mx.srcs[0] is not s or mx.arg != den.arg:
         return None
-    sc = _scores(s, list(labels))
-    if sc is None:
-        return None
-    (kax,) = sc.sum.arg
-    qk_lab = list(sc.labels)
+    candidates = _qk_sums(s, list(labels))
+    for qk_sum, qk_labels in candidates:
+        out = _match_scores(o_sum, lab, v_op, o_only, wrt, s, list(labels), c2, qk_sum, qk_labels)
+        if out is not None:
+            return out
+    if not candidates:
+        _why("the softmax's input is no elementwise function of a contraction q . k")
+    return None
+
+
+def _match_scores(o_sum: Node, lab: Labels, v_op: Node, o_only: bool, wrt: frozenset[Node], s: Node,
+                  labels: Labels, c2: float, qk_sum: Node, qk_labels: Labels) -> Node | None:
+    """The FUSED replacement once the softmax is found: q . k is qk_sum, and everything
+    between it and the softmax's input s is the score graph."""
+    (kax,) = qk_sum.arg
+    qk_lab = list(qk_labels)
     qk_lab[kax] = "k"
-    qk = sc.sum.srcs[0]
+    qk = qk_sum.srcs[0]
     found = _operands(qk, kax)
     if found is None or None in [x for x, d in zip(qk_lab, qk.shape) if d > 1]:
         return None
     x, y, x_wide, y_wide = found
     q_op, k_op = (x, y) if qk_lab[x_wide] == "j" and qk_lab[y_wide] == "i" else \
         (y, x) if qk_lab[y_wide] == "j" and qk_lab[x_wide] == "i" else (None, None)
-    if q_op is None or k_op is None or q_op.dtype is not v_op.dtype or k_op.dtype is not v_op.dtype:
+    if q_op is None or k_op is None:
         return None
-    size = {x: d for x, d in zip(lab, prod.shape) if x is not None}
+    if q_op.dtype is not v_op.dtype or k_op.dtype is not v_op.dtype:
+        _why(f"q, k and v differ in dtype ({q_op.dtype}, {k_op.dtype}, {v_op.dtype})")
+        return None
+    size = {x: d for x, d in zip(lab, o_sum.srcs[0].shape) if x is not None}
     size.update({x: d for x, d in zip(qk_lab, qk.shape) if x is not None})
     batch = [x for x in lab if x is not None and x.startswith("b")]
     n = math.prod(size[b] for b in batch)
     t_len, s_len, d, dv = size.get("i"), size.get("j"), size.get("k"), size.get("d")
-    if t_len is None or s_len is None or d != dv or d not in HEAD_DIMS:
+    if t_len is None or s_len is None:
         return None
-    q = _gather(q_op.srcs[0], [x if x != "j" else None for x in qk_lab], batch + ["i", "k"], (n, t_len, d))
-    k = _gather(k_op.srcs[0], [x if x != "i" else None for x in qk_lab], batch + ["j", "k"], (n, s_len, d))
+    if d != dv or d not in HEAD_DIMS:
+        _why(f"head sizes {d} (q, k) and {dv} (v): the kernels are written for {HEAD_DIMS} alike")
+        return None
+    q_src, q_lab, cq = _prescaled(q_op.srcs[0], [x if x != "j" else None for x in qk_lab])
+    k_src, k_lab, ck = _prescaled(k_op.srcs[0], [x if x != "i" else None for x in qk_lab])
+    q = _gather(q_src, q_lab, batch + ["i", "k"], (n, t_len, d))
+    k = _gather(k_src, k_lab, batch + ["j", "k"], (n, s_len, d))
     v = _gather(v_op.srcs[0], [x if x != "i" else None for x in lab], batch + ["j", "d"], (n, s_len, d))
     if q is None or k is None or v is None:
         return None
-    arg = ("attention", sc.causal, sc.scale * c2)
+    q, k = (x if x.dtype is v.dtype else ir.unary(Op.CAST, x, v.dtype) for x in (q, k))
+    raw = ir.param(SCORE, dt.f32, (n, t_len, s_len))
+    raw = _ungather(raw, [x if x != "k" else None for x in qk_lab], batch + ["i", "j"], size, qk_sum.shape)
+    if cq * ck != 1.0:
+        raw = ir.binary(Op.MUL, raw, ir.const(cq * ck, dt.f32, raw.shape))
+    built = _in_f32(s, qk_sum, raw)
+    if built is None:
+        _why("the scores are not an elementwise function of q . k (a source of the score graph reads it)")
+        return None
+    top, extra = built
+    g = _gather(ir.binary(Op.MUL, top, ir.const(c2, dt.f32, top.shape)), labels, batch + ["i", "j"], (n, t_len, s_len))
+    if g is None:
+        return None
+    (g,) = fused_canonical([g])
+    why = _pointwise(g)
+    if why is None and any(x in wrt for x in toposort([e for e in extra if e.dtype.is_float])):
+        why = "a gradient is taken through the score graph's sources (its bias)"
+    if why is not None:
+        _why(why)
+        return None
+    arg = ("attention", g)
     order = [x for a, x in enumerate(lab) if x is not None and a not in o_sum.arg]
     axes = tuple((batch + ["i", "d"]).index(x) for x in order)
     o_only = o_only and q.dtype is not dt.f32
+    srcs = (q, k, v, *extra)
     if o_only and axes == tuple(range(len(axes))):   # o in the layout asked for: the kernel's output as is
-        o = Node(Op.FUSED, q.dtype, (q, k, v), arg, o_sum.shape)
+        o = Node(Op.FUSED, q.dtype, srcs, arg, o_sum.shape)
     else:
-        o = Node(Op.FUSED, q.dtype, (q, k, v), arg, (n, t_len, d)) if o_only else \
-            ir.shrink(Node(Op.FUSED, dt.f32, (q, k, v), arg, (n, t_len, d + 1)), (0, 0, 0), (n, t_len, d))
+        o = Node(Op.FUSED, q.dtype, srcs, arg, (n, t_len, d)) if o_only else \
+            ir.shrink(Node(Op.FUSED, dt.f32, srcs, arg, (n, t_len, d + 1)), (0, 0, 0), (n, t_len, d))
         o = ir.permute(ir.reshape(o, tuple(size[b] for b in batch) + (t_len, d)), axes)
         o = ir.reshape(o, o_sum.shape)
     return o if o.dtype is o_sum.dtype else ir.unary(Op.CAST, o, o_sum.dtype)
@@ -256,27 +397,162 @@ def fuse(outputs: list[Node]) -> list[Node]:
         return outputs
     if not any(n.op is Op.SUM and n.dtype in OPERANDS for n in nodes):
         return outputs
-    return rewrite(outputs, RuleSet([(P(Op.SUM, name="o_sum"), lambda o_sum: _match(o_sum, not grads))]))
+    wrt = frozenset(g.srcs[1] for g in grads)
+    return rewrite(outputs, RuleSet([(P(Op.SUM, name="o_sum"), lambda o_sum: _match(o_sum, not grads, wrt))]))
+
+
+FIXED = {"attention": 3, "attention_dq": 6, "attention_dkdv": 6}   # sources before the score graph's
 
 
 def vjp(n: Node, g: Node) -> list[tuple[Node, Node]]:
-    """The gradients of q, k and v from the gradient g of the packed [N, T, D + 1] output."""
-    kind, causal, c = n.arg
+    """The gradients of q, k and v from the gradient g of the packed [N, T, D + 1] output (the
+    score graph's sources get none: fuse leaves a graph that asks for one alone)."""
+    kind, score = n.arg
     assert kind == "attention", "the backward kernels have no gradient (fuse leaves grads of grads alone)"
-    q, k, v = n.srcs
+    q, k, v, *extra = n.srcs
     size, t_len, d = q.shape
     s_len = k.shape[1]
     do = ir.shrink(g, (0, 0, 0), (size, t_len, d))
     o = ir.shrink(n, (0, 0, 0), (size, t_len, d))
     di = ir.reshape(ir.reduce(Op.SUM, ir.binary(Op.MUL, do, o), (2,)), (size, t_len))   # rowsum(dO * O)
-    srcs = (q, k, v, n, do if q.dtype is dt.f32 else ir.unary(Op.CAST, do, q.dtype), di)
+    srcs = (q, k, v, n, do if q.dtype is dt.f32 else ir.unary(Op.CAST, do, q.dtype), di, *extra)
     # in the operands' dtype, rounded once from the f32 accumulators as a cast would: half the
     # bytes to write, and to read where they are put back together (GPT-2's qkv gradient)
-    dq = Node(Op.FUSED, q.dtype, srcs, ("attention_dq", causal, c), (size, t_len, d))
-    dkv = Node(Op.FUSED, q.dtype, srcs, ("attention_dkdv", causal, c), (size, s_len, 2 * d))
+    dq = Node(Op.FUSED, q.dtype, srcs, ("attention_dq", score), (size, t_len, d))
+    dkv = Node(Op.FUSED, q.dtype, srcs, ("attention_dkdv", score), (size, s_len, 2 * d))
     dk = ir.shrink(dkv, (0, 0, 0), (size, s_len, d))
     dv = ir.shrink(dkv, (0, 0, d), (size, s_len, 2 * d))
     return [(q, dq), (k, dk), (v, dv)]
+
+
+VJP[Op.FUSED] = vjp   # autodiff's rule for the nodes this module makes
+
+
+# ---------------------------------------------------------------- the score graph's parts
+
+@dataclass(frozen=True)
+class Scores:
+    """What the flash kernels need of a score graph, lowered at ranges (n, i, j): its value
+    (base 2, masks in), the value with the iota masks known to hold (tiles inside them), its
+    derivative with respect to the raw score (ln 2 included: the gradient of a natural-log
+    score) in both forms, the derivative's value where it is one constant, and the iota masks
+    as formulas of linear atoms (tile bounds)."""
+    ranges: tuple[Node, ...]
+    value: Node
+    inner: Node
+    grad: Node | None
+    grad_inner: Node | None
+    dconst: float | None
+    masks: tuple
+
+
+def _linear(e: Node) -> tuple[dict[Node, int], int] | None:
+    """e, an integer-valued expression of ranges, as {range: coefficient} and a constant."""
+    terms: dict[Node, int] = {}
+    k, work = 0, [(e, 1)]
+    while work:
+        x, c = work.pop()
+        if x.op is Op.CAST and (x.srcs[0].dtype.is_int or x.srcs[0].dtype is dt.bool_):
+            work.append((x.srcs[0], c))
+        elif x.op is Op.CONST and float(x.arg) == int(float(x.arg)):
+            k += c * int(float(x.arg))
+        elif x.op is Op.RANGE:
+            terms[x] = terms.get(x, 0) + c
+        elif x.op in (Op.ADD, Op.SUB):
+            work += [(x.srcs[0], c), (x.srcs[1], c if x.op is Op.ADD else -c)]
+        elif x.op is Op.NEG:
+            work.append((x.srcs[0], -c))
+        elif x.op is Op.MUL and any(s.op is Op.CONST for s in x.srcs):
+            a, b = x.srcs if x.srcs[1].op is Op.CONST else x.srcs[::-1]
+            if float(b.arg) != int(float(b.arg)):
+                return None
+            work.append((a, c * int(float(b.arg))))
+        else:
+            return None
+    return terms, k
+
+
+def _formula(c: Node) -> tuple | None:
+    """A bool expression of ranges as and/or/not of atoms ("lt", terms, k): sum(terms) + k < 0."""
+    if c.op is Op.CMPLT:
+        a, b = _linear(c.srcs[0]), _linear(c.srcs[1])
+        if a is None or b is None:
+            return None
+        terms = dict(a[0])
+        for r, x in b[0].items():
+            terms[r] = terms.get(r, 0) - x
+        return ("lt", terms, a[1] - b[1])
+    if c.op in (Op.CMPEQ, Op.CMPNE, Op.XOR) and c.srcs[0].dtype is dt.bool_:
+        lits = [s.arg for s in c.srcs if s.op is Op.CONST]
+        other = [s for s in c.srcs if s.op is not Op.CONST]
+        if len(lits) != 1 or len(other) != 1 or (f := _formula(other[0])) is None:
+            return None
+        negate = bool(lits[0]) if c.op is not Op.CMPEQ else not lits[0]
+        return ("not", f) if negate else f
+    if c.op in (Op.AND, Op.OR) and c.dtype is dt.bool_:
+        parts = [_formula(s) for s in c.srcs]
+        return None if None in parts else (c.op.name.lower(), *parts)
+    return None
+
+
+def _mask_wheres(v: Node) -> list[tuple[Node, bool]]:
+    """The WHERE nodes of v that set a score to -inf, each with the condition's value that keeps
+    it: through sums, differences, positive products and float casts from the top."""
+    out: list[tuple[Node, bool]] = []
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        if x.op is Op.WHERE:
+            a, b = _const(x.srcs[1]), _const(x.srcs[2])
+            if b == -math.inf:
+                out.append((x, True))
+                stack.append(x.srcs[1])
+            elif a == -math.inf:
+                out.append((x, False))
+                stack.append(x.srcs[2])
+        elif x.op is Op.ADD:
+            stack.extend(x.srcs)
+        elif x.op is Op.SUB:
+            stack.append(x.srcs[0])
+        elif x.op is Op.MUL and any((_const(s) or 0) > 0 for s in x.srcs):
+            stack.extend(s for s in x.srcs if s.op is not Op.CONST)
+        elif x.op is Op.CAST and x.dtype.is_float and x.srcs[0].dtype.is_float:
+            stack.append(x.srcs[0])
+    return out
+
+
+def score_derivative(score: Node) -> Node:
+    """d score / d (raw score) times ln 2: the factor from a gradient of the natural-log scores
+    (the kernels' p (dp - rowsum(do o))) to the gradient of q . k."""
+    raw, _ = placeholders(score)
+    return fused_canonical([ir.binary(Op.MUL, derivative(score, raw), ir.const(math.log(2.0), dt.f32, raw.shape))])[0]
+
+
+def score_parts(node: Node, bufs: dict[Node, Buffer], grad: bool) -> Scores:
+    """The FUSED node's score graph taken apart for the kernels (bufs: its placeholders' buffers);
+    grad: the derivative too (the backward kernels)."""
+    score = node.arg[1]
+    value, ranges = lower_score(score, bufs)
+    (value,) = fused_canonical([value])   # what the movements kept apart meets (a scale, log2 e)
+    masks, kept = [], {}
+    for w, keep in _mask_wheres(value):
+        cond = w.srcs[0]
+        if any(x.op is Op.LOAD for x in toposort([cond])) or (f := _formula(cond)) is None:
+            continue   # a param's mask (key padding): applied per element, every tile read
+        masks.append(f if keep else ("not", f))
+        kept[cond] = keep
+
+    def inner(x: Node) -> Node:   # inside the iota masks: every WHERE on their conditions takes its kept side
+        wheres = {w: w.srcs[1] if kept[w.srcs[0]] else w.srcs[2] for w in toposort([x])
+                  if w.op is Op.WHERE and w.srcs[0] in kept}
+        return fused_canonical(substitute([x], wheres))[0] if wheres else x
+
+    d = d_inner = dconst = None
+    if grad:
+        (d,) = fused_canonical([lower_score(score_derivative(score), bufs)[0]])
+        d_inner = inner(d)
+        dconst = float(d_inner.arg) if d_inner.op is Op.CONST else None
+    return Scores(ranges, value, inner(value), d, d_inner, dconst, tuple(masks))
 
 
 # ---------------------------------------------------------------- the flash kernels' plans

@@ -1,14 +1,24 @@
 """Algebraic simplification of the tensor graph, as a rule set: identities, constant folding of
 integer ops, casts of casts that are exact, and chains of movement ops collapsed into one.
+Canonical forms, so that programs that say the same thing meet the same fast path: x + x is
+x * 2, a division by a power of two is a product, and products by powers of two >= 1 merge.
 
 Every rule keeps the spec's exact semantics: `x + 0` is not `x` for floats (-0 + 0 = +0), so
 only `x + (-0.0)` folds there; float constants are not folded (that would need rounding code
-here that the kernels already have).
+here that the kernels already have), nor products whose intermediate could overflow where the
+merged one does not ((x * 2) * 0.5 is inf for a large x).
+
+FUSED_RULES go further, for graphs that one kernel computes whole in f32 (attention's score
+graph, compiler/attention.py): spec 4 leaves a fused kernel's intermediate precision free, so
+float constants fold, chains of products and divisions by constants become one product, and
+constants move to the right of a product or sum.
 """
 from __future__ import annotations
 
+import math
+
+from .. import data, ir
 from .. import dtype as dt
-from .. import ir
 from ..dtype import DType
 from ..ir import Node, Op
 from .rewrite import P, RuleSet, rewrite
@@ -235,7 +245,79 @@ def _sum_of_products(n: Node, x: Node) -> Node | None:
     return out
 
 
-RULES = RuleSet([
+def _power_of_two(c: Node, low: int = -126, high: int = 127) -> int | None:
+    """e when c is the float constant 2^e, low <= e <= high (its reciprocal is exact too)."""
+    if c.op is not Op.CONST or not c.dtype.is_float:
+        return None
+    v = float(c.arg)
+    if v <= 0 or not math.isfinite(v):
+        return None
+    m, e = math.frexp(v)
+    return e - 1 if m == 0.5 and low <= e - 1 <= high else None
+
+
+def _float_const(n: Node, v: float) -> Node:
+    return Node(Op.CONST, n.dtype, (), data.literal_value(v, n.dtype, True), n.shape)
+
+
+def _double(n: Node, x: Node) -> Node:
+    """x + x is x * 2, exactly (both round the same real number, overflow included)."""
+    return Node(Op.MUL, n.dtype, (x, Node(Op.CONST, n.dtype, (), 2.0 if n.dtype.is_float else 2, n.shape)), None,
+                n.shape)
+
+
+def _halve(n: Node, x: Node, c: Node) -> Node | None:
+    """x / 2^e is x * 2^-e, exactly, when 2^-e is a normal number of the dtype."""
+    e = _power_of_two(c, -_MAX_EXP[n.dtype] + 2, _MAX_EXP[n.dtype] - 1) if n.dtype in _MAX_EXP else None
+    return None if e is None else Node(Op.MUL, n.dtype, (x, _float_const(c, 2.0 ** -e)), None, n.shape)
+
+
+def _scale_up(n: Node, x: Node, a: Node, b: Node) -> Node | None:
+    """(x * 2^p) * 2^q is x * 2^(p+q) for p, q >= 0: neither rounds, and the first overflows only
+    where the result does."""
+    p, q = _power_of_two(a, 0), _power_of_two(b, 0)
+    if p is None or q is None or n.dtype not in _MAX_EXP or p + q >= _MAX_EXP[n.dtype]:
+        return None
+    return Node(Op.MUL, n.dtype, (x, _float_const(b, 2.0 ** (p + q))), None, n.shape)
+
+
+_MAX_EXP = {dt.f16: 16, dt.bf16: 128, dt.f32: 128, dt.f64: 1024}   # 2^e overflows from this e on
+_FOLDS = {Op.ADD: lambda a, b: a + b, Op.SUB: lambda a, b: a - b, Op.MUL: lambda a, b: a * b,
+          Op.DIV: lambda a, b: a / b, Op.MAX: max, Op.NEG: lambda a: -a}
+
+
+def _fold_float(n: Node) -> Node | None:
+    """A float op of constants, computed in f64 and rounded once (fused graphs only)."""
+    if n.op not in _FOLDS:
+        return None
+    try:
+        v = _FOLDS[n.op](*(float(s.arg) for s in n.srcs))
+    except (OverflowError, ZeroDivisionError):
+        return None
+    return _float_const(n, v)
+
+
+def _is_float_const(n: Node) -> bool:
+    return n.op is Op.CONST and n.dtype.is_float and math.isfinite(float(n.arg))
+
+
+def _fused_product(n: Node, x: Node, a: Node, b: Node) -> Node:
+    return Node(Op.MUL, n.dtype, (x, _float_const(b, float(a.arg) * float(b.arg))), None, n.shape)
+
+
+def _is_float(n: Node) -> bool:
+    return n.dtype.is_float
+
+
+def _compare_narrow(n: Node, x: Node, y: Node) -> Node | None:
+    """A comparison of two values cast up from one dtype is the comparison of the values (every
+    value of the narrower dtype is exactly one of the wider, in the same order)."""
+    if x.dtype is not y.dtype or not _holds(x.dtype, n.srcs[0].dtype) or x.dtype.is_float != n.srcs[0].dtype.is_float:
+        return None
+    return Node(n.op, n.dtype, (x, y), None, n.shape)
+
+
+EXACT = [
     (P(Op.ADD, name="n", pred=lambda n: n.dtype.is_float), _concatenated),
     (P(Op.SUM, P(Op.ADD, name="x"), name="n"), _sum_of_products),
     (P(ir.ELEMENTWISE, name="n", pred=_all_int_consts), _fold_int),
@@ -264,7 +346,36 @@ RULES = RuleSet([
     (P(Op.PAD, P(name="x"), name="n"), _pad),
     (P(ir.MOVEMENT, P(Op.CONST, name="c"), name="n"), _movement_of_const),
     (P(ir.REDUCTION, P(name="x"), name="n"), _reduce_of_ones),
-])
+    (P(Op.ADD, P(name="x"), P(name="x"), name="n", pred=lambda n: n.dtype.is_numeric), _double),
+    (P(ir.COMPARE, P(Op.CAST, P(name="x")), P(Op.CAST, P(name="y")), name="n"), _compare_narrow),
+    (P(Op.DIV, P(name="x"), P(Op.CONST, name="c"), name="n"), _halve),
+    (P(Op.MUL, P(Op.MUL, P(name="x"), P(Op.CONST, name="a")), P(Op.CONST, name="b"), name="n"), _scale_up),
+]
+RULES = RuleSet(EXACT)
+
+
+FUSED = [
+    (P(ir.ELEMENTWISE, name="n", pred=lambda n: n.dtype.is_float and bool(n.srcs)
+       and all(s.op is Op.CONST and s.dtype.is_float for s in n.srcs)), _fold_float),
+    (P(Op.MUL, P(Op.MUL, P(name="x"), P(Op.CONST, name="a", pred=_is_float_const)),
+       P(Op.CONST, name="b", pred=_is_float_const), name="n"), _fused_product),
+    (P(Op.DIV, P(name="x"), P(Op.CONST, name="c", pred=lambda c: _is_float_const(c) and float(c.arg) != 0), name="n"),
+     lambda n, x, c: Node(Op.MUL, n.dtype, (x, _float_const(c, 1 / float(c.arg))), None, n.shape)),
+    (P({Op.MUL, Op.ADD}, P(Op.CONST, name="c"), P(name="x", pred=lambda x: x.op is not Op.CONST), name="n",
+       pred=lambda n: n.srcs[0].op is Op.CONST and n.dtype.is_float),
+     lambda n, c, x: Node(n.op, n.dtype, (x, c), None, n.shape)),
+    # where(c, a, b) * k is where(c, a * k, b * k): a mask's constant folds, and the scale meets the score's
+    (P(Op.MUL, P(Op.WHERE, name="w"), P(Op.CONST, name="k", pred=_is_float_const), name="n"),
+     lambda n, w, k: ir.where(w.srcs[0], *(Node(Op.MUL, n.dtype, (x, k), None, n.shape) for x in w.srcs[1:]))),
+    # x + 0.0 is x but for the sign of a zero, which changes no softmax weight
+    (P(Op.ADD, P(name="x"), P(Op.CONST, pred=lambda c: _is_const(c, 0.0)), name="n", pred=_is_float), lambda n, x: x),
+]
+FUSED_RULES = RuleSet(EXACT + FUSED)
+
+
+def fused_canonical(outputs: list[Node]) -> list[Node]:
+    """simplify's rules and the FUSED ones, for a graph one kernel computes whole in f32."""
+    return rewrite(outputs, FUSED_RULES)
 
 
 def simplify(outputs: list[Node]) -> list[Node]:

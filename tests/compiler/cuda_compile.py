@@ -38,20 +38,35 @@ def compile_cuda(src: str, arch: str, folder: Path) -> str | None:
     return None
 
 
-def resource_usage(src: str, arch: str, folder: Path) -> dict[str, tuple[int, int]]:
-    """Each kernel's registers per thread and static shared memory bytes, from ptxas's report
-    (nvcc -Xptxas -v): what a launch on arch needs besides its dynamic shared memory."""
+def _ptxas_report(src: str, arch: str, folder: Path) -> list[str]:
     assert NVCC is not None
     path = folder / f"usage_{arch}.cu"
     path.write_text(src)
     proc = subprocess.run([NVCC, f"-arch={arch}", "-std=c++17", "-w", "-cubin", "-Xptxas", "-v",
                            "-o", str(path.with_suffix(".cubin")), str(path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stderr.splitlines()
+
+
+def resource_usage(src: str, arch: str, folder: Path) -> dict[str, tuple[int, int]]:
+    """Each kernel's registers per thread and static shared memory bytes, from ptxas's report
+    (nvcc -Xptxas -v): what a launch on arch needs besides its dynamic shared memory."""
     usage, name = {}, None
-    for line in proc.stderr.splitlines():
+    for line in _ptxas_report(src, arch, folder):
         if m := re.search(r"Compiling entry function '(\w+)'", line):
             name = m.group(1)
         elif (m := re.search(r"Used (\d+) registers", line)) and name:
             smem = re.search(r"(\d+) bytes smem", line)
             usage[name] = (int(m.group(1)), int(smem.group(1)) if smem else 0)
     return usage
+
+
+def spills(src: str, arch: str, folder: Path) -> dict[str, int]:
+    """Each kernel's bytes of spill stores (registers that did not fit), from ptxas's report."""
+    out, name = {}, None
+    for line in _ptxas_report(src, arch, folder):
+        if m := re.search(r"Compiling entry function '(\w+)'", line):
+            name = m.group(1)
+        elif (m := re.search(r"(\d+) bytes spill stores", line)) and name:
+            out[name] = int(m.group(1))
+    return out

@@ -17,7 +17,7 @@ from ember import ir, ref, runners
 from ember.compiler import attention, autodiff
 from ember.ir import Node, Op, toposort
 
-from .cuda_compile import COMPILER, compile_cuda
+from .cuda_compile import COMPILER, NVCC, compile_cuda, spills
 from .randprog import compare
 from .test_contractions import matmul, t
 
@@ -167,28 +167,65 @@ def test_frontend_forms_are_fused(autocast: bool) -> None:
         assert compare([o.node], got, ref.evaluate([o.node], inputs), precision=dt.bf16 if autocast else None) is None
 
 
-@pytest.mark.parametrize("what", ["f64", "head_dim_32", "strict_mask", "additive_mask", "small_fill",
-                                  "negative_scale", "grad_of_grad"])
-def test_what_is_not_flash_attention_is_left_alone(what: str) -> None:
-    hi, low, d = (dt.f64, dt.f64, 64) if what == "f64" else (dt.f32, dt.bf16, 32 if what == "head_dim_32" else 64)
+def _scored(what: str, hi: dt.DType, low: dt.DType, d: int) -> tuple[Node, list[Node]]:
+    """Attention over [2, 40, d] whose scores are written in a way of `what`."""
     q, k, v = (ir.param(n, hi, (2, 40, d)) for n in "qkv")
-    if what in ("strict_mask", "additive_mask"):
+    if what in ("strict_mask", "additive_mask", "bias_with_grad", "transposed", "flipped"):
         s = cast(matmul(cast(q, low), t(cast(k, low))), hi)
         rows, cols = (ir.iota(dt.i64, (40, 40), a) for a in (0, 1))
-        if what == "strict_mask":   # j < i: the first row has no key
+        bias = ir.param("bias", hi, s.shape)
+        if what == "strict_mask":   # j < i: the first row has no key (NaN, as the graph says)
             s = ir.where(ir.expand(ir.reshape(ir.binary(Op.CMPLT, cols, rows), (1, 40, 40)), s.shape), s,
                          ir.const(-math.inf, hi, s.shape))
+        elif what == "transposed":   # s + s^T: a score reads another position's
+            s = ir.binary(Op.ADD, s, ir.permute(s, (0, 2, 1)))
+        elif what == "flipped":   # the scores reversed along the keys
+            s = ir.flip(s, (2,))
         else:
-            s = ir.binary(Op.ADD, s, ir.param("bias", hi, s.shape))
+            s = ir.binary(Op.ADD, s, bias)
         o = cast(matmul(cast(softmax(s), low), cast(v, low)), hi)
-    else:
-        o = attention_graph(q, k, v, True, low, scale=-0.1 if what == "negative_scale" else None,
-                            fill=-100.0 if what == "small_fill" else -math.inf)
+        return o, [q, k, v, bias] if what == "bias_with_grad" else [q, k, v]
+    o = attention_graph(q, k, v, True, low, scale=-0.1 if what == "negative_scale" else None,
+                        fill=-100.0 if what == "small_fill" else -math.inf)
+    return o, [q, k, v]
+
+
+@pytest.mark.parametrize("what", ["strict_mask", "additive_mask", "small_fill", "negative_scale"])
+def test_any_elementwise_score_is_fused(what: str) -> None:
+    """Masks of any iota condition, a bias param, any mask constant and any scale: the score
+    graph takes them, forward and backward, on bf16 and f32 operands, and matches the graph on
+    the reference (f32: the graph's own roundings are f32's). A row with no key (strict_mask's
+    first) is NaN, as in the graph; its gradients are NaN too (PyTorch's as well), where the
+    graph's where-rule gives the masked scores none: forward only there."""
+    for low in (dt.bf16, dt.f32):
+        o, params = _scored(what, dt.f32, low, 64)
+        outputs = [o] if what == "strict_mask" else loss_and_grads(o, params)
+        assert fused_kinds(outputs) == (["attention"] if what == "strict_mask" else
+                                        ["attention", "attention_dkdv", "attention_dq"])
+    inputs = inputs_for(outputs, 4)
+    got = ref.evaluate(autodiff.expand_grads(attention.fuse(outputs)), inputs)
+    assert compare(outputs, got, ref.evaluate(outputs, inputs)) is None
+
+
+@pytest.mark.parametrize("what", ["f64", "head_dim_32", "grad_of_grad", "transposed", "flipped", "bias_with_grad"])
+def test_what_is_not_flash_attention_is_left_alone(what: str, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    """Not fused, each with an EMBER_DEBUG=1 line saying why where the softmax was found: scores
+    that read other positions' scores, a gradient asked of the score graph's bias."""
+    monkeypatch.setenv("EMBER_DEBUG", "1")
+    hi, low, d = (dt.f64, dt.f64, 64) if what == "f64" else (dt.f32, dt.bf16, 32 if what == "head_dim_32" else 64)
+    o, params = _scored(what, hi, low, d)
     outputs = [o]
     if what == "grad_of_grad":
-        g = ir.grad(ir.reduce(Op.SUM, o, (0, 1, 2)), q)
-        outputs = [ir.grad(ir.reduce(Op.SUM, ir.binary(Op.MUL, g, g), (0, 1, 2)), v)]
+        g = ir.grad(ir.reduce(Op.SUM, o, (0, 1, 2)), params[0])
+        outputs = [ir.grad(ir.reduce(Op.SUM, ir.binary(Op.MUL, g, g), (0, 1, 2)), params[2])]
+    elif what == "bias_with_grad":
+        outputs = loss_and_grads(o, params)
     assert fused_kinds(outputs) == []
+    why = {"head_dim_32": "head sizes 32", "transposed": "other positions", "flipped": "no elementwise function",
+           "bias_with_grad": "gradient is taken through the score graph"}
+    if what in why:
+        assert why[what] in capsys.readouterr().err
 
 
 @pytest.mark.skipif(COMPILER is None, reason="neither nvcc nor NVRTC is installed")
@@ -361,3 +398,145 @@ def test_flash_plans_are_chosen_before_the_schedule_is_cached(tmp_path: Path, mo
     monkeypatch.setenv("EMBER_DEBUG", "2")
     assert not any(p.wgmma for p in plans("sm_86"))
     assert "attention: flash: 128 rows, tiles of 64, 128 threads, mma.sync" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------- the score forms of issue 30
+
+VARIANTS = ["causal", "key_padding", "alibi", "softcap", "window", "prefix", "doubled", "q_prescaled"]
+WINDOW, CAP = 100, 20.0
+
+
+def variant(name: str, b: int = 2, h: int = 2, t_len: int = 80, s_len: int = 80, d: int = 64,
+            low: dt.DType = dt.bf16) -> tuple[list[Node], list[Node]]:
+    """The variant as a program writes it with the frontend (F.scaled_dot_product_attention,
+    F.flex_attention, Tensor ops) on [B, H, T, D] params, forward and the gradients of q, k and
+    v; and those three params. Key padding reads a bool param [B, S], ALiBi its slopes [H]."""
+    from ember import functional as F
+    from ember import tensor as T
+    q, k, v = (ir.param(n, low, (b, h, x, d)) for n, x in zip("qkv", (t_len, s_len, s_len)))
+    tq, tk, tv = (T.Tensor(x) for x in (q, k, v))
+    scale = 1 / math.sqrt(d)
+    if name == "causal":
+        o = F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+    elif name == "key_padding":
+        pad = T.Tensor(ir.param("pad", dt.bool_, (b, s_len)))
+        o = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=pad.reshape(b, 1, 1, s_len))
+    elif name == "alibi":
+        slopes = T.Tensor(ir.param("slopes", dt.f32, (h,)))
+        o = F.flex_attention(tq, tk, tv, score_mod=lambda s, _b, _h, i, j: s + slopes.reshape(1, h, 1, 1) * (j - i))
+    elif name == "softcap":
+        o = F.flex_attention(tq, tk, tv, score_mod=lambda s, *_: (s / CAP).tanh() * CAP)
+    elif name == "window":
+        o = F.flex_attention(tq, tk, tv, mask_mod=lambda _b, _h, i, j: (j <= i) & (i - j < WINDOW))
+    elif name == "prefix":
+        o = F.flex_attention(tq, tk, tv, mask_mod=lambda _b, _h, i, j: (j <= i) | (j < WINDOW))
+    elif name == "doubled":
+        sc = tq @ tk.transpose(-2, -1)
+        o = ((sc + sc) * (0.5 * scale)).softmax(-1) @ tv
+    else:
+        o = F.scaled_dot_product_attention(tq * scale, tk, tv, is_causal=True, scale=1.0)
+    return loss_and_grads(o.node, [q, k, v]), [q, k, v]
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_score_forms_take_the_flash_path(name: str) -> None:
+    """Every variant fuses (bf16, f16 and f32 operands): three flash kernels on sm_86 and sm_90a,
+    no S x S buffer (S = 1024); on f32 operands (the graph's roundings are f32's) the fused graph
+    matches the graph, values and gradients."""
+    from ember.backend import cuda
+    for low in (dt.bf16, dt.f16, dt.f32):
+        assert fused_kinds(variant(name, low=low)[0]) == ["attention", "attention_dkdv", "attention_dq"], low
+    big = variant(name, 1, 2, 1024, 1024)[0]
+    for arch in ("sm_86", "sm_90a"):
+        sched = cuda.prepare(big, arch)
+        assert sum(k.fused is not None for k in sched.kernels) == 3
+        assert max(b.size for b in sched.buffers) < 1024 * 1024
+    outputs, _ = variant(name, low=dt.f32)
+    inputs = inputs_for(outputs, 6)
+    got = ref.evaluate(autodiff.expand_grads(attention.fuse(outputs)), inputs)
+    assert compare(outputs, got, ref.evaluate(outputs, inputs)) is None
+
+
+def test_iota_masks_give_each_block_its_tiles() -> None:
+    """The score graph's iota masks as linear formulas: a sliding window is one, the and of two
+    atoms (not i < j, i - j - W < 0), which the kernels read as the tiles each block visits; a
+    param mask (key padding) is per element, no formula; plain scores have none."""
+    from ember.backend import cuda, flash
+    got = {}
+    for name in ("window", "key_padding", "doubled"):
+        sched = cuda.prepare(variant(name, 1, 2, 256, 256)[0][:1], "sm_86")
+        (k,) = [k for k in sched.kernels if k.fused is not None]
+        got[name] = flash.scores(k).masks
+    ((op, first, second),) = got["window"]
+    assert op == "and" and first[0] == "not" and first[1][2] == 0 and second[0] == "lt" and second[2] == -WINDOW
+    assert got["key_padding"] == () and got["doubled"] == ()
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("arch", ["sm_86", "sm_90a"])
+@pytest.mark.parametrize("low", [dt.bf16, dt.f16])
+def test_score_forms_compile_without_spills(arch: str, low: dt.DType, tmp_path: Path) -> None:
+    """CI: every variant's flash kernels build for sm_86 (mma.sync) and sm_90a (warp-specialized)
+    and ptxas spills no register in them (the score graph adds registers; FA3's consumers have 240)."""
+    from ember.backend import cuda
+    outputs = [o for name in VARIANTS for o in variant(name, 2, 4, 256, 256, low=low)[0]]
+    sched = cuda.prepare(outputs, arch)
+    flash_kernels = [k.name for k in sched.kernels if k.fused is not None]
+    assert len(flash_kernels) == 3 * len(VARIANTS)
+    spilled = spills(cuda.render(sched), arch, tmp_path)
+    assert {k: spilled.get(k, 0) for k in flash_kernels if spilled.get(k, 0)} == {}
+
+
+def _torch_variant(name: str, q, k, v, pad, slopes):  # type: ignore[no-untyped-def]
+    """The variant in PyTorch's math, f64 on the CPU: scores, mod, mask, softmax."""
+    import torch
+    t_len, s_len = q.shape[2], k.shape[2]
+    i, j = torch.arange(t_len)[:, None], torch.arange(s_len)[None, :]
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    keep = torch.ones(t_len, s_len, dtype=torch.bool)
+    if name in ("causal", "q_prescaled"):
+        keep = j <= i
+    elif name == "key_padding":
+        keep = pad[:, None, None, :]
+    elif name == "alibi":
+        s = s + slopes[None, :, None, None] * (j - i)
+    elif name == "softcap":
+        s = torch.tanh(s / CAP) * CAP
+    elif name == "window":
+        keep = (j <= i) & (i - j < WINDOW)
+    elif name == "prefix":
+        keep = (j <= i) | (j < WINDOW)
+    return torch.softmax(s.masked_fill(~keep, -math.inf), -1) @ v
+
+
+@needs_gpu
+@pytest.mark.parametrize("low", [dt.bf16, dt.f16, dt.f32])
+def test_score_forms_on_the_gpu_match_pytorch(low: dt.DType) -> None:
+    """Every variant's flash kernels (three each, on the GPU's own plans; one program, so that
+    its kernels compile in parallel) against PyTorch's math in f64: forward and the gradients
+    of q, k and v, at S = 300 (edge tiles, skipped tiles of the window, keys padded at 290 and
+    150)."""
+    torch = pytest.importorskip("torch")
+    from ember.backend import cuda
+    b, h, n, d = 2, 4, 300, 64
+    built = {name: variant(name, b, h, n, n, d, low) for name in VARIANTS}
+    outputs = [o for outs, _ in built.values() for o in outs]
+    assert sum(kk.fused is not None for kk in cuda.prepare(outputs).kernels) == 3 * len(VARIANTS)
+    rng = np.random.default_rng(7)
+    pad = np.arange(n)[None, :] < np.array([290, 150])[:, None]
+    slopes = 2.0 ** (-8.0 * np.arange(1, h + 1) / h)
+    params = {p.arg: p for p in toposort(outputs) if p.op is Op.PARAM}
+    inputs = {p: ref.cast(rng.standard_normal(p.shape), dt.f64, p.dtype) for p in params.values() if p.dtype.is_float}
+    inputs[params["pad"]], inputs[params["slopes"]] = pad, slopes.astype(np.float32)
+    got = iter(cuda.run_values(outputs, inputs))
+    bad = []
+    for name, (outs, (q, k, v)) in built.items():
+        tq, tk, tv = (torch.tensor(np.asarray(inputs[x], np.float64), requires_grad=True) for x in (q, k, v))
+        to = _torch_variant(name, tq, tk, tv, torch.tensor(pad), torch.tensor(slopes))
+        (to * torch.tensor(np.asarray(inputs[params["w"]], np.float64))).sum().backward()
+        for what, theirs in zip(("o", "dq", "dk", "dv"), (to, tq.grad, tk.grad, tv.grad)):
+            a, want = np.asarray(next(got), np.float64), theirs.detach().numpy()
+            err = np.abs(a - want).max() / np.abs(want).max()
+            if not err <= 0.03:
+                bad.append(f"{name} {what}: {err:.3g} of the largest value")
+    assert bad == []

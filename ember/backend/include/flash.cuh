@@ -47,14 +47,18 @@ EMBER_D void ember_tile_load(float* s, const float* g, int row0, int nrows, int 
 template <bool HOPPER> EMBER_D void ember_proxy_fence() {
   if constexpr (HOPPER) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-/* the next tile of two [nrows][D] matrices into the other slot of their double buffers (none
-   after the last), then wait until this tile's have arrived */
+/* tile t of two [nrows][D] matrices into slot t & 1 of their double buffers (none from tiles on) */
+template <int D, int ROWS, bool HOPPER = false, typename E>
+EMBER_D void ember_tiles_at(E* a, const E* ga, int lda, E* b, const E* gb, int ldb, int t, int tiles, int nrows) {
+  if (t < tiles) {
+    ember_tile_load<D, ROWS, HOPPER>(a + (t & 1) * ROWS * D, ga, t * ROWS, nrows, lda);
+    ember_tile_load<D, ROWS, HOPPER>(b + (t & 1) * ROWS * D, gb, t * ROWS, nrows, ldb);
+  }
+}
+/* the next tile into the other slot, then wait until this tile's have arrived */
 template <int D, int ROWS, bool HOPPER = false, typename E>
 EMBER_D void ember_next_tiles(E* a, const E* ga, int lda, E* b, const E* gb, int ldb, int t, int tiles, int nrows) {
-  if (t + 1 < tiles) {
-    ember_tile_load<D, ROWS, HOPPER>(a + ((t + 1) & 1) * ROWS * D, ga, (t + 1) * ROWS, nrows, lda);
-    ember_tile_load<D, ROWS, HOPPER>(b + ((t + 1) & 1) * ROWS * D, gb, (t + 1) * ROWS, nrows, ldb);
-  }
+  ember_tiles_at<D, ROWS, HOPPER>(a, ga, lda, b, gb, ldb, t + 1, tiles, nrows);
   ember_cp_async_commit();
   ember_cp_async_wait<1>();
   ember_proxy_fence<HOPPER>();
@@ -145,28 +149,61 @@ template <bool HOPPER> EMBER_D unsigned short* ember_flash_tiles() {
     return (unsigned short*)ember_flash_bytes;
 }
 
-/* One 16-row tile's step of the online softmax over BN keys from col0: the scores s (this
-   thread's 2 rows r_lo and r_lo + 8, in the accumulator layout) masked where they pass S or the
-   diagonal (edge tiles only), the running max m and sum l updated (the 4 threads of a row combine
-   with shuffles), o rescaled, and s replaced by the weights exp2(s c - m). */
-template <int BN, int NT, bool CAUSAL>
-EMBER_D void ember_flash_online(float (*s)[4], float* m, float* l, float (*o)[4], int col0, int r_lo, int S, float c,
-                                bool edge) {
+/* The tiles [x, y) of the streamed side (count rows, TILE a tile) that the score graph's iota
+   masks keep a score of for the block's rows r0..r1 (KEYS: the block's rows are keys, the tiles
+   queries): the first and last live tile and all between them. */
+template <int TILE, bool KEYS, typename SM>
+EMBER_D int2 ember_flash_span(const SM& sm, int nb, int r0, int r1, int count) {
+  const int tiles = (count + TILE - 1) / TILE;
+  int first = tiles, last = 0;
+  for (int t = 0; t < tiles; t++) {
+    const int a = t * TILE, b = min(a + TILE, count) - 1;
+    if (KEYS ? sm.live(nb, a, b, r0, r1) : sm.live(nb, r0, r1, a, b)) {
+      first = min(first, t);
+      last = t + 1;
+    }
+  }
+  return make_int2(first, max(first, last));
+}
+/* Whether the tile c0..c0+N-1 of the streamed side (count rows) needs the score graph's iota
+   masks or the bound count, against the block's rows r0..r1 */
+template <int N, bool KEYS, typename SM>
+EMBER_D bool ember_flash_edge(const SM& sm, int nb, int r0, int r1, int c0, int count) {
+  if (c0 + N > count) return true;
+  return KEYS ? !sm.full(nb, c0, c0 + N - 1, r0, r1) : !sm.full(nb, r0, r1, c0, c0 + N - 1);
+}
+
+/* One 16-row tile's step of the online softmax over BN keys from col0: the raw scores s (this
+   thread's 2 rows r_lo and r_lo + 8, in the accumulator layout) made the score graph's base-2
+   scores (edge tiles: the iota masks and the bound S in), the running max m and sum l updated
+   (the 4 threads of a row combine with shuffles), o rescaled, and s replaced by the weights
+   exp2(score - m). Rows past T are computed, never written; where the score graph reads sources
+   (SM::loads) they read row T - 1's. */
+template <int BN, int NT, typename SM>
+EMBER_D void ember_flash_online(float (*s)[4], float* m, float* l, float (*o)[4], const SM& sm, int nb, int col0,
+                                int r_lo, int T, int S, bool edge) {
   const int lane = threadIdx.x & 31;
+  const int rows[2] = {SM::loads ? min(r_lo, T - 1) : r_lo, SM::loads ? min(r_lo + 8, T - 1) : r_lo + 8};
   if (edge) {
 #pragma unroll
     for (int n = 0; n < BN / 8; n++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        int col = col0 + n * 8 + (lane & 3) * 2 + (e & 1), row = r_lo + (e >> 1) * 8;
-        if (col >= S || (CAUSAL && col > row)) s[n][e] = -INFINITY;
+        const int col = col0 + n * 8 + (lane & 3) * 2 + (e & 1);
+        s[n][e] = col < S ? sm.template score<true>(s[n][e], nb, rows[e >> 1], col) : -INFINITY;
       }
+  } else {
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+        s[n][e] = sm.template score<false>(s[n][e], nb, rows[e >> 1], col0 + n * 8 + (lane & 3) * 2 + (e & 1));
   }
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     float mx = m[h];
 #pragma unroll
-    for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]) * c);
+    for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float base = mx == -INFINITY ? 0.f : mx;   /* no key seen yet: every weight is 0 */
@@ -177,7 +214,7 @@ EMBER_D void ember_flash_online(float (*s)[4], float* m, float* l, float (*o)[4]
     for (int n = 0; n < BN / 8; n++)
 #pragma unroll
       for (int e = 2 * h; e < 2 * h + 2; e++) {
-        s[n][e] = ember_ex2(fmaf(s[n][e], c, -base));
+        s[n][e] = ember_ex2(s[n][e] - base);
         sum += s[n][e];
       }
     l[h] = l[h] * r + sum;
@@ -219,18 +256,17 @@ EMBER_D void ember_flash_out(OUT* out, float (*o)[4], float* m, float* l, int r_
    warpgroups of 64 rows (warp w: rows 16 w.. of the block, in the fragment layout of mma.sync's
    accumulators); s = q k^T is wgmma from shared memory, and p stays in registers as the A
    operand of o += p v, whose B (v, contiguous along D) is read transposed. */
-template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, bool HOPPER = false, typename OUT>
+template <int D, int ROWS, int TILE, bool BF16, bool HOPPER = false, typename OUT, typename SM>
 EMBER_D void ember_flash_fwd(OUT* out, const unsigned short* q, const unsigned short* k,
-                             const unsigned short* v, int ldq, int ldk, int ldv, int T, int S, float c) {
+                             const unsigned short* v, int ldq, int ldk, int ldv, int T, int S, const SM& sm) {
   constexpr int BM = ROWS, BN = TILE, WM = HOPPER ? 1 : ROWS / 64, NT = D / 8;
   unsigned short *sq = ember_flash_tiles<HOPPER>(), *sk = sq + BM * D, *sv = sk + 2 * BN * D;
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;  /* longest rows first */
-  int tiles = (S + BN - 1) / BN;
-  if (CAUSAL) tiles = min(tiles, (row0 + BM - 1) / BN + 1);
+  const int row0 = (gridDim.x - 1 - blockIdx.x) * BM;  /* longest rows first (causal) */
+  const int2 span = ember_flash_span<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, S);
+  const int first = span.x, tiles = span.y;
   ember_tile_load<D, BM, HOPPER>(sq, q, row0, T, ldq);
-  ember_tile_load<D, BN, HOPPER>(sk, k, 0, S, ldk);
-  ember_tile_load<D, BN, HOPPER>(sv, v, 0, S, ldv);
+  ember_tiles_at<D, BN, HOPPER>(sk, k, ldk, sv, v, ldv, first, tiles, S);
   ember_cp_async_commit();
   float o[WM][NT][4], m[WM][2], l[WM][2];
 #pragma unroll
@@ -241,15 +277,15 @@ EMBER_D void ember_flash_fwd(OUT* out, const unsigned short* q, const unsigned s
     for (int x = 0; x < NT; x++) o[w][x][0] = o[w][x][1] = o[w][x][2] = o[w][x][3] = 0.f;
   }
   const int r_lo = row0 + warp * 16 * WM + (lane >> 2);   /* rows r_lo + 16 w and r_lo + 16 w + 8 */
-  for (int t = 0; t < tiles; t++) {
+  for (int t = first; t < tiles; t++) {
     ember_next_tiles<D, BN, HOPPER>(sk, k, ldk, sv, v, ldv, t, tiles, S);
     const unsigned short *ck = sk + (t & 1) * BN * D, *cv = sv + (t & 1) * BN * D;
     float s[WM][BN / 8][4];
     ember_scores_any<D, BN, WM, BF16, HOPPER>(s, HOPPER ? sq + (warp >> 2) * 64 * 64 : sq, BM, ck);
-    const bool edge = t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0);
+    const bool edge = ember_flash_edge<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, t * BN, S);
 #pragma unroll
     for (int w = 0; w < WM; w++)
-      ember_flash_online<BN, NT, CAUSAL>(s[w], m[w], l[w], o[w], t * BN, r_lo + 16 * w, S, c, edge);
+      ember_flash_online<BN, NT>(s[w], m[w], l[w], o[w], sm, nb, t * BN, r_lo + 16 * w, T, S, edge);
 #pragma unroll
     for (int w = 0; w < WM; w++) ember_acc_any<D, BN, NT, BF16, HOPPER>(o[w], s[w], cv);
     __syncthreads();   /* this slot is filled again two tiles on */
@@ -275,86 +311,85 @@ EMBER_D void ember_flash_rows_out(OUT* out, float (*acc)[4], int r_lo, int nrows
   }
 }
 
-/* p = exp2(s c - lse) and ds = p (dp - di) for the 2 rows (ROWS_ARE_KEYS: 2 key rows, so the
-   columns are queries) and BN columns of this thread; masked entries (EDGE tiles: past T, S or
-   the diagonal) are 0, as scores of -inf (c > 0). Only edge tiles pay for the masks and for
-   clamping the rows of lse and di they read: the others' loads are at fixed offsets. */
-template <int BN, bool CAUSAL, bool ROWS_ARE_KEYS, bool EDGE>
-EMBER_D void ember_flash_ds_tile(float (*s)[4], float (*dp)[4], float c, int r_lo, int col0, int T, int S,
-                                 const float* lse, int lse_stride, const float* di) {
+/* p = exp2(score - lse) and ds = p (dp - di) [times the score's derivative: DGRAD] for the 2
+   rows (ROWS_ARE_KEYS: 2 key rows, so the columns are queries) and BN columns of this thread;
+   entries past T or S (EDGE tiles only) are 0, and only edge tiles pay for the iota masks and
+   for clamping the rows of lse and di they read: the others' loads are at fixed offsets. */
+template <int BN, bool ROWS_ARE_KEYS, bool EDGE, bool DGRAD, typename SM>
+EMBER_D void ember_flash_ds_tile(float (*s)[4], float (*dp)[4], const SM& sm, int nb, int r_lo, int col0, int T,
+                                 int S, const float* lse, int lse_stride, const float* di) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int n = 0; n < BN / 8; n++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int row = r_lo + (e >> 1) * 8, col = col0 + n * 8 + (lane & 3) * 2 + (e & 1);
-      int i = ROWS_ARE_KEYS ? col : row;
-      const int j = ROWS_ARE_KEYS ? row : col;
-      if (EDGE && (i >= T || j >= S || (CAUSAL && j > i))) s[n][e] = -INFINITY;
+      int i = ROWS_ARE_KEYS ? col : row, j = ROWS_ARE_KEYS ? row : col;
+      const bool out = EDGE && (i >= T || j >= S);
       if (EDGE) i = min(i, T - 1);
-      const float p = ember_ex2(fmaf(s[n][e], c, -lse[(size_t)i * lse_stride]));
+      if (EDGE && SM::loads) j = min(j, S - 1);   /* the score graph reads its sources at j */
+      const float x = s[n][e];
+      const float p = out ? 0.f : ember_ex2(sm.template score<EDGE>(x, nb, i, j) - lse[(size_t)i * lse_stride]);
       s[n][e] = p;
       dp[n][e] = p * (dp[n][e] - di[i]);
+      if (DGRAD) dp[n][e] *= sm.template grad<EDGE>(x, nb, i, j);
     }
 }
 /* a branch, not a select per element: ptxas keeps both versions of the tile */
-template <int BN, bool CAUSAL, bool ROWS_ARE_KEYS>
-EMBER_D void ember_flash_ds(float (*s)[4], float (*dp)[4], float c, int r_lo, int col0, int T, int S,
+template <int BN, bool ROWS_ARE_KEYS, bool DGRAD, typename SM>
+EMBER_D void ember_flash_ds(float (*s)[4], float (*dp)[4], const SM& sm, int nb, int r_lo, int col0, int T, int S,
                             const float* lse, int lse_stride, const float* di, bool edge) {
   if (edge)
-    ember_flash_ds_tile<BN, CAUSAL, ROWS_ARE_KEYS, true>(s, dp, c, r_lo, col0, T, S, lse, lse_stride, di);
+    ember_flash_ds_tile<BN, ROWS_ARE_KEYS, true, DGRAD>(s, dp, sm, nb, r_lo, col0, T, S, lse, lse_stride, di);
   else
-    ember_flash_ds_tile<BN, CAUSAL, ROWS_ARE_KEYS, false>(s, dp, c, r_lo, col0, T, S, lse, lse_stride, di);
+    ember_flash_ds_tile<BN, ROWS_ARE_KEYS, false, DGRAD>(s, dp, sm, nb, r_lo, col0, T, S, lse, lse_stride, di);
 }
 
-template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, bool HOPPER, typename OUT>
+template <int D, int ROWS, int TILE, bool BF16, bool HOPPER, bool DGRAD, typename OUT, typename SM>
 EMBER_D void ember_flash_dq(OUT* out, const unsigned short* q, const unsigned short* k, const unsigned short* v,
                             const float* packed, const unsigned short* dout, const float* di, int ldq, int ldk,
-                            int ldv, int T, int S, float c, float cs) {
+                            int ldv, int T, int S, float cs, const SM& sm) {
   constexpr int BM = ROWS, BN = TILE, NT = D / 8;
   unsigned short *sq = ember_flash_tiles<HOPPER>(), *sdo = sq + BM * D, *sk = sdo + BM * D, *sv = sk + 2 * BN * D;
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
-  int tiles = (S + BN - 1) / BN;
-  if (CAUSAL) tiles = min(tiles, (row0 + BM - 1) / BN + 1);
+  const int row0 = (gridDim.x - 1 - blockIdx.x) * BM;
+  const int2 span = ember_flash_span<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, S);
+  const int first = span.x, tiles = span.y;
   ember_tile_load<D, BM, HOPPER>(sq, q, row0, T, ldq);
   ember_tile_load<D, BM, HOPPER>(sdo, dout, row0, T, D);
-  ember_tile_load<D, BN, HOPPER>(sk, k, 0, S, ldk);
-  ember_tile_load<D, BN, HOPPER>(sv, v, 0, S, ldv);
+  ember_tiles_at<D, BN, HOPPER>(sk, k, ldk, sv, v, ldv, first, tiles, S);
   ember_cp_async_commit();
   float acc[NT][4];
 #pragma unroll
   for (int x = 0; x < NT; x++) acc[x][0] = acc[x][1] = acc[x][2] = acc[x][3] = 0.f;
   const int r_lo = row0 + warp * 16 + (lane >> 2);
-  for (int t = 0; t < tiles; t++) {
+  for (int t = first; t < tiles; t++) {
     ember_next_tiles<D, BN, HOPPER>(sk, k, ldk, sv, v, ldv, t, tiles, S);
     const unsigned short *ck = sk + (t & 1) * BN * D, *cv = sv + (t & 1) * BN * D;
     float s[1][BN / 8][4], dp[1][BN / 8][4];
     ember_scores_any<D, BN, 1, BF16, HOPPER>(s, sq, BM, ck);
     ember_scores_any<D, BN, 1, BF16, HOPPER>(dp, sdo, BM, cv);
-    const bool edge = row0 + BM > T || t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0);
-    ember_flash_ds<BN, CAUSAL, false>(s[0], dp[0], c, r_lo, t * BN, T, S, packed + D, D + 1, di, edge);
+    const bool edge = row0 + BM > T || ember_flash_edge<BN, false>(sm, nb, row0, row0 + BM - 1, t * BN, S);
+    ember_flash_ds<BN, false, DGRAD>(s[0], dp[0], sm, nb, r_lo, t * BN, T, S, packed + D, D + 1, di, edge);
     ember_acc_any<D, BN, NT, BF16, HOPPER>(acc, dp[0], ck);
     __syncthreads();
   }
   ember_flash_rows_out<D, BF16>(out + (size_t)nb * T * D, acc, r_lo, T, D, cs);
 }
 
-template <int D, int ROWS, int TILE, bool CAUSAL, bool BF16, bool HOPPER, typename OUT>
+template <int D, int ROWS, int TILE, bool BF16, bool HOPPER, bool DGRAD, typename OUT, typename SM>
 EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned short* k, const unsigned short* v,
                               const float* packed, const unsigned short* dout, const float* di, int ldq, int ldk,
-                              int ldv, int T, int S, float c, float cs) {
+                              int ldv, int T, int S, float cs, const SM& sm) {
   constexpr int BN = ROWS, BM = TILE, NT = D / 8;   /* BN keys per block, BM queries per tile */
   unsigned short *sk = ember_flash_tiles<HOPPER>(), *sv = sk + BN * D, *sq = sv + BN * D, *sdo = sq + 2 * BM * D;
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int key0 = blockIdx.x * BN;
-  const int first = CAUSAL ? key0 / BM : 0, tiles = (T + BM - 1) / BM;
+  const int2 span = ember_flash_span<BM, true>(sm, nb, key0, min(key0 + BN, S) - 1, T);
+  const int first = span.x, tiles = span.y;
   ember_tile_load<D, BN, HOPPER>(sk, k, key0, S, ldk);
   ember_tile_load<D, BN, HOPPER>(sv, v, key0, S, ldv);
-  if (first < tiles) {
-    ember_tile_load<D, BM, HOPPER>(sq + (first & 1) * BM * D, q, first * BM, T, ldq);
-    ember_tile_load<D, BM, HOPPER>(sdo + (first & 1) * BM * D, dout, first * BM, T, D);
-  }
+  ember_tiles_at<D, BM, HOPPER>(sq, q, ldq, sdo, dout, D, first, tiles, T);
   ember_cp_async_commit();
   float dk[NT][4], dv[NT][4];
 #pragma unroll
@@ -368,8 +403,8 @@ EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned 
     float s[1][BM / 8][4], dp[1][BM / 8][4];
     ember_scores_any<D, BM, 1, BF16, HOPPER>(s, sk, BN, cq);     /* s^T: keys x queries */
     ember_scores_any<D, BM, 1, BF16, HOPPER>(dp, sv, BN, cdo);   /* dp^T = v do^T */
-    const bool edge = t * BM + BM > T || key0 + BN > S || (CAUSAL && key0 + BN - 1 > t * BM);
-    ember_flash_ds<BM, CAUSAL, true>(s[0], dp[0], c, r_lo, t * BM, T, S, packed + D, D + 1, di, edge);
+    const bool edge = key0 + BN > S || ember_flash_edge<BM, true>(sm, nb, key0, key0 + BN - 1, t * BM, T);
+    ember_flash_ds<BM, true, DGRAD>(s[0], dp[0], sm, nb, r_lo, t * BM, T, S, packed + D, D + 1, di, edge);
     ember_acc_any<D, BM, NT, BF16, HOPPER>(dv, s[0], cdo);
     ember_acc_any<D, BM, NT, BF16, HOPPER>(dk, dp[0], cq);
     __syncthreads();

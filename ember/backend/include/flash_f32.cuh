@@ -46,17 +46,16 @@ EMBER_D void ember_axpy16(float* acc, float a, const float* x) {
    = 256 / G rows a block. Every thread reads the same key at once (a broadcast); keys and values
    arrive in tiles of TILE through a double buffer, and the running max and sum are updated
    every 16 keys. Writes what ember_flash_fwd writes. */
-template <int D, int ROWS, int TILE, bool CAUSAL>
+template <int D, int ROWS, int TILE, typename SM>
 EMBER_D void ember_flash32_fwd(float* out, const float* q, const float* k, const float* v, int ldq, int ldk,
-                               int ldv, int T, int S, float c) {
+                               int ldv, int T, int S, const SM& sm) {
   constexpr int G = D / 16, KC = 16;
   float *sk = (float*)ember_flash_tiles<false>(), *sv = sk + 2 * TILE * D;
-  const int nb = blockIdx.y, row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * ROWS;
+  const int nb = blockIdx.y, row0 = (gridDim.x - 1 - blockIdx.x) * ROWS, last = min(row0 + ROWS, T) - 1;
   const int r0 = row0 + threadIdx.x / G * 2;   /* this thread's rows: r0 and r0 + 1 */
-  int tiles = (S + TILE - 1) / TILE;
-  if (CAUSAL) tiles = min(tiles, (row0 + ROWS - 1) / TILE + 1);
-  ember_tile_load<D, TILE>(sk, k, 0, S, ldk);
-  ember_tile_load<D, TILE>(sv, v, 0, S, ldv);
+  const int2 span = ember_flash_span<TILE, false>(sm, nb, row0, last, S);
+  const int first = span.x, tiles = span.y;
+  ember_tiles_at<D, TILE>(sk, k, ldk, sv, v, ldv, first, tiles, S);
   ember_cp_async_commit();
   float qr[2][16], o[2][16], m[2], l[2];
 #pragma unroll
@@ -67,7 +66,7 @@ EMBER_D void ember_flash32_fwd(float* out, const float* q, const float* k, const
     for (int e = 0; e < 16; e++) qr[h][e] = o[h][e] = 0.f;
     if (r0 + h < T) ember_row32<D>(qr[h], q + (size_t)(r0 + h) * ldq);
   }
-  for (int t = 0; t < tiles; t++) {
+  for (int t = first; t < tiles; t++) {
     ember_next_tiles<D, TILE>(sk, k, ldk, sv, v, ldv, t, tiles, S);
     const float *ck = sk + (t & 1) * TILE * D, *cv = sv + (t & 1) * TILE * D;
 #pragma unroll 1
@@ -81,14 +80,16 @@ EMBER_D void ember_flash32_fwd(float* out, const float* q, const float* k, const
         s[0][j] = ember_dot16(qr[0], x);
         s[1][j] = ember_dot16(qr[1], x);
       }
-      const bool edge = col0 + KC > S || (CAUSAL && col0 + KC - 1 > r0);
+      const bool edge = ember_flash_edge<KC, false>(sm, nb, row0, last, col0, S);   /* the same for the block */
 #pragma unroll
       for (int h = 0; h < 2; h++) {
         float mx = m[h];
+        const int i = min(r0 + h, T - 1);
 #pragma unroll
         for (int j = 0; j < KC; j++) {
-          s[h][j] = ember_row_total<D>(s[h][j]) * c;
-          if (edge && (col0 + j >= S || (CAUSAL && col0 + j > r0 + h))) s[h][j] = -INFINITY;
+          const float x = ember_row_total<D>(s[h][j]);
+          s[h][j] = !edge ? sm.template score<false>(x, nb, i, col0 + j)
+                          : col0 + j < S ? sm.template score<true>(x, nb, i, col0 + j) : -INFINITY;
           mx = fmaxf(mx, s[h][j]);
         }
         const float base = mx == -INFINITY ? 0.f : mx;   /* no key seen yet: every weight is 0 */
@@ -130,20 +131,25 @@ EMBER_D void ember_flash32_fwd(float* out, const float* q, const float* k, const
 
 /* The backward on f32 operands: a row (a query's for dq, a key's for dk|dv) per G threads, ROWS
    = 128 / G a block, the other side's rows streamed through a double buffer in tiles of TILE
-   and taken 8 at a time: p = exp2(s c - lse), ds = p (dp - rowsum(do o)). */
-template <int D, int ROWS, int TILE, bool CAUSAL>
+   and taken 8 at a time: p = exp2(score - lse), ds = p (dp - rowsum(do o)) [times the score's
+   derivative: DGRAD], the score graph with its masks on every element. */
+template <bool DGRAD, typename SM>
+EMBER_D float ember_flash32_ds(const SM& sm, float x, float dp, int nb, int i, int j, float lse, float di) {
+  const float p = ember_ex2(sm.template score<true>(x, nb, i, j) - lse);
+  return DGRAD ? p * (dp - di) * sm.template grad<true>(x, nb, i, j) : p * (dp - di);
+}
+template <int D, int ROWS, int TILE, bool DGRAD, typename SM>
 EMBER_D void ember_flash32_dq(float* out, const float* q, const float* k, const float* v, const float* packed,
                               const float* dout, const float* di, int ldq, int ldk, int ldv, int T, int S,
-                              float c, float cs) {
+                              float cs, const SM& sm) {
   constexpr int G = D / 16, KC = 8;
   float *sk = (float*)ember_flash_tiles<false>(), *sv = sk + 2 * TILE * D;
-  const int nb = blockIdx.y, row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * ROWS;
+  const int nb = blockIdx.y, row0 = (gridDim.x - 1 - blockIdx.x) * ROWS;
   const int row = row0 + threadIdx.x / G;
   const bool live = row < T;
-  int tiles = (S + TILE - 1) / TILE;
-  if (CAUSAL) tiles = min(tiles, (row0 + ROWS - 1) / TILE + 1);
-  ember_tile_load<D, TILE>(sk, k, 0, S, ldk);
-  ember_tile_load<D, TILE>(sv, v, 0, S, ldv);
+  const int2 span = ember_flash_span<TILE, false>(sm, nb, row0, min(row0 + ROWS, T) - 1, S);
+  const int first = span.x, tiles = span.y;
+  ember_tiles_at<D, TILE>(sk, k, ldk, sv, v, ldv, first, tiles, S);
   ember_cp_async_commit();
   float qr[16], dor[16], acc[16];
 #pragma unroll
@@ -153,7 +159,7 @@ EMBER_D void ember_flash32_dq(float* out, const float* q, const float* k, const 
     ember_row32<D>(dor, dout + (size_t)row * D);
   }
   const float lse = live ? packed[(size_t)row * (D + 1) + D] : 0.f, dd = live ? di[row] : 0.f;
-  for (int t = 0; t < tiles; t++) {
+  for (int t = first; t < tiles; t++) {
     ember_next_tiles<D, TILE>(sk, k, ldk, sv, v, ldv, t, tiles, S);
     const float *ck = sk + (t & 1) * TILE * D, *cv = sv + (t & 1) * TILE * D;
 #pragma unroll 1
@@ -164,8 +170,8 @@ EMBER_D void ember_flash32_dq(float* out, const float* q, const float* k, const 
 #pragma unroll
       for (int j = 0; j < KC; j++) {
         const float sj = ember_row_total<D>(s[j]), dpj = ember_row_total<D>(dp[j]);   /* every lane shuffles */
-        const bool ok = live && col0 + j < S && (!CAUSAL || col0 + j <= row);
-        s[j] = ok ? ember_ex2(fmaf(sj, c, -lse)) * (dpj - dd) : 0.f;
+        const float ds = ember_flash32_ds<DGRAD>(sm, sj, dpj, nb, min(row, T - 1), min(col0 + j, S - 1), lse, dd);
+        s[j] = live && col0 + j < S ? ds : 0.f;
       }
 #pragma unroll
       for (int j = 0; j < KC; j++) {
@@ -179,19 +185,17 @@ EMBER_D void ember_flash32_dq(float* out, const float* q, const float* k, const 
   if (live) ember_row32_store<D>(out + ((size_t)nb * T + row) * D, acc, cs);
 }
 
-template <int D, int ROWS, int TILE, bool CAUSAL>
+template <int D, int ROWS, int TILE, bool DGRAD, typename SM>
 EMBER_D void ember_flash32_dkdv(float* out, const float* q, const float* k, const float* v, const float* packed,
                                 const float* dout, const float* di, int ldq, int ldk, int ldv, int T, int S,
-                                float c, float cs) {
+                                float cs, const SM& sm) {
   constexpr int G = D / 16, KC = 8;
   float *sq = (float*)ember_flash_tiles<false>(), *sdo = sq + 2 * TILE * D;
   const int nb = blockIdx.y, key0 = blockIdx.x * ROWS, key = key0 + threadIdx.x / G;
   const bool live = key < S;
-  const int first = CAUSAL ? key0 / TILE : 0, tiles = (T + TILE - 1) / TILE;
-  if (first < tiles) {
-    ember_tile_load<D, TILE>(sq + (first & 1) * TILE * D, q, first * TILE, T, ldq);
-    ember_tile_load<D, TILE>(sdo + (first & 1) * TILE * D, dout, first * TILE, T, D);
-  }
+  const int2 span = ember_flash_span<TILE, true>(sm, nb, key0, min(key0 + ROWS, S) - 1, T);
+  const int first = span.x, tiles = span.y;
+  ember_tiles_at<D, TILE>(sq, q, ldq, sdo, dout, D, first, tiles, T);
   ember_cp_async_commit();
   float kr[16], vr[16], dk[16], dv[16];
 #pragma unroll
@@ -212,9 +216,11 @@ EMBER_D void ember_flash32_dkdv(float* out, const float* q, const float* k, cons
       for (int i = 0; i < KC; i++) {
         const int qi = qi0 + i;
         const float si = ember_row_total<D>(s[i]), dpi = ember_row_total<D>(dp[i]);   /* every lane shuffles */
-        const bool ok = live && qi < T && (!CAUSAL || key <= qi);
-        s[i] = ok ? ember_ex2(fmaf(si, c, -packed[(size_t)qi * (D + 1) + D])) : 0.f;
-        dp[i] = ok ? s[i] * (dpi - di[qi]) : 0.f;
+        const bool ok = live && qi < T;
+        const int qc = min(qi, T - 1), kc = min(key, S - 1);   /* in bounds for the score graph's loads */
+        const float p = ember_ex2(sm.template score<true>(si, nb, qc, kc) - packed[(size_t)qc * (D + 1) + D]);
+        s[i] = ok ? p : 0.f;
+        dp[i] = ok ? p * (dpi - di[qc]) * (DGRAD ? sm.template grad<true>(si, nb, qc, kc) : 1.f) : 0.f;
       }
 #pragma unroll
       for (int i = 0; i < KC; i++) {

@@ -63,9 +63,9 @@ template <int D, int ROWS> EMBER_D void ember_flash_tma_tile(unsigned short* dst
    write this item's rows. Warpgroups 1 and 2 own 64 rows each and take turns at issuing their
    products (named barriers 1 and 2): while one computes its softmax, the tensor cores run the
    other's products. The element code is ember_flash_fwd's. */
-template <int D, int TILE, int STAGES, bool CAUSAL, bool BF16, typename OUT>
+template <int D, int TILE, int STAGES, bool BF16, typename OUT, typename SM>
 EMBER_D void ember_flash_fwd_ws(OUT* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
-                                int n, int heads, int T, int S, float c, unsigned* next) {
+                                int n, int heads, int T, int S, unsigned* next, const SM& sm) {
   constexpr int BM = 128, BN = TILE, NT = D / 8;
   unsigned short *sq = ember_flash_tiles<true>(), *sk = sq + BM * D, *sv = sk + STAGES * BN * D;
   __shared__ __align__(8) unsigned long long bars[2 * STAGES + 2];
@@ -86,11 +86,11 @@ EMBER_D void ember_flash_fwd_ws(OUT* out, const EmberTmap* tq, const EmberTmap* 
       ember_mbar_wait(qempty, (i & 1) ^ 1);   /* the consumers are done with the last item's q */
       item = w;
       if (w >= items) { ember_mbar_arrive(qfull); break; }
-      const int nb = w / blocks, row0 = (CAUSAL ? blocks - 1 - w % blocks : w % blocks) * BM;
-      const int tiles = CAUSAL ? min((S + BN - 1) / BN, (row0 + BM - 1) / BN + 1) : (S + BN - 1) / BN;
+      const int nb = w / blocks, row0 = (blocks - 1 - w % blocks) * BM;
+      const int2 span = ember_flash_span<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, S);
       ember_mbar_expect(qfull, BM * D * 2);
       ember_flash_tma_tile<D, BM>(sq, tq, row0, nb, heads, qfull);
-      for (int t = 0; t < tiles; t++, g++) {
+      for (int t = span.x; t < span.y; t++, g++) {
         const int st = g % STAGES, ph = (g / STAGES) & 1;
         ember_mbar_wait(&empty[st], ph ^ 1);
         ember_mbar_expect(&full[st], 2 * BN * D * 2);
@@ -111,13 +111,15 @@ EMBER_D void ember_flash_fwd_ws(OUT* out, const EmberTmap* tq, const EmberTmap* 
     ember_mbar_wait(qfull, i & 1);
     const int w = item;
     if (w >= items) break;
-    const int nb = w / blocks, row0 = (CAUSAL ? blocks - 1 - w % blocks : w % blocks) * BM;
-    const int tiles = CAUSAL ? min((S + BN - 1) / BN, (row0 + BM - 1) / BN + 1) : (S + BN - 1) / BN;
+    const int nb = w / blocks, row0 = (blocks - 1 - w % blocks) * BM;
+    const int2 span = ember_flash_span<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, S);
+    const int tiles = span.y;
     float o[NT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
     for (int x = 0; x < NT; x++) o[x][0] = o[x][1] = o[x][2] = o[x][3] = 0.f;
     const int r_lo = row0 + (warp - 4) * 16 + (lane >> 2);
-    for (int t = 0; t < tiles; t++, g++) {
+    if (span.x == tiles && lane == 0) ember_mbar_arrive(qempty);   /* no tile: q is not read */
+    for (int t = span.x; t < tiles; t++, g++) {
       const int st = g % STAGES, ph = (g / STAGES) & 1;
       const unsigned short *ck = sk + st * BN * D, *cv = sv + st * BN * D;
       ember_mbar_wait(&full[st], ph);
@@ -127,8 +129,8 @@ EMBER_D void ember_flash_fwd_ws(OUT* out, const EmberTmap* tq, const EmberTmap* 
       ember_bar_arrive(2 - wg, 256);   /* the other's turn */
       ember_wgmma_wait<0>();
       if (t + 1 == tiles && lane == 0) ember_mbar_arrive(qempty);   /* q (and item) read for the last time */
-      const bool edge = t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0);
-      ember_flash_online<BN, NT, CAUSAL>(s, m, l, o, t * BN, r_lo, S, c, edge);
+      const bool edge = ember_flash_edge<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, t * BN, S);
+      ember_flash_online<BN, NT>(s, m, l, o, sm, nb, t * BN, r_lo, T, S, edge);
       ember_bar_sync(1 + wg, 256);
       EmberWg<true>::template acc_issue<D, BN, BF16>(&o[0][0], s, cv);
       ember_bar_arrive(2 - wg, 256);
@@ -165,18 +167,16 @@ EMBER_D void ember_flash_produce(unsigned short* sa, const EmberTmap* ta, unsign
    or v (dk|dv); the other side's two matrices stream through STAGES slots in tiles of TILE
    rows, and the consumers take turns at issuing each tile's first products (the scores and dp,
    together) and its last ones. */
-template <int D, int TILE, int STAGES, bool CAUSAL, bool BF16, typename OUT>
+template <int D, int TILE, int STAGES, bool BF16, bool DGRAD, typename OUT, typename SM>
 EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
                                const EmberTmap* tdo, const float* packed, const float* di, int heads, int T, int S,
-                               float c, float cs) {
+                               float cs, const SM& sm) {
   constexpr int BM = 128, BN = TILE, NT = D / 8;
   unsigned short *sq = ember_flash_tiles<true>(), *sdo = sq + BM * D, *sk = sdo + BM * D, *sv = sk + STAGES * BN * D;
   __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
   unsigned long long *full = bars, *empty = bars + STAGES, *own = bars + 2 * STAGES;
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
-  int tiles = (S + BN - 1) / BN;
-  if (CAUSAL) tiles = min(tiles, (row0 + BM - 1) / BN + 1);
+  const int row0 = (gridDim.x - 1 - blockIdx.x) * BM;
   if (threadIdx.x == 0) {
     for (int st = 0; st < STAGES; st++) { ember_mbar_init(&full[st], 1); ember_mbar_init(&empty[st], 8); }
     ember_mbar_init(own, 1);
@@ -185,20 +185,23 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
   if (warp < 4) {   /* the producer */
     ember_setmaxnreg_dec<24>();
     if (threadIdx.x != 0) return;
-    ember_flash_produce<D, BM, BN, STAGES>(sq, tq, sdo, tdo, row0, own, sk, tk, sv, tv, 0, tiles, full, empty, nb,
-                                           heads);
+    const int2 span = ember_flash_span<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, S);
+    ember_flash_produce<D, BM, BN, STAGES>(sq, tq, sdo, tdo, row0, own, sk, tk, sv, tv, span.x, span.y, full, empty,
+                                           nb, heads);
     return;
   }
   ember_setmaxnreg_inc<240>();
+  const int2 span = ember_flash_span<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, S);   /* after the split */
+  const int first = span.x, tiles = span.y;
   const int wg = (warp >> 2) - 1;
   const int r_lo = row0 + (warp - 4) * 16 + (lane >> 2);
   float acc[NT][4];
 #pragma unroll
   for (int x = 0; x < NT; x++) acc[x][0] = acc[x][1] = acc[x][2] = acc[x][3] = 0.f;
   ember_mbar_wait(own, 0);
-  if (wg == 1) ember_bar_arrive(1, 256);
-  for (int t = 0; t < tiles; t++) {
-    const int st = t % STAGES, ph = (t / STAGES) & 1;
+  if (wg == 1 && first < tiles) ember_bar_arrive(1, 256);
+  for (int t = first; t < tiles; t++) {
+    const int st = (t - first) % STAGES, ph = ((t - first) / STAGES) & 1;
     const unsigned short *ck = sk + st * BN * D, *cv = sv + st * BN * D;
     ember_mbar_wait(&full[st], ph);
     float s[BN / 8][4], dp[BN / 8][4];
@@ -207,8 +210,8 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
     EmberWg<true>::template scores_issue<D, BN, BF16>(&dp[0][0], sdo + wg * 64 * 64, BM, cv);
     ember_bar_arrive(2 - wg, 256);
     ember_wgmma_wait<0>();
-    const bool edge = row0 + BM > T || t * BN + BN > S || (CAUSAL && t * BN + BN - 1 > row0);
-    ember_flash_ds<BN, CAUSAL, false>(s, dp, c, r_lo, t * BN, T, S, packed + D, D + 1, di, edge);
+    const bool edge = row0 + BM > T || ember_flash_edge<BN, false>(sm, nb, row0, row0 + BM - 1, t * BN, S);
+    ember_flash_ds<BN, false, DGRAD>(s, dp, sm, nb, r_lo, t * BN, T, S, packed + D, D + 1, di, edge);
     ember_bar_sync(1 + wg, 256);
     EmberWg<true>::template acc_issue<D, BN, BF16>(&acc[0][0], dp, ck);
     if (wg == 0 || t + 1 < tiles) ember_bar_arrive(2 - wg, 256);
@@ -218,17 +221,16 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
   ember_flash_rows_out<D, BF16>(out + (size_t)nb * T * D, acc, r_lo, T, D, cs);
 }
 
-template <int D, int TILE, int STAGES, bool CAUSAL, bool BF16, typename OUT>
+template <int D, int TILE, int STAGES, bool BF16, bool DGRAD, typename OUT, typename SM>
 EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
                                  const EmberTmap* tdo, const float* packed, const float* di, int heads, int T, int S,
-                                 float c, float cs) {
+                                 float cs, const SM& sm) {
   constexpr int BN = 128, BM = TILE, NT = D / 8;   /* BN keys per block, BM queries per tile */
   unsigned short *sk = ember_flash_tiles<true>(), *sv = sk + BN * D, *sq = sv + BN * D, *sdo = sq + STAGES * BM * D;
   __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
   unsigned long long *full = bars, *empty = bars + STAGES, *own = bars + 2 * STAGES;
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int key0 = blockIdx.x * BN;
-  const int first = CAUSAL ? key0 / BM : 0, tiles = (T + BM - 1) / BM;
   if (threadIdx.x == 0) {
     for (int st = 0; st < STAGES; st++) { ember_mbar_init(&full[st], 1); ember_mbar_init(&empty[st], 8); }
     ember_mbar_init(own, 1);
@@ -237,11 +239,14 @@ EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap*
   if (warp < 4) {   /* the producer */
     ember_setmaxnreg_dec<24>();
     if (threadIdx.x != 0) return;
-    ember_flash_produce<D, BN, BM, STAGES>(sk, tk, sv, tv, key0, own, sq, tq, sdo, tdo, first, tiles, full, empty, nb,
-                                           heads);
+    const int2 span = ember_flash_span<BM, true>(sm, nb, key0, min(key0 + BN, S) - 1, T);
+    ember_flash_produce<D, BN, BM, STAGES>(sk, tk, sv, tv, key0, own, sq, tq, sdo, tdo, span.x, span.y, full, empty,
+                                           nb, heads);
     return;
   }
   ember_setmaxnreg_inc<240>();
+  const int2 span = ember_flash_span<BM, true>(sm, nb, key0, min(key0 + BN, S) - 1, T);   /* after the split */
+  const int first = span.x, tiles = span.y;
   const int wg = (warp >> 2) - 1;
   const int r_lo = key0 + (warp - 4) * 16 + (lane >> 2);   /* this thread's key rows */
   float dk[NT][4], dv[NT][4];
@@ -261,8 +266,8 @@ EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap*
     EmberWg<true>::template scores_issue<D, BM, BF16>(&dp[0][0], sv + wg * 64 * 64, BN, cdo);  /* dp^T */
     ember_bar_arrive(2 - wg, 256);
     ember_wgmma_wait<0>();
-    const bool edge = t * BM + BM > T || key0 + BN > S || (CAUSAL && key0 + BN - 1 > t * BM);
-    ember_flash_ds<BM, CAUSAL, true>(s, dp, c, r_lo, t * BM, T, S, packed + D, D + 1, di, edge);
+    const bool edge = key0 + BN > S || ember_flash_edge<BM, true>(sm, nb, key0, key0 + BN - 1, t * BM, T);
+    ember_flash_ds<BM, true, DGRAD>(s, dp, sm, nb, r_lo, t * BM, T, S, packed + D, D + 1, di, edge);
     ember_bar_sync(1 + wg, 256);
     EmberWg<true>::template acc_issue<D, BM, BF16>(&dv[0][0], s, cdo);
     EmberWg<true>::template acc_issue<D, BM, BF16>(&dk[0][0], dp, cq);
