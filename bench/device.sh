@@ -34,3 +34,5 @@ python3 bench/train_gpu.py --layers 12 --batch 16 --vocab 50304 --bf16-only --st
 echo "== loss parity with PyTorch (200 steps, f32 then bf16)"
 python3 bench/loss_parity.py 2>&1 | tail -1
 python3 bench/loss_parity.py --bf16 2>&1 | tail -1
+echo "== the course's GPU (sm_86 plans) as a proxy on this GPU"
+python3 bench/course_gpu.py $quick 2>&1 | tee "$OUT/course_bench.txt"
