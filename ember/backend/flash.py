@@ -294,12 +294,35 @@ def _always(f: tuple, box: dict[Node, tuple[str, str]]) -> str:
 METHOD = "__device__ __forceinline__"   # the functor's methods (EMBER_D is static)
 
 
+def _factor(x: Node, c: float | None = None) -> tuple[float, Node] | None:
+    """x as c * g (c a positive constant: a scale, log2 e), with g, so that the kernels fuse
+    the product with what follows (exp2(fma(g, c, -max)), as the templates did before the score
+    graph); masks of -inf or 0 pass through (their value over c is theirs). c: the one to find."""
+    if x.op is Op.MUL:
+        for a, b in (x.srcs, x.srcs[::-1]):
+            if b.op is Op.CONST and math.isfinite(float(b.arg)) and float(b.arg) > 0 and c in (None, float(b.arg)):
+                return float(b.arg), a
+    if x.op is Op.WHERE:
+        sides: list = []
+        for side in x.srcs[1:]:
+            if side.op is Op.CONST and float(side.arg) in (0.0, -math.inf, math.inf):
+                sides.append(side)
+                continue
+            if (f := _factor(side, c)) is None:
+                return None
+            c, g = f
+            sides.append(g)
+        if c is not None:
+            return c, Node(Op.WHERE, x.dtype, (x.srcs[0], *sides), x.arg, x.shape)
+    return None
+
+
 def score_struct(r: CLike, k: Kernel, name: str) -> str:
     """The score graph as the functor the kernel templates take: `score<EDGE>(s, n, i, j)`, the
     base-2 score of raw score s at batch n, query i, key j (EDGE false: inside every iota mask,
-    which is then left out), `grad<EDGE>` its derivative, and over a box of rows and columns
-    `live` (some score may be kept by the iota masks: the tile is not skipped) and `full`
-    (every score is: the masks are left out)."""
+    which is then left out), as `scale * part<EDGE>` (_factor), `grad<EDGE>` its derivative,
+    and over a box of rows and columns `live` (some score may be kept by the iota masks: the tile
+    is not skipped) and `full` (every score is: the masks are left out)."""
     assert k.fused is not None
     node, bufs, _ = k.fused
     sc = scores(k)
@@ -307,7 +330,16 @@ def score_struct(r: CLike, k: Kernel, name: str) -> str:
     out = f"struct {name} {{\n" + "".join(f"  const {r.stype(b.dtype)}* __restrict__ b{b.id};\n" for b in members)
     out += f"  static constexpr bool loads = {str(bool(members)).lower()};\n"   # indices must stay in bounds
     args = "float s, int n, int i, int j"
-    for fn, full, inner in (("score", sc.value, sc.inner), ("grad", sc.grad, sc.grad_inner)):
+    # a graph that reads sources keeps its product: ALiBi's dq spilled 8 bytes on sm_86 factored
+    edge, inner = (None, None) if members else (_factor(sc.value), _factor(sc.inner))
+    scale = 1.0
+    if edge is not None and inner is not None and edge[0] == inner[0]:
+        scale, parts = edge[0], (edge[1], inner[1])
+    else:
+        parts = (sc.value, sc.inner)
+    out += f"  static constexpr float scale = {r.literal(scale, dt.f32)};   /* score = scale * part */\n"
+    out += (f"  template <bool EDGE> {METHOD} float score({args}) const {{ return scale * part<EDGE>(s, n, i, j); }}\n")
+    for fn, full, inner in (("part", *parts), ("grad", sc.grad, sc.grad_inner)):
         if full is None:
             continue
         out += (f"  template <bool EDGE> {METHOD} float {fn}({args}) const {{\n"

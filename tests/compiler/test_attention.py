@@ -472,6 +472,26 @@ def test_iota_masks_give_each_block_its_tiles() -> None:
     assert got["key_padding"] == () and got["doubled"] == ()
 
 
+def test_score_functor_factors_its_scale() -> None:
+    """A score that is a positive constant times the rest (plain scores: log2 e / sqrt(D), masks
+    of -inf through) hands the kernels that constant apart (SM::scale), so that they fuse it into
+    exp2(fma(part, scale, -max)); a graph that reads sources (key padding) keeps its product."""
+    from ember.backend import cuda
+    got = {}
+    for name in ("causal", "key_padding"):
+        sched = cuda.prepare(variant(name, 1, 2, 256, 256)[0][:1], "sm_86")
+        src = cuda.render(sched)
+        (k,) = [k for k in sched.kernels if k.fused is not None]
+        start = src.index(f"struct EmberScore_{k.name} ")
+        got[name] = src[start:src.index("};", start)]
+    def scale(text: str) -> float:   # the functor's constant, as its hex literal
+        return float.fromhex(text.split("scale = (")[1].split("f)")[0])
+    assert scale(got["causal"]) == pytest.approx(math.log2(math.e) / 8, rel=0.01)
+    assert "(-INFINITY)" in got["causal"].split("float part_edge")[1].split("part_inner")[0]   # the mask, over scale
+    assert "part_inner(float s, int n, int i, int j) const {\n    return s;" in got["causal"]
+    assert scale(got["key_padding"]) == 1.0
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("arch", ["sm_86", "sm_90a"])
 @pytest.mark.parametrize("low", [dt.bf16, dt.f16])

@@ -156,6 +156,7 @@ template <int TILE, bool KEYS, typename SM>
 EMBER_D int2 ember_flash_span(const SM& sm, int nb, int r0, int r1, int count) {
   const int tiles = (count + TILE - 1) / TILE;
   int first = tiles, last = 0;
+#pragma unroll 1
   for (int t = 0; t < tiles; t++) {
     const int a = t * TILE, b = min(a + TILE, count) - 1;
     if (KEYS ? sm.live(nb, a, b, r0, r1) : sm.live(nb, r0, r1, a, b)) {
@@ -165,45 +166,54 @@ EMBER_D int2 ember_flash_span(const SM& sm, int nb, int r0, int r1, int count) {
   }
   return make_int2(first, max(first, last));
 }
-/* Whether the tile c0..c0+N-1 of the streamed side (count rows) needs the score graph's iota
-   masks or the bound count, against the block's rows r0..r1 */
+/* Whether rows r0.. of a block or tile of N rows (r0 a multiple of N) may pass count: never where
+   N divides count, which a constant count makes known at compile time (no test is left) */
+template <int N> EMBER_D bool ember_flash_past(int r, int count) { return count % N != 0 && r >= count; }
+/* Whether the tile c0..c0+N-1 of the streamed side (count rows, c0 a multiple of N) needs the
+   score graph's iota masks or the bound count, against the block's rows r0..r1 */
 template <int N, bool KEYS, typename SM>
 EMBER_D bool ember_flash_edge(const SM& sm, int nb, int r0, int r1, int c0, int count) {
-  if (c0 + N > count) return true;
+  if (ember_flash_past<N>(c0 + N - 1, count)) return true;
   return KEYS ? !sm.full(nb, c0, c0 + N - 1, r0, r1) : !sm.full(nb, r0, r1, c0, c0 + N - 1);
 }
 
 /* One 16-row tile's step of the online softmax over BN keys from col0: the raw scores s (this
    thread's 2 rows r_lo and r_lo + 8, in the accumulator layout) made the score graph's base-2
-   scores (edge tiles: the iota masks and the bound S in), the running max m and sum l updated
-   (the 4 threads of a row combine with shuffles), o rescaled, and s replaced by the weights
-   exp2(score - m). Rows past T are computed, never written; where the score graph reads sources
-   (SM::loads) they read row T - 1's. */
+   scores over SM::scale (edge tiles: the iota masks and the bound S in), the running max m and
+   sum l updated (the 4 threads of a row combine with shuffles), o rescaled, and s replaced by
+   the weights exp2(part scale - m), one fma and an exponential an element. Rows past T are
+   computed, never written; where the score graph reads sources (SM::loads) they read row T - 1's. */
+/* the row of element e of a thread's accumulator fragment, where the score graph reads its sources
+   no further than row T - 1; as r_lo + 8 h, not from an array of two, ptxas compares an iota
+   mask's col - row once for the elements that share it */
+template <typename SM> EMBER_D int ember_flash_row(int r_lo, int e, int T) {
+  return SM::loads ? min(r_lo + (e >> 1) * 8, T - 1) : r_lo + (e >> 1) * 8;
+}
 template <int BN, int NT, typename SM>
 EMBER_D void ember_flash_online(float (*s)[4], float* m, float* l, float (*o)[4], const SM& sm, int nb, int col0,
                                 int r_lo, int T, int S, bool edge) {
   const int lane = threadIdx.x & 31;
-  const int rows[2] = {SM::loads ? min(r_lo, T - 1) : r_lo, SM::loads ? min(r_lo + 8, T - 1) : r_lo + 8};
   if (edge) {
 #pragma unroll
     for (int n = 0; n < BN / 8; n++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int col = col0 + n * 8 + (lane & 3) * 2 + (e & 1);
-        s[n][e] = col < S ? sm.template score<true>(s[n][e], nb, rows[e >> 1], col) : -INFINITY;
+        s[n][e] = ember_flash_past<BN>(col, S) ? -INFINITY : sm.template part<true>(s[n][e], nb, ember_flash_row<SM>(r_lo, e, T), col);
       }
   } else {
 #pragma unroll
     for (int n = 0; n < BN / 8; n++)
 #pragma unroll
       for (int e = 0; e < 4; e++)
-        s[n][e] = sm.template score<false>(s[n][e], nb, rows[e >> 1], col0 + n * 8 + (lane & 3) * 2 + (e & 1));
+        s[n][e] = sm.template part<false>(s[n][e], nb, ember_flash_row<SM>(r_lo, e, T), col0 + n * 8 + (lane & 3) * 2 + (e & 1));
   }
+
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     float mx = m[h];
 #pragma unroll
-    for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+    for (int n = 0; n < BN / 8; n++) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]) * SM::scale);
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float base = mx == -INFINITY ? 0.f : mx;   /* no key seen yet: every weight is 0 */
@@ -214,7 +224,7 @@ EMBER_D void ember_flash_online(float (*s)[4], float* m, float* l, float (*o)[4]
     for (int n = 0; n < BN / 8; n++)
 #pragma unroll
       for (int e = 2 * h; e < 2 * h + 2; e++) {
-        s[n][e] = ember_ex2(s[n][e] - base);
+        s[n][e] = ember_ex2(fmaf(s[n][e], SM::scale, -base));
         sum += s[n][e];
       }
     l[h] = l[h] * r + sum;
@@ -311,11 +321,12 @@ EMBER_D void ember_flash_rows_out(OUT* out, float (*acc)[4], int r_lo, int nrows
   }
 }
 
-/* p = exp2(score - lse) and ds = p (dp - di) [times the score's derivative: DGRAD] for the 2
-   rows (ROWS_ARE_KEYS: 2 key rows, so the columns are queries) and BN columns of this thread;
-   entries past T or S (EDGE tiles only) are 0, and only edge tiles pay for the iota masks and
-   for clamping the rows of lse and di they read: the others' loads are at fixed offsets. */
-template <int BN, bool ROWS_ARE_KEYS, bool EDGE, bool DGRAD, typename SM>
+/* p = exp2(part scale - lse) and ds = p (dp - di) [times the score's derivative: DGRAD] for the 2
+   rows (ROWS_ARE_KEYS: 2 key rows, so the columns are queries) of a block of RB and BN columns
+   of this thread; entries past T or S (EDGE tiles only) are 0, and only edge tiles pay for the
+   iota masks and for clamping the rows of lse and di they read: the others' loads are at fixed
+   offsets. */
+template <int BN, int RB, bool ROWS_ARE_KEYS, bool EDGE, bool DGRAD, typename SM>
 EMBER_D void ember_flash_ds_tile(float (*s)[4], float (*dp)[4], const SM& sm, int nb, int r_lo, int col0, int T,
                                  int S, const float* lse, int lse_stride, const float* di) {
   const int lane = threadIdx.x & 31;
@@ -325,24 +336,26 @@ EMBER_D void ember_flash_ds_tile(float (*s)[4], float (*dp)[4], const SM& sm, in
     for (int e = 0; e < 4; e++) {
       const int row = r_lo + (e >> 1) * 8, col = col0 + n * 8 + (lane & 3) * 2 + (e & 1);
       int i = ROWS_ARE_KEYS ? col : row, j = ROWS_ARE_KEYS ? row : col;
-      const bool out = EDGE && (i >= T || j >= S);
-      if (EDGE) i = min(i, T - 1);
-      if (EDGE && SM::loads) j = min(j, S - 1);   /* the score graph reads its sources at j */
-      const float x = s[n][e];
-      const float p = out ? 0.f : ember_ex2(sm.template score<EDGE>(x, nb, i, j) - lse[(size_t)i * lse_stride]);
-      s[n][e] = p;
-      dp[n][e] = p * (dp[n][e] - di[i]);
+      const bool past_i = ROWS_ARE_KEYS ? ember_flash_past<BN>(col, T) : ember_flash_past<RB>(row, T);
+      const bool past_j = ROWS_ARE_KEYS ? ember_flash_past<RB>(row, S) : ember_flash_past<BN>(col, S);
+      const bool out = EDGE && (past_i || past_j);
+      if (EDGE && past_i) i = T - 1;
+      if (EDGE && SM::loads && past_j) j = S - 1;   /* the score graph reads its sources at j */
+      const float x = s[n][e], base = lse[(size_t)i * lse_stride];   /* loaded on every path: one load a row */
+      const float p = ember_ex2(fmaf(sm.template part<EDGE>(x, nb, i, j), SM::scale, -base));
+      s[n][e] = out ? 0.f : p;
+      dp[n][e] = s[n][e] * (dp[n][e] - di[i]);
       if (DGRAD) dp[n][e] *= sm.template grad<EDGE>(x, nb, i, j);
     }
 }
 /* a branch, not a select per element: ptxas keeps both versions of the tile */
-template <int BN, bool ROWS_ARE_KEYS, bool DGRAD, typename SM>
+template <int BN, int RB, bool ROWS_ARE_KEYS, bool DGRAD, typename SM>
 EMBER_D void ember_flash_ds(float (*s)[4], float (*dp)[4], const SM& sm, int nb, int r_lo, int col0, int T, int S,
                             const float* lse, int lse_stride, const float* di, bool edge) {
   if (edge)
-    ember_flash_ds_tile<BN, ROWS_ARE_KEYS, true, DGRAD>(s, dp, sm, nb, r_lo, col0, T, S, lse, lse_stride, di);
+    ember_flash_ds_tile<BN, RB, ROWS_ARE_KEYS, true, DGRAD>(s, dp, sm, nb, r_lo, col0, T, S, lse, lse_stride, di);
   else
-    ember_flash_ds_tile<BN, ROWS_ARE_KEYS, false, DGRAD>(s, dp, sm, nb, r_lo, col0, T, S, lse, lse_stride, di);
+    ember_flash_ds_tile<BN, RB, ROWS_ARE_KEYS, false, DGRAD>(s, dp, sm, nb, r_lo, col0, T, S, lse, lse_stride, di);
 }
 
 template <int D, int ROWS, int TILE, bool BF16, bool HOPPER, bool DGRAD, typename OUT, typename SM>
@@ -369,8 +382,9 @@ EMBER_D void ember_flash_dq(OUT* out, const unsigned short* q, const unsigned sh
     float s[1][BN / 8][4], dp[1][BN / 8][4];
     ember_scores_any<D, BN, 1, BF16, HOPPER>(s, sq, BM, ck);
     ember_scores_any<D, BN, 1, BF16, HOPPER>(dp, sdo, BM, cv);
-    const bool edge = row0 + BM > T || ember_flash_edge<BN, false>(sm, nb, row0, row0 + BM - 1, t * BN, S);
-    ember_flash_ds<BN, false, DGRAD>(s[0], dp[0], sm, nb, r_lo, t * BN, T, S, packed + D, D + 1, di, edge);
+    const bool edge = ember_flash_past<BM>(row0 + BM - 1, T) ||
+                      ember_flash_edge<BN, false>(sm, nb, row0, row0 + BM - 1, t * BN, S);
+    ember_flash_ds<BN, BM, false, DGRAD>(s[0], dp[0], sm, nb, r_lo, t * BN, T, S, packed + D, D + 1, di, edge);
     ember_acc_any<D, BN, NT, BF16, HOPPER>(acc, dp[0], ck);
     __syncthreads();
   }
@@ -403,8 +417,9 @@ EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned 
     float s[1][BM / 8][4], dp[1][BM / 8][4];
     ember_scores_any<D, BM, 1, BF16, HOPPER>(s, sk, BN, cq);     /* s^T: keys x queries */
     ember_scores_any<D, BM, 1, BF16, HOPPER>(dp, sv, BN, cdo);   /* dp^T = v do^T */
-    const bool edge = key0 + BN > S || ember_flash_edge<BM, true>(sm, nb, key0, key0 + BN - 1, t * BM, T);
-    ember_flash_ds<BM, true, DGRAD>(s[0], dp[0], sm, nb, r_lo, t * BM, T, S, packed + D, D + 1, di, edge);
+    const bool edge = ember_flash_past<BN>(key0 + BN - 1, S) ||
+                      ember_flash_edge<BM, true>(sm, nb, key0, key0 + BN - 1, t * BM, T);
+    ember_flash_ds<BM, BN, true, DGRAD>(s[0], dp[0], sm, nb, r_lo, t * BM, T, S, packed + D, D + 1, di, edge);
     ember_acc_any<D, BM, NT, BF16, HOPPER>(dv, s[0], cdo);
     ember_acc_any<D, BM, NT, BF16, HOPPER>(dk, dp[0], cq);
     __syncthreads();

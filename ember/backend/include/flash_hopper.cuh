@@ -210,8 +210,9 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
     EmberWg<true>::template scores_issue<D, BN, BF16>(&dp[0][0], sdo + wg * 64 * 64, BM, cv);
     ember_bar_arrive(2 - wg, 256);
     ember_wgmma_wait<0>();
-    const bool edge = row0 + BM > T || ember_flash_edge<BN, false>(sm, nb, row0, row0 + BM - 1, t * BN, S);
-    ember_flash_ds<BN, false, DGRAD>(s, dp, sm, nb, r_lo, t * BN, T, S, packed + D, D + 1, di, edge);
+    const bool edge = ember_flash_past<BM>(row0 + BM - 1, T) ||
+                      ember_flash_edge<BN, false>(sm, nb, row0, row0 + BM - 1, t * BN, S);
+    ember_flash_ds<BN, BM, false, DGRAD>(s, dp, sm, nb, r_lo, t * BN, T, S, packed + D, D + 1, di, edge);
     ember_bar_sync(1 + wg, 256);
     EmberWg<true>::template acc_issue<D, BN, BF16>(&acc[0][0], dp, ck);
     if (wg == 0 || t + 1 < tiles) ember_bar_arrive(2 - wg, 256);
@@ -266,8 +267,9 @@ EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap*
     EmberWg<true>::template scores_issue<D, BM, BF16>(&dp[0][0], sv + wg * 64 * 64, BN, cdo);  /* dp^T */
     ember_bar_arrive(2 - wg, 256);
     ember_wgmma_wait<0>();
-    const bool edge = key0 + BN > S || ember_flash_edge<BM, true>(sm, nb, key0, key0 + BN - 1, t * BM, T);
-    ember_flash_ds<BM, true, DGRAD>(s, dp, sm, nb, r_lo, t * BM, T, S, packed + D, D + 1, di, edge);
+    const bool edge = ember_flash_past<BN>(key0 + BN - 1, S) ||
+                      ember_flash_edge<BM, true>(sm, nb, key0, key0 + BN - 1, t * BM, T);
+    ember_flash_ds<BM, BN, true, DGRAD>(s, dp, sm, nb, r_lo, t * BM, T, S, packed + D, D + 1, di, edge);
     ember_bar_sync(1 + wg, 256);
     EmberWg<true>::template acc_issue<D, BM, BF16>(&dv[0][0], s, cdo);
     EmberWg<true>::template acc_issue<D, BM, BF16>(&dk[0][0], dp, cq);
