@@ -251,8 +251,8 @@ class CUDAProgram:
         with ThreadPoolExecutor(len(units)) as pool:
             cubins = list(pool.map(lambda u: compile_cubin(u[0], dev[1], ptxas_o0), units))
         self.modules = [_check(cu.cuModuleLoadData(c)) for c in cubins]
-        function = {k.name: _check(cu.cuModuleGetFunction(m, k.name.encode()))
-                    for m, (_, ks) in zip(self.modules, units) for k in ks}
+        function = {name: _check(cu.cuModuleGetFunction(m, f.encode()))
+                    for m, (_, runs) in zip(self.modules, units) for name, f in runs.items()}
         self.functions = [function[k.name] for k in self.sched.kernels]
         self.configs = [launch_config(k, gpu) for k in self.sched.kernels]
         check_grids(self.sched.kernels, self.configs)

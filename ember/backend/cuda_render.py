@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Any
 
 from .. import dtype as dt
@@ -344,7 +345,10 @@ def _bitcast_helpers(pairs: set[tuple[DType, DType]]) -> str:
 def _source(kernels: list[Kernel], gpu: Target, prefix: str = "") -> str:
     """One CUDA source for these kernels: the prelude, the helpers they use, the kernels."""
     r = CUDARenderer(gpu)
-    bodies = [r.render_kernel(k, prefix) for k in kernels]
+    return _assemble(kernels, [r.render_kernel(k, prefix) for k in kernels], r)
+
+
+def _assemble(kernels: list[Kernel], bodies: list[str], r: CUDARenderer) -> str:
     helpers = mma.helpers(kernels, flash.tma_ranks(kernels)) + flash.helpers(kernels) + _bitcast_helpers(r.bitcasts)
     return PRELUDE + helpers + "\n" + "\n".join(bodies)
 
@@ -355,10 +359,28 @@ def render(sched: Schedule, prefix: str = "") -> str:
     return _source(sched.kernels, sched.target, prefix)
 
 
-def render_units(kernels: list[Kernel], gpu: Target) -> list[tuple[str, list[Kernel]]]:
+def render_units(kernels: list[Kernel], gpu: Target) -> list[tuple[str, dict[str, str]]]:
     """The kernels as independent sources (each with the prelude and the helpers it uses), one
-    per core but at least 8 kernels each, to compile in parallel."""
-    parts = max(1, min(os.cpu_count() or 1, len(kernels) // 8))
-    size = -(-len(kernels) // parts) if kernels else 1
-    groups = [kernels[i:i + size] for i in range(0, max(len(kernels), 1), size)]
-    return [(_source(group, gpu), group) for group in groups]
+    per core but at least 8 kernels each, to compile in parallel; and for each unit, which of its
+    functions each kernel launches. Kernels whose code differs only in their name and their
+    buffers' names (a transformer's layers: GPT-2's step has 1044 kernels and about 150 kinds)
+    are compiled once and launched with their own arguments: NVRTC's time is the kinds'."""
+    r = CUDARenderer(gpu)
+    first: dict[str, Kernel] = {}   # canonical text -> the kernel compiled for it
+    runs: dict[str, str] = {}       # kernel name -> the function it launches
+    body: dict[str, str] = {}
+    for k in kernels:
+        names = {f"b{b.id}": f"a{i}" for i, b in enumerate(k.args)}
+        body[k.name] = r.render_kernel(k)
+        text = re.sub(r"\bb\d+\b", lambda m: names.get(m.group(0), m.group(0)), body[k.name])
+        runs[k.name] = first.setdefault(re.sub(rf"\b{k.name}(?!\d)", "K", text), k).name
+    # heavy kernels (flash, tensor-core tiles) dealt out in turn, so that no unit gets them all
+    unique = sorted(first.values(), key=lambda k: k.kind not in ("attention", "contraction"))
+    parts = max(1, min(os.cpu_count() or 1, len(unique) // 8))
+    groups = [unique[i::parts] for i in range(parts)] if unique else [[]]
+    units = []
+    for group in groups:
+        names = {k.name for k in group}
+        source = _assemble(group, [body[k.name] for k in group], r)
+        units.append((source, {n: f for n, f in runs.items() if f in names}))
+    return units
