@@ -36,7 +36,7 @@ from ember import optim  # noqa: E402
 from ember import tensor as T  # noqa: E402
 from ember.backend import c as c_backend  # noqa: E402
 from ember.backend import cuda  # noqa: E402
-from ember.models.gpt import GPT, GPTConfig  # noqa: E402
+from ember.models.gpt import GPTConfig, build  # noqa: E402
 from ember.train import memory_line, step_memory, step_program  # noqa: E402
 
 PROFILE_HOST = os.environ.get("PROFILE_HOST") == "1"   # cProfile the replayed steps' Python, print the top
@@ -101,7 +101,7 @@ def ember_steps(c: GPTConfig, steps: int, tokens: np.ndarray, device: str, low: 
     schedule plans it: train.memory_line). profiled: steps profiled after those (timed_steps)."""
     T.set_default_device(device)
     T.manual_seed(0)  # the same weights with and without jit: the losses agree
-    model = GPT(c)
+    model = build(c)
     opt = optim.AdamW(model.parameters(), lr=3e-4)
     host: list[float] = []
     launch: list[float] = []
@@ -149,12 +149,53 @@ class TorchGPT(torch.nn.Module):
         return self.head(self.ln(x))
 
 
+class TorchLlama(torch.nn.Module):
+    """ember.models.gpt.Llama in PyTorch: RMSNorm, RoPE (rotate-half), SwiGLU, no biases."""
+    def __init__(self, c: GPTConfig):
+        super().__init__()
+        self.c, d = c, c.dim
+        hidden = 64 * -(-(8 * d // 3) // 64)
+        self.tok = torch.nn.Embedding(c.vocab, d)
+        self.blocks = torch.nn.ModuleList(torch.nn.ModuleDict(dict(
+            norm1=torch.nn.RMSNorm(d, eps=1e-6), qkv=torch.nn.Linear(d, 3 * d, bias=False),
+            out=torch.nn.Linear(d, d, bias=False), norm2=torch.nn.RMSNorm(d, eps=1e-6),
+            gate=torch.nn.Linear(d, hidden, bias=False), up=torch.nn.Linear(d, hidden, bias=False),
+            down=torch.nn.Linear(hidden, d, bias=False))) for _ in range(c.n_layer))
+        self.norm, self.head = torch.nn.RMSNorm(d, eps=1e-6), torch.nn.Linear(d, c.vocab, bias=False)
+        half = d // c.n_head // 2
+        angles = torch.outer(torch.arange(c.block).double(), 10000.0 ** (-torch.arange(half).double() / half))
+        self.register_buffer("cos", torch.cat([angles.cos()] * 2, -1).float(), persistent=False)
+        self.register_buffer("sin", torch.cat([angles.sin()] * 2, -1).float(), persistent=False)
+
+    def forward(self, idx: torch.Tensor, sdpa: bool) -> torch.Tensor:
+        b, t = idx.shape
+        h = self.c.n_head
+        cos, sin = self.cos[:t], self.sin[:t]
+
+        def rope(x: torch.Tensor) -> torch.Tensor:
+            a, z = x.chunk(2, -1)
+            return x * cos + torch.cat([-z, a], -1) * sin
+        x = self.tok(idx)
+        for blk in self.blocks:
+            q, k, v = (z.view(b, t, h, -1).transpose(1, 2) for z in blk["qkv"](blk["norm1"](x)).split(self.c.dim, -1))
+            y = F.scaled_dot_product_attention(rope(q), rope(k), v, is_causal=True)
+            x = x + blk["out"](y.transpose(1, 2).reshape(b, t, -1))
+            z = blk["norm2"](x)
+            x = x + blk["down"](F.silu(blk["gate"](z)) * blk["up"](z))
+        return self.head(self.norm(x))
+
+
+def torch_model(c: GPTConfig) -> torch.nn.Module:
+    """The PyTorch twin of the model c describes, on the GPU."""
+    return (TorchLlama(c) if c.arch == "llama" else TorchGPT(c)).cuda()
+
+
 def torch_steps(c: GPTConfig, steps: int, tokens: np.ndarray, bf16: bool,
                 model: torch.nn.Module | None = None, compiled: bool = False) -> list[float]:
     """Seconds of each step (the first, which compiles, included: callers drop it); model: what
     to train (a DistributedDataParallel one, bench/ddp_gpu.py), else a new TorchGPT. compiled:
     nanoGPT's recipe, torch.compile and the fused AdamW."""
-    model = TorchGPT(c).cuda() if model is None else model
+    model = torch_model(c) if model is None else model
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=compiled or None)
     if compiled:
         model = torch.compile(model)
@@ -185,7 +226,7 @@ def torch_profile(c: GPTConfig, tokens: np.ndarray, compiled: bool) -> tuple[dic
     by the kinds EMBER_PROFILE reports: where the peer spends what Ember spends. Returns
     {kind: [ms, launches]} per step and the kernels as (ms, launches, kind, name)."""
     from torch.profiler import ProfilerActivity, profile
-    model = TorchGPT(c).cuda()   # (compiled: torch_steps compiles it, and its AdamW is the fused one)
+    model = torch_model(c)   # (compiled: torch_steps compiles it, and its AdamW is the fused one)
     torch_steps(c, 3, tokens, True, model, compiled)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         torch_steps(c, 3, tokens, True, model, compiled)
@@ -209,7 +250,7 @@ def ember_profile(steps: int) -> tuple[dict[str, list[float]], list]:
     map, merged: small kernels launched together), and each kernel."""
     step = max(cuda.program.programs.values(), key=lambda p: len(p.sched.kernels), default=None)
     updates = {k.name for k in step.sched.kernels if k.out.kind == "output" or k.members and
-               all(m.out.kind == "output" for m in k.members)} if step else set()
+               any(m.out.kind == "output" for m in k.members)} if step else set()
     kinds: dict[str, list[float]] = {}
     top = []
     for key, (ms, n, _, _) in cuda.PROFILE.totals.items():
@@ -246,6 +287,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--vocab", type=int, default=256, help="token ids drawn uniformly below this (GPT-2: 50304)")
+    ap.add_argument("--model", choices=("gpt", "llama"), default="gpt",
+                    help="llama: RMSNorm, RoPE, SwiGLU and no biases (ember.models.gpt.Llama and its PyTorch twin)")
     ap.add_argument("--bf16-only", action="store_true", help="only the bf16 rows (Ember with jit, PyTorch + SDPA)")
     ap.add_argument("--device", default="cuda", help="where Ember runs (PyTorch runs only on cuda)")
     ap.add_argument("--torch-profile", action="store_true",
@@ -255,15 +298,19 @@ def main() -> None:
                     help="add PyTorch + SDPA + torch.compile + fused AdamW (nanoGPT's recipe) as a peer; profile it")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    c = GPTConfig(vocab=args.vocab, block=args.block, dim=args.dim, n_layer=args.layers, n_head=max(1, args.dim // 64))
+    c = GPTConfig(vocab=args.vocab, block=args.block, dim=args.dim, n_layer=args.layers, n_head=max(1, args.dim // 64),
+                  arch=args.model)
     tokens = np.random.default_rng(0).integers(0, args.vocab, (4, args.batch, args.block + 1)).astype(np.int32)
     per_step = args.batch * args.block
-    params = 12 * args.layers * args.dim ** 2 + (args.vocab + args.block) * args.dim
+    # (LLaMA's SwiGLU of 2048 at dim 768 has GPT's 8 dim^2 weights; it has no position table)
+    pos = args.block * args.dim if args.model == "gpt" else 0
+    params = 12 * args.layers * args.dim ** 2 + args.vocab * args.dim + pos
     # MFU as nanoGPT estimates it: 6 FLOPs per parameter (position embedding left out) and token,
     # plus attention's 12 * layers * dim * context (causal counted whole), against bf16's dense peak
-    flops_per_token = 6 * (params - args.block * args.dim) + 12 * args.layers * args.dim * args.block
+    flops_per_token = 6 * (params - pos) + 12 * args.layers * args.dim * args.block
     mfu = lambda tps: f"MFU {100 * tps * flops_per_token / PEAK_BF16:4.1f}%"  # noqa: E731
-    print(f"GPT {args.layers} layers, dim {args.dim}, context {args.block}, batch {args.batch}, vocab {args.vocab} "
+    name = "LLaMA" if args.model == "llama" else "GPT"
+    print(f"{name} {args.layers} layers, dim {args.dim}, context {args.block}, batch {args.batch}, vocab {args.vocab} "
           f"(about {params / 1e6:.0f}M parameters): {per_step} tokens a step; MFU against {PEAK_BF16 / 1e12:.0f} "
           "TFLOP/s (bf16 dense)")
     ember_tps = {}

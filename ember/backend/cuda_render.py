@@ -13,7 +13,8 @@ rendered whole: contractions, mma.py, and flash attention, flash.py):
   strided over the threads (softmax, layernorm, row sums);
 - TilePlan: a block per output tile, its operands staged in shared memory (transposes, the
   matmuls the contraction path does not take);
-- MergedPlan: small thread-per-output kernels as one launch, block by block.
+- MergedPlan: thread-per-output kernels as one launch, block by block (small ones) or
+  thread by thread (a chain).
 Source generation needs no GPU (CI compiles every kernel with nvcc); running needs cuda-python.
 """
 from __future__ import annotations
@@ -122,6 +123,11 @@ class CUDARenderer(CLike):
         written = {m.out.id for m in plan.members}
         params = ", ".join(f"{'' if b.id in written else 'const '}{self.stype(b.dtype)}* {self.restrict} b{b.id}"
                            for b in k.args)
+        if plan.together:   # every member in every thread, one after another
+            calls = "".join(f"  {prefix}{m.name}({', '.join(f'b{b.id}' for b in m.args)}, blockIdx.x);\n"
+                            for m in plan.members)
+            return (members + f"extern \"C\" __global__ void __launch_bounds__({BLOCK}) {prefix}{k.name}({params}) "
+                    f"{{\n{calls}}}\n")
         body = ["  int ember_block = blockIdx.x;"]
         for m in plan.members:
             blocks = launch_config(m, self.gpu)[0][0]
@@ -185,8 +191,9 @@ def launch_config(k: Kernel, gpu: Target) -> tuple[tuple[int, int, int], int, in
     """(grid, threads per block, dynamic shared memory bytes), from the plan optimize made for gpu."""
     if type(p := k.plan) in FAMILIES:
         return FAMILIES[type(p)].launch(k, gpu.sms)
-    if isinstance(p, MergedPlan):   # every member's blocks, one after the other
-        return (sum(launch_config(m, gpu)[0][0] for m in p.members), 1, 1), BLOCK, 0
+    if isinstance(p, MergedPlan):   # the members' blocks (together: each block every member's)
+        blocks = [launch_config(m, gpu)[0][0] for m in p.members]
+        return (blocks[0] if p.together else sum(blocks), 1, 1), BLOCK, 0
     if isinstance(p, (RowPlan, TilePlan)):   # a block per row or tile
         return (max(1, math.prod(r.arg[1] for r in p.block)), 1, 1), block_size(k), 0
     return (max(1, -(-merge.threads(k) // BLOCK)), 1, 1), BLOCK, 0

@@ -54,9 +54,12 @@ class TilePlan:
 
 @dataclass(frozen=True)
 class MergedPlan:
-    """GPU: small kernels run as one launch, block by block, each member its own thread-per-output
-    kernel (merge.py)."""
+    """GPU: kernels run as one launch (merge.py), each member its own thread-per-output kernel:
+    block by block (small kernels), or, `together`, each thread running every member in turn
+    on the same elements (a chain of maps over one iteration space: AdamW's update of a tensor)."""
     members: tuple   # of lower.Kernel
+    together: bool = False
 
     def __str__(self) -> str:
-        return f"{len(self.members)} kernels in one launch: {', '.join(m.name for m in self.members)}"
+        how = "in the same threads" if self.together else "in one launch"
+        return f"{len(self.members)} kernels {how}: {', '.join(m.name for m in self.members)}"

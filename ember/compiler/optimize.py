@@ -18,7 +18,7 @@ import math
 from .. import dtype as dt
 from ..ir import Node, Op, toposort
 from ..target import Target
-from . import attention, contraction, online, plans
+from . import attention, contraction, merge, online, plans
 from . import symbolic as sym
 from .loops import LoopPlan, RowPlan, ThreadPlan, TilePlan
 from .lower import Kernel, Stage, enclosing_reduces, free_ranges, index_of, selector
@@ -282,7 +282,8 @@ def gpu_scatter(k: Kernel) -> bool:
     return True
 
 
-def gpu_plan(k: Kernel, gpu: Target) -> None:
+def gpu_plan(k: Kernel, gpu: Target, lanes: int | None = None) -> None:
+    """lanes: a thread per output's lanes if it has them (a chain's, merge.lanes)."""
     if gpu_contraction(k, gpu) or gpu_matmul_tile(k) or gpu_transpose_tile(k):
         return
     gpu_scatter(k)
@@ -290,7 +291,7 @@ def gpu_plan(k: Kernel, gpu: Target) -> None:
     if rows is None:
         k.plan = ThreadPlan()
         # a thread per `lanes` consecutive outputs, unless that leaves too few threads to fill the GPU
-        lanes = gpu_lanes(k)
+        lanes = lanes or gpu_lanes(k)
         has_reduce = any(n.op is Op.REDUCE for n in toposort([k.store]))
         threads = math.prod(r.arg[1] for r in k.ranges) // lanes
         if k.ranges and k.ranges[-1].arg[1] % lanes == 0 and stride(k.store, k.ranges[-1]) == 1 \
@@ -327,12 +328,13 @@ def optimize(sched: Schedule, target: Target) -> None:
 
 
 def _optimize(sched: Schedule, target: Target) -> None:
+    chained = merge.lanes(sched.kernels, gpu_lanes) if target.kind == "cuda" else {}
     for k in sched.kernels:
         if k.fused is not None:   # rendered whole (backend/flash.py)
             k.plan = attention.flash_plan(k, target, plans.flash_warp_specialized())
             continue
         if target.kind == "cuda":
-            gpu_plan(k, target)
+            gpu_plan(k, target, chained.get(id(k)))
         elif not cpu_packed(k):
             group = online.find(k)
             if group is None:

@@ -8,7 +8,8 @@
 5. optimization, the one pass that chooses every kernel's plan: its heuristics, the overrides and
    the stored search winners (plans.py): the parallel loop, lanes, contraction tilings, flash
    plans, online reductions (optimize.py);
-6. CUDA: small kernels moved to the end and launched together (merge.py).
+6. CUDA: chains of maps over one iteration space run in the same threads, and small kernels
+   move to the end and launch together (merge.py).
 
 What follows is the backend's: placement and linearization into C-like text (backend/render.py),
 then its compiler and runtime.
@@ -19,7 +20,7 @@ from .. import debug
 from ..ir import Node
 from ..target import Target
 from . import attention, autodiff, plans, store
-from .merge import merge_small
+from .merge import merge_chains, merge_small
 from .optimize import optimize
 from .schedule import Schedule, plan_memory, schedule
 from .split import split_large_reductions
@@ -47,6 +48,7 @@ def _compile(outputs: list[Node], target: Target, nest: int) -> Schedule:
     sched = schedule(graph, nest=nest)
     optimize(sched, target)
     if target.kind == "cuda":
+        merge_chains(sched)
         merge_small(sched)
         sched.slots = plan_memory(sched, in_place=True)   # the new order's (outputs over dead inputs: not in C)
     sched.target = target

@@ -206,6 +206,25 @@ def test_small_kernels_run_as_batches() -> None:
     assert cuda.render(cuda.prepare(outputs, "sm_90a")).count("int ember_block = blockIdx.x;") == 1
 
 
+def test_maps_over_one_iteration_space_run_in_the_same_threads() -> None:
+    """AdamW's update of a tensor (the gradient rounded to bf16, both moments, the parameter) is
+    one kernel whose threads run the four maps in turn; a map reading another's output at other
+    elements (reversed) stays out of the chain, and the value is kept (test_gpu_plans runs both)."""
+    from ember.compiler.loops import MergedPlan
+
+    from .test_gpu_plans import adam_chain
+    for flipped in (False, True):
+        outputs = adam_chain(flipped)
+        kernels = cuda.prepare(outputs, "sm_90a").kernels
+        chained = [k for k in kernels if isinstance(k.plan, MergedPlan) and k.plan.together]
+        writes = {m.out.node for k in chained for m in k.members}
+        assert set(outputs) <= writes if not flipped else outputs[2] not in writes and outputs[0] in writes
+        assert len(kernels) == (1 if not flipped else 2)
+        for k in chained:   # every member as many threads, of as many lanes
+            assert len({(cuda.launch_config(m, gpu("sm_90a"))[0], len(m.lanes)) for m in k.members}) == 1
+            assert cuda.launch_config(k, gpu("sm_90a")) == cuda.launch_config(k.members[0], gpu("sm_90a"))
+
+
 def test_a_row_read_by_three_loops_is_read_once(tmp_path: Path) -> None:
     """softmax's row is read by the max, the sum of exponentials and the output loops of one
     block; unrolled (the block divides the row), the first reads it into registers and the

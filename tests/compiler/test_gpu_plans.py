@@ -37,6 +37,21 @@ def embedding_grad() -> ir.Node:
     return ir.grad(y, table)
 
 
+def adam_chain(flipped: bool = False) -> list[ir.Node]:
+    """AdamW's update of one tensor: the gradient rounded to bf16, the two moments, the parameter
+    (reading both new moments). flipped: the parameter reads the first moment reversed, at
+    elements other threads write (no chain may then hold both)."""
+    f = lambda n: ir.param(n, dt.f32, (256, 768))  # noqa: E731
+    g, m, v, w = f("g"), f("m"), f("v"), f("w")
+    c = lambda x: ir.const(x, dt.f32, (256, 768))  # noqa: E731
+    gb = ir.unary(Op.CAST, ir.unary(Op.CAST, g, dt.bf16), dt.f32)
+    m1 = ir.binary(Op.ADD, ir.binary(Op.MUL, m, c(0.9)), ir.binary(Op.MUL, gb, c(0.1)))
+    v1 = ir.binary(Op.ADD, ir.binary(Op.MUL, v, c(0.999)), ir.binary(Op.MUL, ir.binary(Op.MUL, gb, gb), c(0.001)))
+    read = ir.flip(m1, (1,)) if flipped else m1
+    step = ir.binary(Op.DIV, read, ir.binary(Op.ADD, ir.unary(Op.SQRT, v1), c(1e-8)))
+    return [m1, v1, ir.binary(Op.SUB, w, ir.binary(Op.MUL, step, c(1e-3)))]
+
+
 def case(name: str) -> list[ir.Node]:
     f = lambda n, s: ir.param(n, dt.f32, s)  # noqa: E731
     if name == "transpose":
@@ -56,6 +71,8 @@ def case(name: str) -> list[ir.Node]:
         return [ir.reduce(Op.SUM, f("x", (4096, 40)), (0,))]
     if name == "small_batches":   # small kernels in two batches (the second reads the first's)
         return small_batches()
+    if name in ("adam_chain", "adam_flipped"):   # maps in the same threads (merge.chains)
+        return adam_chain(name == "adam_flipped")
     raise KeyError(name)
 
 
@@ -74,7 +91,8 @@ def small_batches() -> list[ir.Node]:
 
 
 @pytest.mark.parametrize("name", ["transpose", "permute3d", "matmul", "matmul_epilogue", "softmax_long_rows",
-                                  "column_sum_two_stage", "embedding_grad", "small_batches"])
+                                  "column_sum_two_stage", "embedding_grad", "small_batches",
+                                  "adam_chain", "adam_flipped"])
 def test_gpu_plan_matches_reference(name: str) -> None:
     outputs = case(name)
     rng = np.random.default_rng(0)
