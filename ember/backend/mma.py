@@ -284,8 +284,8 @@ def _fill_transposed(name: str, op: Operand, base: str, out_var: str, out_size: 
              f"  const float* src = {base} + {addr};"]
     if op.aligned and kr_size % 4:   # a row's last chunk passes its end
         issue += [f"  const int n = go < {out_size} ? {kr_size} - gk : 0;",
-                  f"  {reg}[q] = n >= 4 ? *(const float4*)src : make_float4(n > 0 ? src[0] : 0.f, n > 1 ? src[1] : 0.f, "
-                  "n > 2 ? src[2] : 0.f, 0.f);"]
+                  f"  {reg}[q] = n >= 4 ? *(const float4*)src : "
+                  "make_float4(n > 0 ? src[0] : 0.f, n > 1 ? src[1] : 0.f, n > 2 ? src[2] : 0.f, 0.f);"]
     elif op.aligned:
         issue.append(f"  {reg}[q] = go < {out_size} && gk < {kr_size} ? *(const float4*)src : make_float4(0, 0, 0, 0);")
     else:
