@@ -77,6 +77,10 @@ class CUDARenderer(CLike):
             return f"ember_bf16_bits_op{v[len('ember_round_bf16_op'):]}"
         if d is dt.bf16 and _call_of(v, "ember_bf16_fma"):   # a bf16 value already: its upper half
             return f"((unsigned short)(__float_as_uint({v}) >> 16))"
+        if d is dt.f16 and _call_of(v, "ember_round_f16f"):
+            # the same bits converted once: rounding to f16, widening (in software) and converting
+            # again cost an f16 matmul's epilogue about 25 instructions an element
+            return f"ember_f32_to_f16_bits{v[len('ember_round_f16f'):]}"
         return super().store_value(v, d)
 
     def cast(self, x: str, src: DType, d: DType) -> str:

@@ -23,6 +23,19 @@ CHUNK = 8  # f16/bf16 elements per 16-byte chunk
 HELPERS, HOPPER_HELPERS = include("mma.cuh"), include("mma_hopper.cuh")
 
 
+# cp.async of a chunk's first `bytes` (0 to 16), the rest of its 16 bytes zero-filled
+CP_ASYNC_N = """EMBER_D void ember_cp_async_n(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n" :: "r"(ember_smem_addr(dst)), "l"(src), "r"(bytes));
+}
+"""
+
+
+def _straddles(c: Contraction, op: Operand) -> bool:
+    """Whether an aligned operand's rows end inside a 16-byte chunk (its contiguous extent)."""
+    along = c.k if op.k_major else c.i if op is c.a else c.j
+    return op.aligned and along.arg[1] % (16 // c.dtype.itemsize) != 0
+
+
 def _tma_coordinates(rank: int) -> tuple[str, str, str]:
     """A TMA helper's coordinate parameters, their asm operands (%2 on) and inputs."""
     return (", ".join(f"int c{i}" for i in range(rank)), ", ".join(f"%{i + 2}" for i in range(rank)),
@@ -79,6 +92,8 @@ def helpers(kernels: list[Kernel], tma_ranks: set[int]) -> str:
     if not plans and not any(k.fused is not None for k in kernels):   # flash.py uses them too
         return ""
     out = HELPERS
+    if any(_straddles(c, op) for c, p in plans if not p.tma for op in (c.a, c.b)):
+        out += CP_ASYNC_N
     hopper = sorted({(c.dtype.name, p.block_n, int(not c.a.k_major), int(not c.b.k_major))
                      for c, p in plans if p.instruction == "wgmma"})
     # flash.py's sm_90a kernels need the descriptors too
@@ -174,7 +189,11 @@ def _fill(name: str, op: Operand, base: str, out_var: str, out_size: int, kr_siz
     et = "float" if chunk == 4 else "unsigned short"
     lines.append(f"  {et}* dst = {name} + slot * {rows * width} + {place};")
     src = f"{base} + {addr}"
-    if op.aligned:
+    if op.aligned and along_size % CHUNK:   # a row's last chunk passes its end: its elements, zeros after
+        lines.append(f"  const int n = {other} < {other_size} ? min({along_size} - {along}, {CHUNK}) : 0;")
+        lines.append(f"  ember_cp_async_n(dst, n > 0 ? (const void*)({src}) : (const void*){base}, "
+                     f"max(n, 0) * {16 // CHUNK});")
+    elif op.aligned:
         lines.append(f"  bool ok = {other} < {other_size} && {along} < {along_size};")
         lines.append(f"  ember_cp_async16(dst, ok ? (const void*)({src}) : (const void*){base}, ok);")
     else:  # element by element, each masked (an odd contiguous extent or an unaligned base)
@@ -263,7 +282,11 @@ def _fill_transposed(name: str, op: Operand, base: str, out_var: str, out_size: 
              f"  int ch = threadIdx.x + q * {p.threads}, o = ch / {per_row}, c = ch % {per_row};",
              f"  int go = {out_var} + o, gk = k0 + c * 4;",
              f"  const float* src = {base} + {addr};"]
-    if op.aligned:
+    if op.aligned and kr_size % 4:   # a row's last chunk passes its end
+        issue += [f"  const int n = go < {out_size} ? {kr_size} - gk : 0;",
+                  f"  {reg}[q] = n >= 4 ? *(const float4*)src : "
+                  "make_float4(n > 0 ? src[0] : 0.f, n > 1 ? src[1] : 0.f, n > 2 ? src[2] : 0.f, 0.f);"]
+    elif op.aligned:
         issue.append(f"  {reg}[q] = go < {out_size} && gk < {kr_size} ? *(const float4*)src : make_float4(0, 0, 0, 0);")
     else:
         issue += [f"  {reg}[q].{f} = go < {out_size} && gk + {e} < {kr_size} ? src[{e}] : 0.0f;"

@@ -35,7 +35,7 @@ class Operand:
     strides: dict            # range -> element stride in the buffer (the load's affine address)
     offset: int              # the constant part of the address
     k_major: bool            # contiguous along k (else along its output range)
-    aligned: bool            # every 8-element chunk along the contiguous axis is one 16-byte load
+    aligned: bool            # every 16-byte chunk along the contiguous axis one load (the last may pass its end)
 
 
 @dataclass(frozen=True)
@@ -278,7 +278,10 @@ def _operand(load: Node, strides: dict, offset: int, out: Node, kr: Node,
     merged |= {out} if out_parts else set()   # their strides are their parts'
     rest = [c for r, c in strides.items() if r is not contiguous and r not in merged]
     chunk = 16 // load.dtype.itemsize   # elements per 16-byte load
-    aligned = contiguous.arg[1] % chunk == 0 and offset % chunk == 0 and all(c % chunk == 0 for c in rest)
+    # a row's last chunk may pass the contiguous extent (split.pad_operands' copies, K = 3900 in
+    # rows of 3904): TMA's box and cp.async's byte count stop at it; not within a merged range
+    aligned = offset % chunk == 0 and all(c % chunk == 0 for c in rest) and \
+        (contiguous.arg[1] % chunk == 0 or not parts)
     if parts and not aligned:  # element-wise staging reads runs along the contiguous axis: one part only
         return None
     return Operand(load, dict(strides), offset, k_major, aligned) if other else None
@@ -318,23 +321,36 @@ def smem_bytes(p: GpuPlan) -> int:
     return slots + 1024 + 16 * p.stages * p.tma + p.block_m * p.block_n * 2 * p.tma_store
 
 
+def _waves(c: Contraction, tile: tuple[int, int], sms: int) -> float:
+    """The time of c's tiles on the SMs, one block each at a time (the persistent TMA kernel),
+    in units of 128 x 256 FLOPs at that tile's rate: its rounds times a tile's time, 128 columns
+    at 0.85 of the rate of 256 (split._split_cost's figures). 4000 x 4100 has 544 tiles of
+    128 x 256, 4.12 rounds of 132 taking 5 (5.0), and 1056 of 128 x 128, 8.0 rounds (4.7)."""
+    rows, cols = tile
+    return -(-c.tiles(rows, cols) // sms) * rows * cols / (128 * 256) / (1.0 if cols == 256 else 0.85)
+
+
 def plan(c: Contraction, gpu: Target) -> GpuPlan | None:
     """Heuristic tiling, or None where tiles do not pay (a matrix-vector product)."""
     m, n, kk = c.mnk
     if m < 16 or n < 16 or kk < 16:
         return None
-    if c.dtype is dt.f32:  # FMA: 8x8 outputs per thread (TF32 tensor cores would round the operands)
-        return GpuPlan("fma", 64, 64, 8, 1, 1, 3) if m <= 64 or n <= 64 else GpuPlan("fma", 128, 128, 8, 1, 1, 3)
+    # 4 stages where two blocks of 128 x 128 tiles in 4 (64 KB each) fit an SM (not sm_86's 100 KB)
+    stages = 4 if gpu.smem_sm >= 128 * 1024 else 3
+    if c.dtype is dt.f32:  # FMA: 8x8 outputs per thread (TF32 tensor cores would round the operands);
+        # 128 x 128 in 4 stages on the H200: its searched winner at 4096 (plans.json)
+        return GpuPlan("fma", 64, 64, 8, 1, 1, 3) if m <= 64 or n <= 64 else GpuPlan("fma", 128, 128, 8, 1, 1, stages)
     if gpu.wgmma and (m > 64 or n > 128):  # Hopper: warpgroups of 64 rows reading shared memory
         rows = 128 if m > 64 else 64   # one warpgroup for 64 rows (a convolution's 64 output channels)
         tiles = [(r, cols) for r, cols in ((rows, 256), (rows, 128), (64, 256), (64, 128))
                  if r <= rows and (cols == 128 or n > 128)]
         # the largest tile that still gives the SMs a block each (a 7 x 7 convolution with 512
-        # channels had 28 tiles of 128 x 256: 0.42-0.57 of cuDNN)
+        # channels had 28 tiles of 128 x 256: 0.42-0.57 of cuDNN), or half as wide where its
+        # rounds of blocks on the SMs take less time (waves)
         rows, cols = next((t for t in tiles if c.tiles(*t) >= gpu.sms), tiles[-1])
+        if cols == 256 and _waves(c, (rows, 128), gpu.sms) < _waves(c, (rows, 256), gpu.sms):
+            cols = 128
         return fed(GpuPlan("wgmma", rows, cols, 64, rows // 64, 1, 4), c, gpu)
-    # 4 stages where two blocks of 128 x 128 tiles in 4 (64 KB each) fit an SM (not sm_86's 100 KB)
-    stages = 4 if gpu.smem_sm >= 128 * 1024 else 3
     if m <= 64 or n <= 64:
         return GpuPlan("mma.sync", 64, 64, 32, 2, 2, stages)
     return GpuPlan("mma.sync", 128, 128, 32, 2, 2, stages)
@@ -353,6 +369,10 @@ def gathered_operands(k: Kernel) -> set[Node]:
         return find(k, (dt.f16, dt.bf16, dt.f32, dt.f64)) is not None
 
     found: set[Node] = set()
+    for t in k.reduces.values():   # split.pad_operands' aligned copies (of split_k's parts too)
+        prod = t.srcs[0].srcs[0] if t.srcs[0].op is Op.CAST else t.srcs[0]
+        if t.op is Op.SUM and prod.op is Op.MUL:
+            found |= {pad for x in prod.srcs if (pad := _padded_copy(x)) is not None}
     for red, t in k.reduces.items():
         body = red.srcs[0]
         if t.op is not Op.SUM or t.srcs[0].op is not Op.MUL or body.op is not Op.MUL:
@@ -370,6 +390,14 @@ def gathered_operands(k: Kernel) -> set[Node]:
             elif (len(set(terms.values())) < len(terms) or _permuted(x)) and not direct():
                 found.add(x)
     return found
+
+
+def _padded_copy(x: Node) -> Node | None:
+    """The zero pad below x's movements that a shrink takes off again, or None."""
+    while x.op in (Op.EXPAND, Op.RESHAPE, Op.PERMUTE):
+        x = x.srcs[0]
+    pad = x.srcs[0] if x.op is Op.SHRINK else x
+    return pad if pad is not x and pad.op is Op.PAD and pad.arg[2] == 0 else None
 
 
 def _permuted(x: Node) -> bool:

@@ -48,7 +48,8 @@ def split_large_reductions(outputs: list[Node], gpu: Target) -> list[Node]:
         parts = ir.reshape(x, x.shape[:axis] + (groups, size // groups) + x.shape[axis + 1:])
         return ir.reshape(ir.reduce(n.op, ir.reduce(n.op, parts, (axis + 1,)), (axis,)), n.shape)
 
-    return rewrite(outputs, RuleSet([(Pat(Op.SUM, name="n"), lambda n: split_k(n, gpu.sms)),
+    rules = [(Pat(Op.SUM, name="n"), pad_operands)] if gpu.mma_sync else []   # before split_k: it keeps the pads
+    return rewrite(outputs, RuleSet([*rules, (Pat(Op.SUM, name="n"), lambda n: split_k(n, gpu.sms)),
                                      (Pat(pred=lambda n: n.op in (Op.SUM, Op.RMAX), name="n"), split)]))
 
 
@@ -89,3 +90,58 @@ def split_k(n: Node, sms: int) -> Node | None:
                                 for x in prod.srcs))
     total = ir.reduce(Op.SUM, ir.reduce(Op.SUM, ir.unary(Op.CAST, prods, dt.f32), (axis + 1,)), (axis,))
     return ir.unary(Op.CAST, ir.reshape(total, n.shape), n.dtype)
+
+
+PAD_MIN = 1024   # the least output size on the other side that pays for an operand's padded copy
+
+
+def pad_operands(n: Node) -> Node | None:
+    """A contraction whose operand's rows are not 16-byte aligned (bf16 [M, K] with K = 3900: a row
+    is 7800 bytes) can use neither TMA nor 16-byte cp.async, and stages element by element. Such
+    an operand is read instead from a copy whose last dim is padded to 16 bytes (shrink(pad(x)),
+    the pad realized: contraction.gathered_operands), where the tiles come by TMA. The copy is one
+    pass over the operand, 2 x 2 bytes an element against 2 N FLOPs an element of the product
+    (N the output size the operand lacks): about 470 / N of the product's time on the H200
+    (0.8 PFLOP/s against 3.4 TB/s), so only where N >= PAD_MIN. A computed operand costs nothing:
+    the kernel that computes it writes the padded buffer."""
+    prod = n.srcs[0]
+    if len(n.arg) != 1 or prod.op is not Op.MUL or any(x.op is not Op.EXPAND for x in prod.srcs):
+        return None
+    new = [_padded(x, y, n.arg[0]) for x, y in zip(prod.srcs, reversed(prod.srcs))]
+    if all(p is None for p in new):
+        return None
+    srcs = [x if p is None else ir.expand(p, x.shape) for x, p in zip(prod.srcs, new)]
+    return Node(Op.SUM, n.dtype, (Node(Op.MUL, prod.dtype, tuple(srcs), None, prod.shape),), n.arg, n.shape)
+
+
+def _padded(x: Node, other: Node, axis: int) -> Node | None:
+    """x's source (below reshapes and permutes) with its last dim padded to 16 bytes and shrunk
+    back, under the same reshapes and permutes; None where it is aligned, padded already, too
+    small to pay, or where that dim does not become one axis of the product: the reduced one or
+    one the other operand (other, an EXPAND) broadcasts."""
+    chain, base = [], x.srcs[0]
+    while base.op in (Op.RESHAPE, Op.PERMUTE):
+        chain.append(base)
+        base = base.srcs[0]
+    size, chunk = base.shape[-1], 16 // base.dtype.itemsize
+    if base.dtype not in (dt.bf16, dt.f16, dt.f32) or size % chunk == 0 or size == 1 or \
+            (base.op is Op.SHRINK and base.srcs[0].op is Op.PAD):
+        return None
+    pos, below = len(base.shape) - 1, base   # where the last dim is, walking up the chain
+    for y in reversed(chain):
+        if y.op is Op.PERMUTE:
+            pos = y.arg.index(pos)
+        else:   # a reshape that only adds or drops dims of size 1 keeps it one dim
+            if [d for d in below.shape if d != 1] != [d for d in y.shape if d != 1]:
+                return None
+            nth = sum(1 for d in below.shape[:pos] if d != 1)
+            pos = [i for i, d in enumerate(y.shape) if d != 1][nth]
+        below = y
+    lacks = [d for q, d in enumerate(x.shape) if q != axis and x.srcs[0].shape[q] == 1 and other.srcs[0].shape[q] != 1]
+    if (pos != axis and other.srcs[0].shape[pos] != 1) or math.prod(lacks) < PAD_MIN:
+        return None
+    zeros = (0,) * len(base.shape)
+    y = ir.shrink(ir.pad(base, zeros, zeros[:-1] + (-size % chunk,)), zeros, base.shape)
+    for link in reversed(chain):
+        y = Node(link.op, link.dtype, (y,), link.arg, link.shape)
+    return y

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ember import data, ir, ref, runners
 from ember import dtype as dt
-from ember import ir, ref, runners
 from ember.backend import cuda, run_values
 from ember.compiler import contraction, optimize, pipeline
 from ember.compiler.schedule import schedule
@@ -333,3 +333,74 @@ def test_tma_store_where_the_output_allows() -> None:
     assert p.tma_store and p.stages == 3 and contraction.smem_bytes(p) <= room
     src = cuda.source([matmul(a, b)], "sm_90a")
     assert src.count("ember_tma_store2(ep + ") == p.block_n // 64 and "ember_bulk_wait();" in src
+
+
+# Odd shapes (issue 30): rows that are not 16-byte aligned read from padded copies, TMA-fed
+# wgmma at 128 x 128 where 128 x 256 tiles would leave a last round of blocks nearly empty.
+ODD = {  # name: (M, N, K, dtype, B given as W [N, K] (x @ W.T))
+    "bf16 4000x4100x3900": (4000, 4100, 3900, BF16, False),
+    "bf16 3001x2047x1999": (3001, 2047, 1999, BF16, False),
+    "f16 3001x2047x1999 W.T": (3001, 2047, 1999, F16, True),
+    "f32 3001x2047x1999": (3001, 2047, 1999, dt.f32, False),
+    "f32 2000x3000x1000": (2000, 3000, 1000, dt.f32, False),
+    "f16 4096": (4096, 4096, 4096, F16, False),
+}
+
+
+def odd(name: str, params: bool = False) -> list[Node]:
+    """The program [a @ b] (or [a @ w.T]); params: [a, b or w] after it."""
+    m, n, k, d, wt = ODD[name]
+    a, b = ir.param("a", d, (m, k)), ir.param("w", d, (n, k)) if wt else ir.param("b", d, (k, n))
+    return [matmul(a, t(b) if wt else b)] + [a, b] * params
+
+
+@pytest.mark.parametrize("name, arch, pads, plan", [
+    ("bf16 4000x4100x3900", "sm_90a", 2, "wgmma: block 128x128x64, 2 warpgroups, TMA 4-stage"),
+    ("bf16 3001x2047x1999", "sm_90a", 2, "wgmma: block 128x128x64, 2 warpgroups, TMA 4-stage"),
+    ("f16 3001x2047x1999 W.T", "sm_90a", 2, "wgmma: block 128x128x64, 2 warpgroups, TMA 4-stage"),
+    ("f16 4096", "sm_90a", 0, "wgmma: block 128x256x64, 2 warpgroups, TMA 3-stage, TMA store"),
+    ("f32 3001x2047x1999", "sm_90a", 2, "FMA register tiles: block 128x128x8, 8x8 per thread, cp.async 4-stage"),
+    ("f32 2000x3000x1000", "sm_90a", 0, "FMA register tiles: block 128x128x8, 8x8 per thread, cp.async 4-stage"),
+    ("bf16 3001x2047x1999", "sm_86", 2, "mma.sync: block 128x128x32, warps 2x2, cp.async 3-stage"),
+])
+def test_odd_shapes_take_padded_copies_and_fitting_tiles(name: str, arch: str, pads: int, plan: str,
+                                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each unaligned operand gets one copy kernel (its rows padded to 16 bytes), and the product
+    reads it aligned (TMA on sm_90a); small products keep the element-wise staging."""
+    monkeypatch.setenv("EMBER_CACHE", str(tmp_path))
+    kernels = pipeline.compile_schedule(odd(name), gpu(arch)).kernels
+    (k,) = [k for k in kernels if k.contraction]
+    assert len(kernels) == pads + 1 and plan in str(k.plan), str(k.plan)
+    assert k.contraction.a.aligned and k.contraction.b.aligned
+    small = pipeline.compile_schedule(case("f16_odd")[0], gpu(arch)).kernels   # 77 x 100 x 45
+    assert len(small) == 1 and not small[0].contraction.a.aligned
+
+
+@pytest.mark.skipif(COMPILER is None, reason="neither nvcc nor NVRTC is installed")
+@pytest.mark.parametrize("arch", ["sm_86", "sm_90a"])
+def test_odd_shapes_compile(arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The padded copies and products of odd shapes, one program: rows whose last 16-byte chunk
+    passes their end (K = 1999 in rows of 2000) are read by TMA's box (sm_90a) or by cp.async of
+    a chunk's first bytes (sm_86; the f32 FMA tiles on both)."""
+    monkeypatch.setenv("EMBER_CACHE", str(tmp_path))
+    src = cuda.source([o for name in ("bf16 3001x2047x1999", "f16 3001x2047x1999 W.T", "f32 3001x2047x1999")
+                       for o in odd(name)], arch)
+    assert "ember_cp_async_n(dst" in src and ("cp.async.bulk.tensor" in src) == (arch == "sm_90a")
+    assert compile_cuda(src, arch, tmp_path) is None
+
+
+@pytest.mark.skipif("cuda" not in runners.available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("plan", ["gpu", "sm_80"])
+@pytest.mark.parametrize("name", ["bf16 4000x4100x3900", "bf16 3001x2047x1999", "f16 3001x2047x1999 W.T",
+                                  "f32 3001x2047x1999"])
+def test_odd_shapes_on_the_gpu(name: str, plan: str) -> None:
+    """Values against numpy's product of the same inputs (multiples of 1/8: every sum exact in
+    f32 and f64), rounded to the dtype: the same bits."""
+    out, pa, pb = odd(name, params=True)
+    inputs = _inputs([out])
+    program = cuda.CUDAProgram([out], plan_arch=None if plan == "gpu" else plan)
+    assert len(program.sched.kernels) == 3   # the two padded copies and the product
+    (got,) = run_values(program, inputs)
+    a, b = inputs[pa].astype(np.float64), inputs[pb].astype(np.float64)
+    want = a @ (b.T if ODD[name][4] else b)
+    assert np.array_equal(np.asarray(got, np.float64), data.round_float(want, ODD[name][3]).astype(np.float64))
