@@ -473,7 +473,8 @@ def dry_run(args: argparse.Namespace) -> int:
         try:
             with ThreadPoolExecutor(len(units)) as pool:
                 list(pool.map(lambda u: cuda.compile_cubin(u[0], arch), units))
-            times[f"nvrtc ({len(units)} units, {arch})"] = clock.perf_counter() - t
+            kinds = len({f for _, runs in units for f in runs.values()})
+            times[f"nvrtc ({kinds} kinds, {len(units)} units, {arch})"] = clock.perf_counter() - t
         except ImportError:
             print("ember train --dry-run: cuda-python (NVRTC) is not installed: CUDA source generated, not compiled",
                   file=sys.stderr)

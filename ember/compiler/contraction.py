@@ -393,11 +393,18 @@ def gathered_operands(k: Kernel) -> set[Node]:
 
 
 def _padded_copy(x: Node) -> Node | None:
-    """The zero pad below x's movements that a shrink takes off again, or None."""
+    """The zero pad below x's movements that a shrink takes off again, as split.pad_operands
+    writes it (the last dim only, to a multiple of 16 bytes), or None. (Other pads stay fused:
+    the flash kernels' output packs o with the logsumexp, [.., 64] -> [.., 65].)"""
     while x.op in (Op.EXPAND, Op.RESHAPE, Op.PERMUTE):
         x = x.srcs[0]
     pad = x.srcs[0] if x.op is Op.SHRINK else x
-    return pad if pad is not x and pad.op is Op.PAD and pad.arg[2] == 0 else None
+    if pad is x or pad.op is not Op.PAD or pad.arg[2] != 0:
+        return None
+    before, after = pad.arg[0], pad.arg[1]
+    chunk = 16 // pad.dtype.itemsize
+    aligned = pad.shape[-1] % chunk == 0 and 0 < after[-1] < chunk
+    return pad if aligned and not any(before) and not any(after[:-1]) else None
 
 
 def _permuted(x: Node) -> bool:

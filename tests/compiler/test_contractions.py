@@ -404,3 +404,18 @@ def test_odd_shapes_on_the_gpu(name: str, plan: str) -> None:
     a, b = inputs[pa].astype(np.float64), inputs[pb].astype(np.float64)
     want = a @ (b.T if ODD[name][4] else b)
     assert np.array_equal(np.asarray(got, np.float64), data.round_float(want, ODD[name][3]).astype(np.float64))
+
+
+def test_only_the_aligning_pads_become_copies() -> None:
+    """A contraction's operand padded by split.pad_operands (its last dim to 16 bytes) is read from
+    a copy; any other pad under a shrink stays fused into the kernel that reads it (the flash
+    kernels pack o with the logsumexp, [.., 64] -> [.., 65] in f32: a copy of it cost GPT-2's
+    step a 51 MB kernel a layer)."""
+    from ember import ir
+    from ember.compiler.contraction import _padded_copy
+    x = ir.param("x", dt.bf16, (64, 3900))
+    aligning = ir.pad(x, (0, 0), (0, 4))
+    assert _padded_copy(ir.shrink(aligning, (0, 0), (64, 3900))) is aligning
+    packed = ir.pad(ir.param("o", dt.f32, (64, 64)), (0, 0), (0, 1))
+    assert _padded_copy(ir.shrink(packed, (0, 0), (64, 64))) is None
+    assert _padded_copy(ir.shrink(ir.pad(x, (1, 0), (0, 4)), (1, 0), (65, 3900))) is None
