@@ -3,7 +3,8 @@
 1. CUDA: attention found and replaced by the flash kernels (attention.py), before the
    gradients, so that its gradient is theirs;
 2. gradients become ordinary ops (autodiff.expand_grads);
-3. the target's rewrite of the tensor graph (CUDA: long reductions in two stages, split.py);
+3. the target's rewrite of the tensor graph (CUDA: long reductions in two stages, split.py;
+   after scheduling, a split contraction then adds its parts into their sum itself);
 4. simplification, fusion and lowering into kernels (schedule.py, simplify.py, lower.py);
 5. optimization, the one pass that chooses every kernel's plan: its heuristics, the overrides and
    the stored search winners (plans.py): the parallel loop, lanes, contraction tilings, flash
@@ -23,7 +24,7 @@ from . import attention, autodiff, plans, store
 from .merge import merge_chains, merge_small
 from .optimize import optimize
 from .schedule import Schedule, plan_memory, schedule
-from .split import split_large_reductions
+from .split import accumulate_parts, split_large_reductions
 
 
 def compile_schedule(outputs: list[Node], target: Target, nest: int = 0) -> Schedule:
@@ -46,6 +47,8 @@ def _compile(outputs: list[Node], target: Target, nest: int) -> Schedule:
     if target.kind == "cuda":
         graph = split_large_reductions(graph, target)
     sched = schedule(graph, nest=nest)
+    if target.kind == "cuda":
+        accumulate_parts(sched)
     optimize(sched, target)
     if target.kind == "cuda":
         merge_chains(sched)

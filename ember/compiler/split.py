@@ -3,12 +3,19 @@ long axes, which would leave most of the GPU idle, in two stages."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from .. import dtype as dt
 from .. import ir
-from ..ir import Node, Op
+from ..ir import Node, Op, toposort
 from ..target import Target
-from .rewrite import Pat, RuleSet, rewrite
+from . import symbolic as sym
+from .contraction import find
+from .lower import Buffer
+from .rewrite import Pat, RuleSet, rewrite, substitute
+
+if TYPE_CHECKING:
+    from .schedule import Schedule
 
 
 def split_large_reductions(outputs: list[Node], gpu: Target) -> list[Node]:
@@ -145,3 +152,56 @@ def _padded(x: Node, other: Node, axis: int) -> Node | None:
     for link in reversed(chain):
         y = Node(link.op, link.dtype, (y,), link.arg, link.shape)
     return y
+
+
+def accumulate_parts(sched: Schedule) -> None:
+    """split_k's second half, on the kernels: a contraction whose f32 parts only a sum over the
+    parts reads adds its tiles into that sum instead (atomically, onto an output the runtime
+    zeroes first), and the sum's kernel keeps only what it did with the sum (the rounding to
+    bf16), or goes. The parts were written by the product and read back by the sum: 217 MB a
+    layer of GPT-2's step (its four weight gradients), more than L2 holds, twice over memory.
+    The order of the sum is unspecified, as the spec allows; f32 atomics flush subnormals (as
+    the scatter's)."""
+    writer = {k.out.id: k for k in sched.kernels}
+    readers: dict[int, int] = {}
+    for k in sched.kernels:
+        for bid in {b.id for b in k.reads}:
+            readers[bid] = readers.get(bid, 0) + 1
+    fresh = max((b.id for b in sched.buffers), default=0) + 1
+    gone: set[int] = set()
+    for r in sched.kernels:
+        sums = [n for n in toposort([r.store]) if n.op is Op.REDUCE]
+        if len(sums) != 1 or sums[0].arg[0] is not Op.SUM or len(sums[0].arg[1]) != 1 or \
+                sums[0].srcs[0].op is not Op.LOAD or len(sums[0].srcs[0].srcs) != 2:
+            continue
+        (total,), load = sums, sums[0].srcs[0]
+        parts = writer.get(load.srcs[0].arg)
+        if parts is None or parts.out.kind != "temp" or readers.get(parts.out.id) != 1 or \
+                find(parts) is None or parts.out.dtype is not dt.f32:
+            continue
+        # the sum reads the parts where the product wrote them: each of the sum's ranges (the
+        # parts' among them) walks them with the stride of one of the product's, of its size
+        (s,) = total.arg[1]
+        theirs, const = sym.linear(load.srcs[1])
+        mine, base = sym.linear(parts.store.srcs[1])
+        twin = {x: next((y for y, cy in mine.items() if cy == cx and y.arg[1] == x.arg[1]), None)
+                for x, cx in theirs.items()}
+        one_to_one = None not in twin.values() and len(set(twin.values())) == len(twin) == len(mine)
+        if s not in twin or not one_to_one or const != base or math.prod(x.arg[1] for x in theirs) != parts.out.size:
+            continue
+        at = r.store.srcs[1]   # the product adds each value where the sum would have put it
+        if total is r.value and r.out.dtype is dt.f32:
+            into = r.out
+            gone.add(id(r))
+        else:   # into an f32 buffer of the sum's, which the rest of the sum's kernel reads
+            into = Buffer(fresh, dt.f32, r.out.size, "temp", r.reduces.get(total, parts.out.node))
+            fresh += 1
+            sched.temps.append(into)
+            r.store = substitute([r.store], {total: Node(Op.LOAD, dt.f32, (into.ref(), at))})[0]
+            r.reads = [into if b.id == parts.out.id else b for b in r.reads]
+            r.reduces = {}
+        index = substitute([at], {x: y for x, y in twin.items() if x is not s})[0]
+        parts.store = Node(Op.STORE, parts.store.dtype, (into.ref(), index, parts.store.srcs[2]))
+        parts.out, parts.atomic = into, True
+    sched.kernels = [k for k in sched.kernels if id(k) not in gone]
+    sched.temps = [b for b in sched.temps if b.id in {b.id for k in sched.kernels for b in [k.out, *k.reads]}]

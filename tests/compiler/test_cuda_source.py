@@ -194,6 +194,22 @@ def test_a_long_contraction_with_few_tiles_is_split_over_k(monkeypatch: pytest.M
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=0.3)
 
 
+@pytest.mark.skipif(COMPILER is None, reason="neither nvcc nor NVRTC is installed")
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_86"])
+def test_split_k_parts_add_into_their_sum(arch: str, tmp_path: Path) -> None:
+    """GPT-2's attention projection's weight gradient, [768, 768] over 16384 tokens in 16 parts
+    of K: the product adds each part's tiles into the f32 sum (atomically, onto a zeroed output)
+    instead of writing [16, 768, 768] partial sums for a reduce kernel (split.accumulate_parts)."""
+    from .test_gpu_plans import weight_grad
+    kernels = cuda.prepare([weight_grad(16384, 768, 768)], arch).kernels
+    (c,) = [k for k in kernels if k.contraction]
+    assert c.atomic and c.out.size == 768 * 768 and c.contraction.batch_size == 16 and c.plan.instruction != "fma"
+    assert not [k for k in kernels if k.kind == "reduce"]
+    src = cuda.render(cuda.prepare([weight_grad(16384, 768, 768)], arch))
+    assert src.count("atomicAdd((float2*)") == (arch == "sm_90a") and "atomicAdd(&" in src or arch == "sm_90a"
+    assert compile_cuda(src, arch, tmp_path) is None
+
+
 def test_small_kernels_run_as_batches() -> None:
     """Small kernels whose outputs no large kernel reads go last, a batch per level of their own
     dependencies (a level of one stays a kernel); the large one stays in front (source only)."""

@@ -52,6 +52,12 @@ def adam_chain(flipped: bool = False) -> list[ir.Node]:
     return [m1, v1, ir.binary(Op.SUB, w, ir.binary(Op.MUL, step, c(1e-3)))]
 
 
+def weight_grad(k: int, m: int, n: int) -> ir.Node:
+    """sum over k of a[k, m] b[k, n] in bf16: a weight gradient, whose long K split_k parts."""
+    a, b = ir.param("a", dt.bf16, (k, m, 1)), ir.param("b", dt.bf16, (k, 1, n))
+    return ir.reduce(Op.SUM, ir.binary(Op.MUL, ir.expand(a, (k, m, n)), ir.expand(b, (k, m, n))), (0,))
+
+
 def case(name: str) -> list[ir.Node]:
     f = lambda n, s: ir.param(n, dt.f32, s)  # noqa: E731
     if name == "transpose":
@@ -102,3 +108,16 @@ def test_gpu_plan_matches_reference(name: str) -> None:
     got = runners.BACKENDS["cuda"].run(outputs, inputs)
     assert compare(outputs, got, ref.evaluate(outputs, inputs)) is None
 
+
+
+def test_split_k_parts_add_into_their_sum(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A weight gradient split along K (split.split_k) adds its parts into the sum atomically
+    (split.accumulate_parts): the value is the reference's, within bf16's rounding."""
+    from ember.compiler import split
+    monkeypatch.setattr(split, "MIN_SPLIT_K", 64)
+    dw = weight_grad(2048, 64, 128)
+    rng = np.random.default_rng(0)
+    inputs = {p: rng.standard_normal(p.shape).astype(np.float32) for p in ir.toposort([dw]) if p.op is Op.PARAM}
+    got = runners.BACKENDS["cuda"].run([dw], inputs)[0]
+    want = ref.evaluate([dw], inputs)[0]
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-2, atol=0.5)
