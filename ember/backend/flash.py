@@ -80,10 +80,9 @@ def _hopper_helpers(kernels: list[Kernel]) -> str:
         return ""
     scores, products = set(), set()
     for k in hopper:
-        d = _sizes(k)[4]
         dtype = k.fused[0].srcs[0].dtype.name
         scores.add((dtype, _plan(k)[1]))
-        products.add((dtype, d))
+        products.add((dtype, pitch(_columns(k), True)))
     out = WGMMA
     for dtype, n in sorted(scores):
         out += wgmma_helper(dtype, n, 0, 0, f"ember_wgmma_s_{dtype}_n{n}")
@@ -124,6 +123,18 @@ def _sizes(k: Kernel) -> tuple[str, int, int, int, int]:
 WS_STAGES = 2
 WS_OWN = {"attention": (0,), "attention_dq": (0, 4), "attention_dkdv": (1, 2)}
 WS_TILED = {"attention": (1, 2), "attention_dq": (1, 2), "attention_dkdv": (0, 4)}
+
+
+def pitch(d: int, hopper: bool) -> int:
+    """flash.cuh's ember_pitch: the elements a shared-memory row of d 16-bit values takes (sm_90a:
+    panels of 64 columns; mma.sync: an odd count of 16-byte chunks where d is no multiple of 64)."""
+    return -(-d // 64) * 64 if hopper else d if d % 64 == 0 or (d // 8) % 2 else d + 8
+
+
+def _columns(k: Kernel) -> int:
+    """The columns of the kernel's accumulators before sm_90a's padding: D, or dk|dv's share (split)."""
+    assert isinstance(k.plan, FlashPlan)
+    return _sizes(k)[4] // k.plan.split
 
 
 def _plan(k: Kernel) -> tuple[int, int, int]:
@@ -203,10 +214,10 @@ def smem_bytes(k: Kernel) -> int:
     rows, tile, _ = _plan(k)
     if _f32(k):
         return 4 * tile * d * 4
-    own = (1 if kind == "attention" else 2) * rows
+    own, p = (1 if kind == "attention" else 2) * rows, pitch(d, _wgmma(k))
     if ws_heads(k) is not None:
-        return (own + 2 * WS_STAGES * tile) * d * 2 + 1024
-    return (own + 4 * tile) * d * 2 + 1024 * _wgmma(k)
+        return (own + 2 * WS_STAGES * tile) * p * 2 + 1024
+    return (own + 4 * tile) * p * 2 + 1024 * _wgmma(k)
 
 
 def launch(k: Kernel, sms: int) -> tuple[tuple[int, int, int], int, int]:
@@ -215,7 +226,8 @@ def launch(k: Kernel, sms: int) -> tuple[tuple[int, int, int], int, int]:
     blocks = -(-(s_len if kind == "attention_dkdv" else t_len) // rows)
     if kind == "attention" and ws_heads(k) is not None:   # persistent: a block per SM at most
         return (min(blocks * n, sms), 1, 1), threads, smem_bytes(k)
-    return (blocks, n, 1), threads, smem_bytes(k)
+    assert isinstance(k.plan, FlashPlan)
+    return (blocks, n, k.plan.split), threads, smem_bytes(k)
 
 
 def scores(k: Kernel) -> Scores:
@@ -388,6 +400,8 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
     fn = {"attention": "fwd", "attention_dq": "dq", "attention_dkdv": "dkdv"}[kind]
     fn = f"ember_flash32_{fn}" if _f32(k) else f"ember_flash_{fn}"
     flag = "" if kind == "attention" else f", {str(dgrad).lower()}"
+    if kind == "attention_dkdv" and not _f32(k) and _columns(k) != d:   # the columns a block adds up
+        flag += f", {_columns(k)}"
     rows, tile, threads = _plan(k)
     heads = ws_heads(k)
     if heads is not None:   # q, k, v (and do) by TMA: the tensor maps follow the buffers, by value

@@ -45,7 +45,7 @@ from .lower import Buffer, Kernel, Lowerer, flat_index
 from .rewrite import P, RuleSet, rewrite, substitute
 from .simplify import fused_canonical
 
-HEAD_DIMS = (64, 128)      # head sizes the kernels are written for
+HEAD_DIMS = (32, 64, 80, 96, 128, 256)   # head sizes the kernels have tile sizes for (TILES)
 OPERANDS = (dt.bf16, dt.f16, dt.f32)   # f16/bf16 on tensor cores, f32 on CUDA cores
 MASKED = -1e9              # a mask constant at or below this is -inf (see above)
 
@@ -388,7 +388,7 @@ def _match_scores(o_sum: Node, lab: Labels, v_op: Node, o_only: bool, wrt: froze
 
 
 def fuse(outputs: list[Node]) -> list[Node]:
-    """The graph with every attention of f16, bf16 or f32 operands and head size 64 or 128
+    """The graph with every attention of f16, bf16 or f32 operands and a head size of HEAD_DIMS
     replaced by the flash kernels. Left alone when a gradient is taken of a gradient (the
     backward kernels have no gradient of their own)."""
     nodes = toposort(outputs)
@@ -565,36 +565,48 @@ class FlashPlan:
     threads: int
     wgmma: bool = False   # sm_90a: every product on wgmma (EmberWg<true>)
     heads: int = 0        # the warp-specialized kernels (TMA): the heads q, k, v are seen in; 0: cp.async
+    split: int = 1        # dk|dv: blocks a key block's columns are split over (blockIdx.z; SPLIT)
 
     def __str__(self) -> str:
         how = f"warp-specialized, {self.heads} heads" if self.heads else "wgmma" if self.wgmma else "mma.sync"
-        return f"flash: {self.rows} rows, tiles of {self.tile}, {self.threads} threads, {how}"
+        cols = f", columns in {self.split}" if self.split > 1 else ""
+        return f"flash: {self.rows} rows, tiles of {self.tile}, {self.threads} threads, {how}{cols}"
 
 
 THREADS = 128   # 4 warps
 # kind -> head size -> (rows a block owns, rows of each tile streamed past them), the templates'
 # ROWS and TILE: the forward's block is 2 tiles of 16 query rows per warp, so each K fragment
-# loaded serves both; D = 128 streams shorter tiles where the accumulators would not fit in
-# registers otherwise
-TILES = {"attention": {64: (128, 64), 128: (128, 32)},
-         "attention_dq": {64: (64, 64), 128: (64, 64)},
-         "attention_dkdv": {64: (64, 64), 128: (64, 32)}}
+# loaded serves both; larger D streams shorter tiles where the accumulators would not fit in
+# registers otherwise (D = 256: 128 of o a thread, one row tile a warp), and sm_86's 99 KB of
+# shared memory bounds D = 256's (96 KB: its own rows and two double-buffered tiles)
+TILES = {"attention": {32: (128, 64), 64: (128, 64), 80: (128, 64), 96: (128, 32), 128: (128, 32), 256: (64, 32)},
+         "attention_dq": {32: (64, 64), 64: (64, 64), 80: (64, 64), 96: (64, 64), 128: (64, 64), 256: (64, 16)},
+         "attention_dkdv": {32: (64, 64), 64: (64, 64), 80: (64, 32), 96: (64, 32), 128: (64, 32), 256: (64, 16)}}
+# dk|dv at D = 256: a thread's dk and dv accumulators would be 256 registers, so two blocks take
+# a key block, 128 columns each, and both compute its scores (the templates' DC)
+SPLIT = {256: 2}
 
 
 HOPPER_ROWS, HOPPER_THREADS = 128, 256   # sm_90a's forward: two warpgroups of 64 rows
-HOPPER_TILE = {64: 128, 128: 64}   # its keys per tile, by head size (D = 128: 160 KB of tiles at 128, one block an SM)
+# its keys per tile, by head size (D = 128: 160 KB of tiles at 128, one block an SM; the tiles of
+# D = 32, 80 and 96 are those of the panels of 64 columns they are padded to: 64 and 128)
+HOPPER_TILE = {32: 128, 64: 128, 80: 64, 96: 64, 128: 64, 256: 64}
 
 
 # f32 operands (CUDA cores): kind -> head size -> (rows a block owns, rows of each tile streamed
-# past them); the forward's threads hold two rows each, the backward's one; 32 KB of tiles
-TILES32 = {"attention": {64: (64, 32), 128: (32, 16)},
-           "attention_dq": {64: (32, 32), 128: (16, 16)},
-           "attention_dkdv": {64: (32, 32), 128: (16, 16)}}
+# past them); the forward's threads hold two rows each, the backward's one, G threads a row
+# (ember_g32: 4, 4, 4, 4, 8, 16 for the head sizes below), so ROWS is 256 / G and 128 / G;
+# 8-64 KB of tiles (D = 32's forward: tiles of 32 spilled a loop counter on sm_90a)
+TILES32 = {"attention": {32: (64, 16), 64: (64, 32), 80: (64, 32), 96: (64, 32), 128: (32, 16), 256: (16, 16)},
+           "attention_dq": {32: (32, 32), 64: (32, 32), 80: (32, 32), 96: (32, 16), 128: (16, 16), 256: (8, 16)},
+           "attention_dkdv": {32: (32, 32), 64: (32, 32), 80: (32, 32), 96: (32, 16), 128: (16, 16), 256: (8, 16)}}
 
 
 # the warp-specialized kernels (ember_flash_*_ws, sm_90a): 128 rows a block, tiles of this many
-# rows streamed past them (the forward's keys; the backward's keys for dq, queries for dk|dv)
+# rows streamed past them (the forward's keys; the backward's keys for dq, queries for dk|dv);
+# D = 256 halves them (192 KB of shared memory, and the consumers' 240 registers)
 WS_TILE = {"attention": 128, "attention_dq": 64, "attention_dkdv": 64}
+WS_TILE_256 = {"attention": 64, "attention_dq": 32, "attention_dkdv": 32}
 WS_THREADS = 384
 
 
@@ -607,11 +619,13 @@ def flash_plan(k: Kernel, gpu: Target, warp_specialized: bool = True) -> FlashPl
     kind, d = node.arg[0], node.srcs[0].shape[2]
     if node.srcs[0].dtype is dt.f32:   # CUDA cores: tensor cores would round the operands
         return FlashPlan(*TILES32[kind][d], THREADS)
+    split = SPLIT.get(d, 1) if kind == "attention_dkdv" else 1
     if not gpu.wgmma:
-        return FlashPlan(*TILES[kind][d], THREADS)
+        return FlashPlan(*TILES[kind][d], THREADS, split=split)
     heads = {v.heads for v in views[:3] if v is not None and v.heads > 1}
     if len(heads) <= 1 and warp_specialized:
-        return FlashPlan(HOPPER_ROWS, WS_TILE[kind], WS_THREADS, True, heads.pop() if heads else 1)
+        tile = (WS_TILE_256 if d > 128 else WS_TILE)[kind]
+        return FlashPlan(HOPPER_ROWS, tile, WS_THREADS, True, heads.pop() if heads else 1, split)
     if kind == "attention":
         return FlashPlan(HOPPER_ROWS, HOPPER_TILE[d], HOPPER_THREADS, True)
-    return FlashPlan(*TILES[kind][d], THREADS, True)
+    return FlashPlan(*TILES[kind][d], THREADS, True, split=split)

@@ -82,10 +82,23 @@ CASES = {
     "f32_heads": ((2, 2, 37, 64), (2, 2, 37, 64), True, dt.f32, dt.f32),
     "f32_causal_t_lt_s": ((1, 2, 40, 64), (1, 2, 72, 64), True, dt.f32, dt.f32),  # keys past every query
 }
+# the other head sizes (attention.HEAD_DIMS), each on tensor cores and on CUDA cores; S never a
+# multiple of a tile
+HEAD_CASES = {
+    "bf16_causal_d32": ((1, 2, 70, 32), (1, 2, 70, 32), True, dt.bf16, dt.bf16),
+    "autocast_full_d80": ((1, 2, 48, 80), (1, 2, 100, 80), False, dt.f32, dt.bf16),   # T != S
+    "f16_causal_d96": ((2, 70, 96), (2, 70, 96), True, dt.f16, dt.f16),
+    "bf16_causal_d256": ((1, 2, 65, 256), (1, 2, 65, 256), True, dt.bf16, dt.bf16),
+    "f32_causal_d32": ((1, 2, 70, 32), (1, 2, 70, 32), True, dt.f32, dt.f32),
+    "f32_full_d80": ((1, 2, 48, 80), (1, 2, 100, 80), False, dt.f32, dt.f32),
+    "f32_causal_d96": ((2, 37, 96), (2, 37, 96), True, dt.f32, dt.f32),
+    "f32_causal_d256": ((1, 2, 40, 256), (1, 2, 40, 256), True, dt.f32, dt.f32),
+}
+ALL_CASES = {**CASES, **HEAD_CASES}
 
 
 def case(name: str) -> tuple[list[Node], list[Node]]:
-    qs, ks, mask, hi, low = CASES[name]
+    qs, ks, mask, hi, low = ALL_CASES[name]
     if name.endswith("_heads"):   # the heads of one [B, T, 3 H D] projection, as a GPT's attention
         b, h, t_len, d = qs
         x = ir.param("x", hi, (b, t_len, 3 * h * d))
@@ -96,7 +109,7 @@ def case(name: str) -> tuple[list[Node], list[Node]]:
     return loss_and_grads(attention_graph(q, k, v, mask, low), [q, k, v]), [q, k, v]
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", list(ALL_CASES))
 def test_attention_and_its_gradient_are_fused(name: str) -> None:
     outputs, _ = case(name)
     assert fused_kinds(outputs) == ["attention", "attention_dkdv", "attention_dq"]
@@ -121,7 +134,7 @@ def test_a_forward_with_no_gradient_returns_o_alone(low: dt.DType, tmp_path: Pat
         assert compile_cuda(cuda.render(cuda.prepare(outputs, arch)), arch, tmp_path) is None
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", list(ALL_CASES))
 def test_fused_graph_matches_the_graph_it_came_from(name: str) -> None:
     """The rewrite's plumbing (axes, permutes, scale, mask, vjp) on the reference evaluator: the
     FUSED nodes run in f64 there, so only the graph's own bf16/f16 roundings differ."""
@@ -129,7 +142,7 @@ def test_fused_graph_matches_the_graph_it_came_from(name: str) -> None:
     inputs = inputs_for(outputs)
     want = ref.evaluate(outputs, inputs)
     got = ref.evaluate(autodiff.expand_grads(attention.fuse(outputs)), inputs)
-    assert compare(outputs, got, want, precision=CASES[name][4]) is None
+    assert compare(outputs, got, want, precision=ALL_CASES[name][4]) is None
 
 
 def test_layouts_of_the_products_do_not_matter() -> None:
@@ -207,13 +220,13 @@ def test_any_elementwise_score_is_fused(what: str) -> None:
     assert compare(outputs, got, ref.evaluate(outputs, inputs)) is None
 
 
-@pytest.mark.parametrize("what", ["f64", "head_dim_32", "grad_of_grad", "transposed", "flipped", "bias_with_grad"])
+@pytest.mark.parametrize("what", ["f64", "head_dim_48", "grad_of_grad", "transposed", "flipped", "bias_with_grad"])
 def test_what_is_not_flash_attention_is_left_alone(what: str, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture) -> None:
     """Not fused, each with an EMBER_DEBUG=1 line saying why where the softmax was found: scores
     that read other positions' scores, a gradient asked of the score graph's bias."""
     monkeypatch.setenv("EMBER_DEBUG", "1")
-    hi, low, d = (dt.f64, dt.f64, 64) if what == "f64" else (dt.f32, dt.bf16, 32 if what == "head_dim_32" else 64)
+    hi, low, d = (dt.f64, dt.f64, 64) if what == "f64" else (dt.f32, dt.bf16, 48 if what == "head_dim_48" else 64)
     o, params = _scored(what, hi, low, d)
     outputs = [o]
     if what == "grad_of_grad":
@@ -222,7 +235,7 @@ def test_what_is_not_flash_attention_is_left_alone(what: str, monkeypatch: pytes
     elif what == "bias_with_grad":
         outputs = loss_and_grads(o, params)
     assert fused_kinds(outputs) == []
-    why = {"head_dim_32": "head sizes 32", "transposed": "other positions", "flipped": "no elementwise function",
+    why = {"head_dim_48": "head sizes 48", "transposed": "other positions", "flipped": "no elementwise function",
            "bias_with_grad": "gradient is taken through the score graph"}
     if what in why:
         assert why[what] in capsys.readouterr().err
@@ -254,6 +267,53 @@ def test_no_score_sized_buffer_is_planned(low: dt.DType) -> None:
     assert len(sched.kernels) <= 14, [k.name for k in sched.kernels]
 
 
+def _head_plans(arch: str, ws: bool = True) -> list:
+    import os
+    from ember.backend import cuda
+    old = os.environ.get("EMBER_FLASH_WS")
+    os.environ["EMBER_FLASH_WS"] = "1" if ws else "0"
+    try:
+        return cuda.prepare([o for name in HEAD_CASES for o in case(name)[0]], arch)
+    finally:
+        os.environ.pop("EMBER_FLASH_WS") if old is None else os.environ.__setitem__("EMBER_FLASH_WS", old)
+
+
+@pytest.mark.parametrize("arch, ws", [("sm_86", True), ("sm_90a", True), ("sm_90a", False)])
+def test_head_sizes_fit_the_target(arch: str, ws: bool) -> None:
+    """Every head size's flash kernels ask for no more shared memory than a block of the target
+    may have (sm_86: 99 KB), and D = 256's dk|dv splits its columns over two blocks (blockIdx.z)
+    where the accumulators of 256 columns would not fit in registers (f32: they do)."""
+    from ember.backend import cuda, flash
+    from ember.target import gpu
+    sched = _head_plans(arch, ws)
+    fused = [k for k in sched.kernels if k.fused is not None]
+    assert len(fused) == 3 * len(HEAD_CASES)
+    for k in fused:
+        (_, _, z), _, smem = flash.launch(k, gpu(arch).sms)
+        assert smem <= gpu(arch).smem_block, (k.fused[0].arg[0], k.fused[0].srcs[0].shape, smem)
+        split = k.fused[0].arg[0] == "attention_dkdv" and k.fused[0].srcs[0].shape[2] == 256 and not flash._f32(k)
+        assert z == (2 if split else 1)
+    assert cuda.launch_config(fused[0], sched.target)   # the launch takes the plan's grid
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("arch, ws", [("sm_86", True), ("sm_90a", True), ("sm_90a", False)])
+def test_head_sizes_compile_without_spills(arch: str, ws: bool, tmp_path: Path) -> None:
+    """CI: the flash kernels of D = 32, 80, 96 and 256 (bf16, f16 and f32) build for sm_86 and
+    sm_90a (warp-specialized, and with EMBER_FLASH_WS=0 the cp.async wgmma ones), and ptxas
+    spills no register in any of them but one: sm_90a's warp-specialized f16 dk|dv at D = 96
+    keeps one value of its tile loop in local memory (8 bytes: one STL and two LDL a tile), as
+    D = 128's (f16_causal_d128) did before these head sizes; its accumulators are D = 128's."""
+    from ember.backend import cuda, flash
+    sched = _head_plans(arch, ws)
+    fused = {k.name: k for k in sched.kernels if k.fused is not None}
+    spilled = spills(cuda.render(sched), arch, tmp_path)
+
+    def allowed(k) -> int:  # type: ignore[no-untyped-def]
+        return 8 if flash.ws_heads(k) and k.fused[0].arg[0] == "attention_dkdv" and k.fused[0].dtype is dt.f16 else 0
+    assert set(fused) <= set(spilled) and {n: spilled[n] for n, k in fused.items() if spilled[n] > allowed(k)} == {}
+
+
 needs_gpu = pytest.mark.skipif("cuda" not in runners.available(), reason="no CUDA GPU")
 
 
@@ -269,6 +329,31 @@ def test_flash_kernels_on_the_gpu_match_the_reference(name: str) -> None:
     # and closer still to what the kernels compute (the FUSED nodes in f64)
     fused = ref.evaluate(autodiff.expand_grads(attention.fuse(outputs)), inputs)
     assert compare(outputs, got, fused, precision=CASES[name][4]) is None
+
+
+@needs_gpu
+@pytest.mark.parametrize("plan", ["gpu", "sm_86", "ws0"])
+def test_head_sizes_on_the_gpu_match_the_reference(plan: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """D = 32, 80, 96 and 256 on the GPU's own plans (sm_90a: warp-specialized), on sm_86's
+    (mma.sync, run here as the course's proxy) and with EMBER_FLASH_WS=0 (sm_90a's cp.async
+    wgmma kernels): forward and the gradients of q, k and v against the reference, one program
+    (its kernels compile in parallel)."""
+    from ember.backend import cuda, run_values
+    monkeypatch.setenv("EMBER_FLASH_WS", "0" if plan == "ws0" else "1")
+    built = {name: case(name)[0] for name in HEAD_CASES}
+    outputs = [o for outs in built.values() for o in outs]
+    inputs = inputs_for(outputs, 8)
+    prog = cuda.CUDAProgram(outputs, plan_arch="sm_86" if plan == "sm_86" else None)
+    assert sum(k.fused is not None for k in prog.sched.kernels) == 3 * len(HEAD_CASES)
+    got = iter(run_values(prog, inputs))
+    prog.free()
+    bad = []
+    for name, outs in built.items():
+        mine = [next(got) for _ in outs]
+        want = ref.evaluate(outs, inputs)
+        if (err := compare(outs, mine, want, precision=HEAD_CASES[name][4])) is not None:
+            bad.append(f"{name}: {err}")
+    assert bad == []
 
 
 @needs_gpu
