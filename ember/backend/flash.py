@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 
 from .. import dtype as dt
-from ..compiler.attention import FIXED, FlashPlan, Scores, placeholders, score_parts
+from ..compiler.attention import FIXED, FlashPlan, Scores, group, placeholders, score_parts
 from ..compiler.lower import Buffer, Kernel
 from ..compiler.rewrite import substitute
 from ..ir import Node, Op, toposort
@@ -148,6 +148,13 @@ def ws_heads(k: Kernel) -> int | None:
     return k.plan.heads or None if isinstance(k.plan, FlashPlan) else None
 
 
+def kv_heads(k: Kernel) -> int:
+    """The heads the warp-specialized kernels see k and v in: q's over the group sharing each
+    (grouped-query attention; compiler/attention.py's flash_plan makes them divide, or q has one)."""
+    assert k.fused is not None and (heads := ws_heads(k)) is not None
+    return max(1, heads // group(k.fused[0]))
+
+
 def _wgmma(k: Kernel) -> bool:
     return isinstance(k.plan, FlashPlan) and k.plan.wgmma
 
@@ -169,6 +176,8 @@ def tma_layouts(k: Kernel) -> list[tuple[int, int, list[int], list[int]]]:
     assert heads is not None
     out = []
     for i in _ws_sources(k):
+        heads = kv_heads(k) if i in (1, 2) else ws_heads(k)
+        assert heads is not None
         (n, rows, d), b, view = node.srcs[i].shape, bufs[i], views[i]
         if view is None:
             offset, strides = 0, [d, rows * d, heads * rows * d]
@@ -383,13 +392,14 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
     members = list(dict.fromkeys(bufs[fixed:]))
     struct = score_struct(r, k, functor)
     sm = f"{functor}{{{', '.join(f'b{b.id}' for b in members)}}}"
-    args = []
-    for src, b, view in zip(node.srcs[:fixed], bufs, views):
+    args, grp = [], group(node)
+    for i, (src, b, view) in enumerate(zip(node.srcs[:fixed], bufs, views)):
+        at = f"(nb / {grp})" if i in (1, 2) and grp > 1 else "nb"   # k and v: a head shared by grp of q's
         if view is None:
-            args.append(f"b{b.id} + (size_t)nb * {math.prod(src.shape[1:])}")
+            args.append(f"b{b.id} + (size_t){at} * {math.prod(src.shape[1:])}")
         else:
-            args.append(f"b{b.id} + {view.offset} + (size_t)(nb / {view.heads}) * {view.sb} + "
-                        f"(size_t)(nb % {view.heads}) * {view.sh}")
+            args.append(f"b{b.id} + {view.offset} + (size_t)({at} / {view.heads}) * {view.sb} + "
+                        f"(size_t)({at} % {view.heads}) * {view.sh}")
     lds = [str(v.ld if v else d) for v in views[:3]]
     call = ", ".join(args + lds)
     dgrad, extra = False, ""
@@ -415,7 +425,8 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
                 + ", ".join(f"const __grid_constant__ EmberTmap {m}" for m in maps) + ") {\n"
                 "  const int nb = blockIdx.y;\n"
                 f"  {fn}_ws<{d}, {tile}, {WS_STAGES}, {str(bf16).lower()}{flag}>(b{k.out.id}, "
-                f"{', '.join('&' + m for m in maps)}, {rest}{heads}, {t_len}, {s_len}{extra}, {sm});\n}}\n")
+                f"{', '.join('&' + m for m in maps)}, {rest}{heads}, {grp}, {kv_heads(k)}, {t_len}, {s_len}{extra}, "
+                f"{sm});\n}}\n")
     flags = flag[2:] if _f32(k) else f"{str(bf16).lower()}, {str(_wgmma(k)).lower()}{flag}"
     return (struct + f"extern \"C\" __global__ void __launch_bounds__({threads}) {signature} {{\n"
             "  const int nb = blockIdx.y;\n"

@@ -65,7 +65,7 @@ template <int D, int ROWS> EMBER_D void ember_flash_tma_tile(unsigned short* dst
    other's products. The element code is ember_flash_fwd's. */
 template <int D, int TILE, int STAGES, bool BF16, typename OUT, typename SM>
 EMBER_D void ember_flash_fwd_ws(OUT* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
-                                int n, int heads, int T, int S, unsigned* next, const SM& sm) {
+                                int n, int heads, int group, int kv_heads, int T, int S, unsigned* next, const SM& sm) {
   constexpr int BM = 128, BN = TILE, NT = ember_cols<D, true>() / 8, P = ember_pitch<D, true>();
   unsigned short *sq = ember_flash_tiles<true>(), *sk = sq + BM * P, *sv = sk + STAGES * BN * P;
   __shared__ __align__(8) unsigned long long bars[2 * STAGES + 2];
@@ -94,8 +94,8 @@ EMBER_D void ember_flash_fwd_ws(OUT* out, const EmberTmap* tq, const EmberTmap* 
         const int st = g % STAGES, ph = (g / STAGES) & 1;
         ember_mbar_wait(&empty[st], ph ^ 1);
         ember_mbar_expect(&full[st], 2 * BN * P * 2);
-        ember_flash_tma_tile<D, BN>(sk + st * BN * P, tk, t * BN, nb, heads, &full[st]);
-        ember_flash_tma_tile<D, BN>(sv + st * BN * P, tv, t * BN, nb, heads, &full[st]);
+        ember_flash_tma_tile<D, BN>(sk + st * BN * P, tk, t * BN, nb / group, kv_heads, &full[st]);
+        ember_flash_tma_tile<D, BN>(sv + st * BN * P, tv, t * BN, nb / group, kv_heads, &full[st]);
       }
       w = gridDim.x + atomicAdd(&next[0], 1);
     }
@@ -143,23 +143,25 @@ EMBER_D void ember_flash_fwd_ws(OUT* out, const EmberTmap* tq, const EmberTmap* 
 }
 
 /* The backward's producer (one thread): the block's own two matrices a and b (rows r0.. of
-   OWN) once, on mbarrier own, then c and d in tiles of TILE rows, first to tiles, through
-   STAGES slots of full and empty mbarriers. */
+   OWN, batch nb_own of heads_own) once, on mbarrier own, then c and d (batch nb_tiled of
+   heads_tiled) in tiles of TILE rows, first to tiles, through STAGES slots of full and empty
+   mbarriers. k and v are at batch nb / group of kv_heads (grouped-query attention). */
 template <int D, int OWN, int TILE, int STAGES>
 EMBER_D void ember_flash_produce(unsigned short* sa, const EmberTmap* ta, unsigned short* sb, const EmberTmap* tb,
                                  int r0, unsigned long long* own, unsigned short* sc, const EmberTmap* tc,
                                  unsigned short* sd, const EmberTmap* td, int first, int tiles,
-                                 unsigned long long* full, unsigned long long* empty, int nb, int heads) {
+                                 unsigned long long* full, unsigned long long* empty, int nb_own, int heads_own,
+                                 int nb_tiled, int heads_tiled) {
   constexpr int P = ember_pitch<D, true>();
   ember_mbar_expect(own, 2 * OWN * P * 2);
-  ember_flash_tma_tile<D, OWN>(sa, ta, r0, nb, heads, own);
-  ember_flash_tma_tile<D, OWN>(sb, tb, r0, nb, heads, own);
+  ember_flash_tma_tile<D, OWN>(sa, ta, r0, nb_own, heads_own, own);
+  ember_flash_tma_tile<D, OWN>(sb, tb, r0, nb_own, heads_own, own);
   for (int t = first; t < tiles; t++) {
     const int st = (t - first) % STAGES, ph = ((t - first) / STAGES) & 1;
     ember_mbar_wait(&empty[st], ph ^ 1);
     ember_mbar_expect(&full[st], 2 * TILE * P * 2);
-    ember_flash_tma_tile<D, TILE>(sc + st * TILE * P, tc, t * TILE, nb, heads, &full[st]);
-    ember_flash_tma_tile<D, TILE>(sd + st * TILE * P, td, t * TILE, nb, heads, &full[st]);
+    ember_flash_tma_tile<D, TILE>(sc + st * TILE * P, tc, t * TILE, nb_tiled, heads_tiled, &full[st]);
+    ember_flash_tma_tile<D, TILE>(sd + st * TILE * P, td, t * TILE, nb_tiled, heads_tiled, &full[st]);
   }
 }
 
@@ -170,8 +172,8 @@ EMBER_D void ember_flash_produce(unsigned short* sa, const EmberTmap* ta, unsign
    together) and its last ones. */
 template <int D, int TILE, int STAGES, bool BF16, bool DGRAD, typename OUT, typename SM>
 EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
-                               const EmberTmap* tdo, const float* packed, const float* di, int heads, int T, int S,
-                               float cs, const SM& sm) {
+                               const EmberTmap* tdo, const float* packed, const float* di, int heads, int group,
+                               int kv_heads, int T, int S, float cs, const SM& sm) {
   constexpr int BM = 128, BN = TILE, NT = ember_cols<D, true>() / 8, P = ember_pitch<D, true>();
   unsigned short *sq = ember_flash_tiles<true>(), *sdo = sq + BM * P, *sk = sdo + BM * P, *sv = sk + STAGES * BN * P;
   __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
@@ -188,7 +190,7 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
     if (threadIdx.x != 0) return;
     const int2 span = ember_flash_span<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, S);
     ember_flash_produce<D, BM, BN, STAGES>(sq, tq, sdo, tdo, row0, own, sk, tk, sv, tv, span.x, span.y, full, empty,
-                                           nb, heads);
+                                           nb, heads, nb / group, kv_heads);
     return;
   }
   ember_setmaxnreg_inc<240>();
@@ -225,8 +227,8 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
 
 template <int D, int TILE, int STAGES, bool BF16, bool DGRAD, int DC = D, typename OUT, typename SM>
 EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
-                                 const EmberTmap* tdo, const float* packed, const float* di, int heads, int T, int S,
-                                 float cs, const SM& sm) {
+                                 const EmberTmap* tdo, const float* packed, const float* di, int heads, int group,
+                                 int kv_heads, int T, int S, float cs, const SM& sm) {
   constexpr int BN = 128, BM = TILE, NT = ember_cols<DC, true>() / 8, P = ember_pitch<D, true>();
   unsigned short *sk = ember_flash_tiles<true>(), *sv = sk + BN * P, *sq = sv + BN * P, *sdo = sq + STAGES * BM * P;
   const int c0 = DC == D ? 0 : blockIdx.z * DC;   /* BN keys per block, BM queries per tile, columns c0.. of dk and dv (ember_flash_dkdv) */
@@ -244,7 +246,7 @@ EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap*
     if (threadIdx.x != 0) return;
     const int2 span = ember_flash_span<BM, true>(sm, nb, key0, min(key0 + BN, S) - 1, T);
     ember_flash_produce<D, BN, BM, STAGES>(sk, tk, sv, tv, key0, own, sq, tq, sdo, tdo, span.x, span.y, full, empty,
-                                           nb, heads);
+                                           nb / group, kv_heads, nb, heads);
     return;
   }
   ember_setmaxnreg_inc<240>();
