@@ -20,7 +20,10 @@ Three kernels on `mma.sync.m16n8k16` (sm_80 and later; f16 or bf16 operands, f32
   in registers) it computes s^T = k q^T directly (keys as rows, so p^T and ds^T are A operands
   with no transpose), then adds p^T do to dv and ds^T q to dk.
 Shared-memory tiles are rows of D 16-bit values in 16-byte chunks, the chunk index XORed with
-the row (eight rows one `ldmatrix` reads fall in eight bank groups).
+the row (eight rows one `ldmatrix` reads fall in eight bank groups); D = 32, 80 and 96 pad rows
+to an odd count of chunks instead, and sm_90a pads them to panels of 64 columns (`pitch`).
+Grouped-query attention: k and v have N / group batches, read at n // group; D = 256's dk|dv
+splits its columns over blockIdx.z (FlashPlan.split).
 On sm_90a (`FlashPlan.wgmma`) every product is wgmma (`EmberWg<true>`): scores from tiles in the
 128-byte-swizzled layout (`ember_hswz`), and p (or ds) kept in registers as the A operand of
 the product that follows, the other operand read transposed. The three kernels are the ones
@@ -38,8 +41,8 @@ registers) take turns at issuing their products (named barriers), so one's softm
 the other's products. The forward is persistent (a block an SM, items from a counter).
 
 f32 operands (tensor cores would round them) take three kernels of their own on CUDA cores
-(`ember_flash32_*`, sizes in TILES32): G = D / 16 neighbouring threads hold a row, 16 of its
-values each in registers; every thread of a block reads the same key (or query) row of a
+(`ember_flash32_*`, sizes in TILES32): G neighbouring threads hold a row, D / G of its values
+each in registers (ember_g32); every thread of a block reads the same key (or query) row of a
 shared-memory tile at once, a broadcast, and a row's dot products are summed over its G threads
 with shuffles. The forward holds two query rows a thread (each key loaded serves both) and
 updates the running max every 16 keys; dq and dk|dv hold one row. 96-134 registers, no local
