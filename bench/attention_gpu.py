@@ -1,17 +1,19 @@
 """Attention on the GPU: Ember's flash kernels, derived from the primitive graph (expand-mul-sum,
 iota mask, max, exp2, sum, div, expand-mul-sum), beside PyTorch's SDPA flash in the same run.
 
-    PYTHONPATH=. python3 bench/attention_gpu.py [--quick | --f32-memory | --variants]
+    PYTHONPATH=. python3 bench/attention_gpu.py [--quick | --f32-memory | --variants] [--dims 32,80,96,256]
 
-bf16, 16k tokens a batch (batch = 16384 / S) and a model width of 2048 (heads = 2048 / D), as
-FlashAttention's own benchmarks. FLOPs: 4 B H S^2 D for the forward (two matmuls), 2.5 times
+bf16, 16k tokens a batch (batch = 16384 / S) and a model width of 2048 (heads = 2048 / D, rounded
+down), as FlashAttention's own benchmarks; --dims picks the head sizes (64 and 128 unless given).
+FLOPs: 4 B H S^2 D for the forward (two matmuls), 2.5 times
 that for the backward; causal counts half. "program" times Ember's whole compiled program (its
 layout copies and casts included), "kernel" the flash kernels alone. Every result is checked
 against PyTorch before it is timed. Peak: 989 TFLOP/s (H200, dense bf16).
 
 --variants: the score forms of issue 30 at B4 H16 S2048 D64 bf16 (key-padding mask from a bool
 param, causal ALiBi, soft-capping, a sliding window of 1024, a scale written (s + s) * 0.5, q scaled
-before the product, causal), written with F.scaled_dot_product_attention, F.flex_attention or
+before the product, causal, causal grouped-query attention of 4 q heads a k/v head), written
+with F.scaled_dot_product_attention, F.flex_attention or
 plain Tensor ops, beside SDPA with the equivalent attn_mask and FlexAttention compiled (where
 torch has it); the ratio is to the faster of the two. FLOPs count the scores kept.
 """
@@ -79,6 +81,7 @@ def main() -> None:
                     help="only f32 attention's device memory and time at S = 1024, 2048, 4096 (issue 9: not S^2)")
     ap.add_argument("--variants", action="store_true", help="the score forms of issue 30 (masks, biases, softcap)")
     ap.add_argument("--flex", default=".", help="--variants: those this regular expression finds get FlexAttention")
+    ap.add_argument("--dims", default="64,128", help="the head sizes of the main table, e.g. 32,80,96,256")
     args = ap.parse_args()
     if args.f32_memory:
         f32_memory()
@@ -88,7 +91,7 @@ def main() -> None:
         return
     print(f"{'case':28} {'pass':8} {'Ember TFLOP/s':>13} {'(kernel)':>9} {'SDPA':>7} {'ratio':>6} {'% peak':>7} "
           f"{'ms':>7} {'compile':>8}")
-    for d in (64, 128):
+    for d in (int(x) for x in args.dims.split(",")):
         for s in (1024, 4096, 16384):
             if args.quick and (d != 64 or s > 4096):
                 continue
@@ -187,7 +190,8 @@ def run_case(d: int, s: int, causal: bool, only: str | None = None) -> None:
 
 
 VB, VH, VS, VD, WINDOW, CAP = 4, 16, 2048, 64, 1024, 30.0
-VARIANTS = ["key_padding", "window", "alibi", "doubled", "q_prescaled", "causal", "softcap"]
+GROUP = 4   # "gqa": q heads a k/v head
+VARIANTS = ["key_padding", "window", "alibi", "doubled", "q_prescaled", "causal", "softcap", "gqa"]
 
 
 def _variant_inputs() -> dict[str, np.ndarray]:
@@ -214,7 +218,7 @@ def _ember_variant(name: str, q, k, v, pad, slopes):  # type: ignore[no-untyped-
         return ((sc + sc) * (0.5 * scale)).softmax(-1) @ v
     if name == "q_prescaled":
         return F.scaled_dot_product_attention(q * scale, k, v, is_causal=True, scale=1.0)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=name == "gqa")
 
 
 def _torch_variant(name: str, tq, tk, tv, tpad, tslopes, with_flex: bool):  # type: ignore[no-untyped-def]
@@ -254,6 +258,8 @@ def _torch_variant(name: str, tq, tk, tv, tpad, tslopes, with_flex: bool):  # ty
         return lambda: sdpa(tq, tk, tv), None, 1.0
     if name == "q_prescaled":
         return lambda: sdpa(tq * scale, tk, tv, is_causal=True, scale=1.0), None, causal
+    if name == "gqa":
+        return lambda: sdpa(tq, tk, tv, is_causal=True, enable_gqa=True), None, causal
     return lambda: sdpa(tq, tk, tv, is_causal=True), None, causal
 
 
@@ -266,17 +272,20 @@ def variants(only: str | None = None, flex: str = "") -> None:
           f"{'compile':>8} {'error':>8}")
     extra = _variant_inputs()
     g = torch.Generator(device="cuda").manual_seed(0)
-    tq, tk, tv, tw = (torch.randn((VB, VH, VS, VD), device="cuda", generator=g).to(torch.bfloat16) for _ in range(4))
+    tq, tk_all, tv_all, tw = (torch.randn((VB, VH, VS, VD), device="cuda", generator=g).to(torch.bfloat16)
+                              for _ in range(4))
     tpad = torch.tensor(extra["pad"], device="cuda")
     tslopes = torch.tensor(extra["slopes"], device="cuda", dtype=torch.float32)
     for name in VARIANTS:
         if only and not re.search(only, name):
             continue
-        params = [ir.param(n, dt.bf16, (VB, VH, VS, VD)) for n in "qkvw"]
+        kv = VH // GROUP if name == "gqa" else VH   # k's and v's heads
+        params = [ir.param(n, dt.bf16, (VB, kv if n in "kv" else VH, VS, VD)) for n in "qkvw"]
         pad, slopes = ir.param("pad", dt.bool_, (VB, VS)), ir.param("slopes", dt.f32, (VH,))
         q, k, v, w = (T.Tensor(p) for p in params)
         o = _ember_variant(name, q, k, v, T.Tensor(pad), T.Tensor(slopes))
         loss = (o.float() * w.float()).sum()
+        tk, tv = (x[:, :kv].contiguous() for x in (tk_all, tv_all))
         inputs = {p: data.to_storage(x.float().cpu().numpy(), dt.bf16) for p, x in zip(params, (tq, tk, tv, tw))}
         inputs.update({pad: extra["pad"], slopes: extra["slopes"].astype(np.float32)})
         sdpa, flexed, kept = _torch_variant(name, tq, tk, tv, tpad, tslopes, bool(re.search(flex, name)))

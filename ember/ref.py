@@ -163,6 +163,7 @@ def _attention(node: Node, srcs: list[np.ndarray], rnd: Callable = _float) -> np
     from .compiler.attention import FIXED, placeholders, score_derivative
     kind, score = node.arg
     q, k, v = (a.astype(np.float64) for a in srcs[:3])
+    k, v = (np.repeat(x, q.shape[0] // k.shape[0], 0) for x in (k, v))   # heads shared by groups of q heads
     raw, extra = placeholders(score)
     inputs = {raw: q @ k.transpose(0, 2, 1), **{p: srcs[FIXED[kind] + i] for i, p in enumerate(extra)}}
     values: dict[Node, np.ndarray] = {}

@@ -20,7 +20,10 @@ Three kernels on `mma.sync.m16n8k16` (sm_80 and later; f16 or bf16 operands, f32
   in registers) it computes s^T = k q^T directly (keys as rows, so p^T and ds^T are A operands
   with no transpose), then adds p^T do to dv and ds^T q to dk.
 Shared-memory tiles are rows of D 16-bit values in 16-byte chunks, the chunk index XORed with
-the row (eight rows one `ldmatrix` reads fall in eight bank groups).
+the row (eight rows one `ldmatrix` reads fall in eight bank groups); D = 32, 80 and 96 pad rows
+to an odd count of chunks instead, and sm_90a pads them to panels of 64 columns (`pitch`).
+Grouped-query attention: k and v have N / group batches, read at n // group; D = 256's dk|dv
+splits its columns over blockIdx.z (FlashPlan.split).
 On sm_90a (`FlashPlan.wgmma`) every product is wgmma (`EmberWg<true>`): scores from tiles in the
 128-byte-swizzled layout (`ember_hswz`), and p (or ds) kept in registers as the A operand of
 the product that follows, the other operand read transposed. The three kernels are the ones
@@ -38,8 +41,8 @@ registers) take turns at issuing their products (named barriers), so one's softm
 the other's products. The forward is persistent (a block an SM, items from a counter).
 
 f32 operands (tensor cores would round them) take three kernels of their own on CUDA cores
-(`ember_flash32_*`, sizes in TILES32): G = D / 16 neighbouring threads hold a row, 16 of its
-values each in registers; every thread of a block reads the same key (or query) row of a
+(`ember_flash32_*`, sizes in TILES32): G neighbouring threads hold a row, D / G of its values
+each in registers (ember_g32); every thread of a block reads the same key (or query) row of a
 shared-memory tile at once, a broadcast, and a row's dot products are summed over its G threads
 with shuffles. The forward holds two query rows a thread (each key loaded serves both) and
 updates the running max every 16 keys; dq and dk|dv hold one row. 96-134 registers, no local
@@ -52,7 +55,7 @@ from __future__ import annotations
 import math
 
 from .. import dtype as dt
-from ..compiler.attention import FIXED, FlashPlan, Scores, placeholders, score_parts
+from ..compiler.attention import FIXED, FlashPlan, Scores, group, placeholders, score_parts
 from ..compiler.lower import Buffer, Kernel
 from ..compiler.rewrite import substitute
 from ..ir import Node, Op, toposort
@@ -80,10 +83,9 @@ def _hopper_helpers(kernels: list[Kernel]) -> str:
         return ""
     scores, products = set(), set()
     for k in hopper:
-        d = _sizes(k)[4]
         dtype = k.fused[0].srcs[0].dtype.name
         scores.add((dtype, _plan(k)[1]))
-        products.add((dtype, d))
+        products.add((dtype, pitch(_columns(k), True)))
     out = WGMMA
     for dtype, n in sorted(scores):
         out += wgmma_helper(dtype, n, 0, 0, f"ember_wgmma_s_{dtype}_n{n}")
@@ -126,6 +128,18 @@ WS_OWN = {"attention": (0,), "attention_dq": (0, 4), "attention_dkdv": (1, 2)}
 WS_TILED = {"attention": (1, 2), "attention_dq": (1, 2), "attention_dkdv": (0, 4)}
 
 
+def pitch(d: int, hopper: bool) -> int:
+    """flash.cuh's ember_pitch: the elements a shared-memory row of d 16-bit values takes (sm_90a:
+    panels of 64 columns; mma.sync: an odd count of 16-byte chunks where d is no multiple of 64)."""
+    return -(-d // 64) * 64 if hopper else d if d % 64 == 0 or (d // 8) % 2 else d + 8
+
+
+def _columns(k: Kernel) -> int:
+    """The columns of the kernel's accumulators before sm_90a's padding: D, or dk|dv's share (split)."""
+    assert isinstance(k.plan, FlashPlan)
+    return _sizes(k)[4] // k.plan.split
+
+
 def _plan(k: Kernel) -> tuple[int, int, int]:
     """(rows a block owns, rows a tile streams, threads a block): the plan optimize chose."""
     assert isinstance(k.plan, FlashPlan)
@@ -135,6 +149,13 @@ def _plan(k: Kernel) -> tuple[int, int, int]:
 def ws_heads(k: Kernel) -> int | None:
     """The heads the warp-specialized kernels see q, k, v in, or None for the cp.async kernels."""
     return k.plan.heads or None if isinstance(k.plan, FlashPlan) else None
+
+
+def kv_heads(k: Kernel) -> int:
+    """The heads the warp-specialized kernels see k and v in: q's over the group sharing each
+    (grouped-query attention; compiler/attention.py's flash_plan makes them divide, or q has one)."""
+    assert k.fused is not None and (heads := ws_heads(k)) is not None
+    return max(1, heads // group(k.fused[0]))
 
 
 def _wgmma(k: Kernel) -> bool:
@@ -158,6 +179,8 @@ def tma_layouts(k: Kernel) -> list[tuple[int, int, list[int], list[int]]]:
     assert heads is not None
     out = []
     for i in _ws_sources(k):
+        heads = kv_heads(k) if i in (1, 2) else ws_heads(k)
+        assert heads is not None
         (n, rows, d), b, view = node.srcs[i].shape, bufs[i], views[i]
         if view is None:
             offset, strides = 0, [d, rows * d, heads * rows * d]
@@ -203,10 +226,10 @@ def smem_bytes(k: Kernel) -> int:
     rows, tile, _ = _plan(k)
     if _f32(k):
         return 4 * tile * d * 4
-    own = (1 if kind == "attention" else 2) * rows
+    own, p = (1 if kind == "attention" else 2) * rows, pitch(d, _wgmma(k))
     if ws_heads(k) is not None:
-        return (own + 2 * WS_STAGES * tile) * d * 2 + 1024
-    return (own + 4 * tile) * d * 2 + 1024 * _wgmma(k)
+        return (own + 2 * WS_STAGES * tile) * p * 2 + 1024
+    return (own + 4 * tile) * p * 2 + 1024 * _wgmma(k)
 
 
 def launch(k: Kernel, sms: int) -> tuple[tuple[int, int, int], int, int]:
@@ -215,7 +238,8 @@ def launch(k: Kernel, sms: int) -> tuple[tuple[int, int, int], int, int]:
     blocks = -(-(s_len if kind == "attention_dkdv" else t_len) // rows)
     if kind == "attention" and ws_heads(k) is not None:   # persistent: a block per SM at most
         return (min(blocks * n, sms), 1, 1), threads, smem_bytes(k)
-    return (blocks, n, 1), threads, smem_bytes(k)
+    assert isinstance(k.plan, FlashPlan)
+    return (blocks, n, k.plan.split), threads, smem_bytes(k)
 
 
 def scores(k: Kernel) -> Scores:
@@ -371,13 +395,14 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
     members = list(dict.fromkeys(bufs[fixed:]))
     struct = score_struct(r, k, functor)
     sm = f"{functor}{{{', '.join(f'b{b.id}' for b in members)}}}"
-    args = []
-    for src, b, view in zip(node.srcs[:fixed], bufs, views):
+    args, grp = [], group(node)
+    for i, (src, b, view) in enumerate(zip(node.srcs[:fixed], bufs, views)):
+        at = f"(nb / {grp})" if i in (1, 2) and grp > 1 else "nb"   # k and v: a head shared by grp of q's
         if view is None:
-            args.append(f"b{b.id} + (size_t)nb * {math.prod(src.shape[1:])}")
+            args.append(f"b{b.id} + (size_t){at} * {math.prod(src.shape[1:])}")
         else:
-            args.append(f"b{b.id} + {view.offset} + (size_t)(nb / {view.heads}) * {view.sb} + "
-                        f"(size_t)(nb % {view.heads}) * {view.sh}")
+            args.append(f"b{b.id} + {view.offset} + (size_t)({at} / {view.heads}) * {view.sb} + "
+                        f"(size_t)({at} % {view.heads}) * {view.sh}")
     lds = [str(v.ld if v else d) for v in views[:3]]
     call = ", ".join(args + lds)
     dgrad, extra = False, ""
@@ -388,6 +413,8 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
     fn = {"attention": "fwd", "attention_dq": "dq", "attention_dkdv": "dkdv"}[kind]
     fn = f"ember_flash32_{fn}" if _f32(k) else f"ember_flash_{fn}"
     flag = "" if kind == "attention" else f", {str(dgrad).lower()}"
+    if kind == "attention_dkdv" and not _f32(k) and _columns(k) != d:   # the columns a block adds up
+        flag += f", {_columns(k)}"
     rows, tile, threads = _plan(k)
     heads = ws_heads(k)
     if heads is not None:   # q, k, v (and do) by TMA: the tensor maps follow the buffers, by value
@@ -401,7 +428,8 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
                 + ", ".join(f"const __grid_constant__ EmberTmap {m}" for m in maps) + ") {\n"
                 "  const int nb = blockIdx.y;\n"
                 f"  {fn}_ws<{d}, {tile}, {WS_STAGES}, {str(bf16).lower()}{flag}>(b{k.out.id}, "
-                f"{', '.join('&' + m for m in maps)}, {rest}{heads}, {t_len}, {s_len}{extra}, {sm});\n}}\n")
+                f"{', '.join('&' + m for m in maps)}, {rest}{heads}, {grp}, {kv_heads(k)}, {t_len}, {s_len}{extra}, "
+                f"{sm});\n}}\n")
     flags = flag[2:] if _f32(k) else f"{str(bf16).lower()}, {str(_wgmma(k)).lower()}{flag}"
     return (struct + f"extern \"C\" __global__ void __launch_bounds__({threads}) {signature} {{\n"
             "  const int nb = blockIdx.y;\n"

@@ -45,7 +45,7 @@ from .lower import Buffer, Kernel, Lowerer, flat_index
 from .rewrite import P, RuleSet, rewrite, substitute
 from .simplify import fused_canonical
 
-HEAD_DIMS = (64, 128)      # head sizes the kernels are written for
+HEAD_DIMS = (32, 64, 80, 96, 128, 256)   # head sizes the kernels have tile sizes for (TILES)
 OPERANDS = (dt.bf16, dt.f16, dt.f32)   # f16/bf16 on tensor cores, f32 on CUDA cores
 MASKED = -1e9              # a mask constant at or below this is -inf (see above)
 
@@ -101,6 +101,53 @@ def _gather(n: Node, labels: Labels, order: list[str], shape: tuple[int, ...]) -
     if perm != tuple(range(len(perm))):
         x = ir.permute(x, perm)
     return ir.reshape(x, shape)
+
+
+def _shared_heads(x: Node) -> tuple[Node, int] | None:
+    """x, an [N, rows, D] operand, as (y, g) where x's batch n reads y's batch n // g, y of
+    [N / g, rows, D]: k or v of grouped-query attention, whose heads an expand shares between
+    groups of g neighbouring q heads (repeat_interleave's, or a single head's broadcast); y is x
+    without the expand (the movements and casts below x only). None where x is no such broadcast."""
+    from .lower import _regroup
+    chain, y = [], x
+    while y.op in (Op.RESHAPE, Op.PERMUTE, Op.EXPAND) or \
+            (y.op is Op.CAST and y.dtype.is_float and y.srcs[0].dtype.is_float):
+        chain.append(y)
+        y = y.srcs[0]
+    if not any(c.op is Op.EXPAND for c in chain):
+        return None
+    axes: list | None = []   # each axis of the node reached: its parts (size, stride in y; 0: broadcast)
+    stride = 1
+    for size in reversed(y.shape):
+        axes.insert(0, [(size, stride)])
+        stride *= size
+    for c in reversed(chain):
+        if c.op is Op.PERMUTE:
+            axes = [axes[a] for a in c.arg]
+        elif c.op is Op.RESHAPE:
+            axes = _regroup(axes, c.shape)
+        elif c.op is Op.EXPAND:
+            axes = [[(e, 0)] if d == 1 and e > 1 else a for a, d, e in zip(axes, c.srcs[0].shape, c.shape)]
+        if axes is None:
+            return None
+    n_parts, rows, cols = ([p for p in a if p[0] != 1] for a in axes)
+    kept = n_parts[:-1] + rows + cols
+    if not n_parts or n_parts[-1][1] != 0 or any(st == 0 for _, st in kept):
+        return None   # the broadcast is not the innermost part of the batch (or not only there)
+    fine = sorted(kept, key=lambda p: -p[1])   # y's elements as these parts, outermost first
+    if [st for _, st in fine] != [math.prod(sz for sz, _ in fine[i + 1:]) for i in range(len(fine))] or \
+            math.prod(sz for sz, _ in fine) != y.numel:
+        return None
+    out = ir.reshape(y, tuple(sz for sz, _ in fine))
+    perm = tuple(fine.index(p) for p in kept)
+    if perm != tuple(range(len(perm))):
+        out = ir.permute(out, perm)
+    g = n_parts[-1][0]
+    out = ir.reshape(out, (x.shape[0] // g, *x.shape[1:]))
+    for c in reversed(chain):   # casts commute with movements
+        if c.op is Op.CAST:
+            out = ir.unary(Op.CAST, out, c.dtype)
+    return out, g
 
 
 def _literal(n: Node) -> object:
@@ -352,6 +399,9 @@ def _match_scores(o_sum: Node, lab: Labels, v_op: Node, o_only: bool, wrt: froze
     v = _gather(v_op.srcs[0], [x if x != "i" else None for x in lab], batch + ["j", "d"], (n, s_len, d))
     if q is None or k is None or v is None:
         return None
+    shared = [_shared_heads(x) for x in (k, v)]   # grouped-query: the kernels read k and v at n // g
+    if shared[0] is not None and shared[1] is not None and shared[0][1] == shared[1][1]:
+        (k, _), (v, _) = shared
     q, k = (x if x.dtype is v.dtype else ir.unary(Op.CAST, x, v.dtype) for x in (q, k))
     raw = ir.param(SCORE, dt.f32, (n, t_len, s_len))
     raw = _ungather(raw, [x if x != "k" else None for x in qk_lab], batch + ["i", "j"], size, qk_sum.shape)
@@ -388,7 +438,7 @@ def _match_scores(o_sum: Node, lab: Labels, v_op: Node, o_only: bool, wrt: froze
 
 
 def fuse(outputs: list[Node]) -> list[Node]:
-    """The graph with every attention of f16, bf16 or f32 operands and head size 64 or 128
+    """The graph with every attention of f16, bf16 or f32 operands and a head size of HEAD_DIMS
     replaced by the flash kernels. Left alone when a gradient is taken of a gradient (the
     backward kernels have no gradient of their own)."""
     nodes = toposort(outputs)
@@ -404,14 +454,23 @@ def fuse(outputs: list[Node]) -> list[Node]:
 FIXED = {"attention": 3, "attention_dq": 6, "attention_dkdv": 6}   # sources before the score graph's
 
 
+def group(n: Node) -> int:
+    """The q heads that share each head of k and v in a flash kernel's node (grouped-query
+    attention: k and v have N / group batches, read at n // group; 1: none shared)."""
+    return n.srcs[0].shape[0] // n.srcs[1].shape[0]
+
+
 def vjp(n: Node, g: Node) -> list[tuple[Node, Node]]:
     """The gradients of q, k and v from the gradient g of the packed [N, T, D + 1] output (the
-    score graph's sources get none: fuse leaves a graph that asks for one alone)."""
+    score graph's sources get none: fuse leaves a graph that asks for one alone). Where k and v
+    are shared by groups of q heads, the dk|dv kernel writes each q head's share in f32 and a sum
+    over the group follows, rounded once (simpler than a kernel looping over the group's heads,
+    and each block's tiles stay those of one head's masks)."""
     kind, score = n.arg
     assert kind == "attention", "the backward kernels have no gradient (fuse leaves grads of grads alone)"
     q, k, v, *extra = n.srcs
     size, t_len, d = q.shape
-    s_len = k.shape[1]
+    s_len, grp = k.shape[1], group(n)
     do = ir.shrink(g, (0, 0, 0), (size, t_len, d))
     o = ir.shrink(n, (0, 0, 0), (size, t_len, d))
     di = ir.reshape(ir.reduce(Op.SUM, ir.binary(Op.MUL, do, o), (2,)), (size, t_len))   # rowsum(dO * O)
@@ -419,9 +478,12 @@ def vjp(n: Node, g: Node) -> list[tuple[Node, Node]]:
     # in the operands' dtype, rounded once from the f32 accumulators as a cast would: half the
     # bytes to write, and to read where they are put back together (GPT-2's qkv gradient)
     dq = Node(Op.FUSED, q.dtype, srcs, ("attention_dq", score), (size, t_len, d))
-    dkv = Node(Op.FUSED, q.dtype, srcs, ("attention_dkdv", score), (size, s_len, 2 * d))
-    dk = ir.shrink(dkv, (0, 0, 0), (size, s_len, d))
-    dv = ir.shrink(dkv, (0, 0, d), (size, s_len, 2 * d))
+    dkv = Node(Op.FUSED, q.dtype if grp == 1 else dt.f32, srcs, ("attention_dkdv", score), (size, s_len, 2 * d))
+    if grp > 1:
+        dkv = ir.reduce(Op.SUM, ir.reshape(dkv, (size // grp, grp, s_len, 2 * d)), (1,))
+        dkv = ir.unary(Op.CAST, ir.reshape(dkv, (size // grp, s_len, 2 * d)), q.dtype)
+    dk = ir.shrink(dkv, (0, 0, 0), (size // grp, s_len, d))
+    dv = ir.shrink(dkv, (0, 0, d), (size // grp, s_len, 2 * d))
     return [(q, dq), (k, dk), (v, dv)]
 
 
@@ -565,36 +627,48 @@ class FlashPlan:
     threads: int
     wgmma: bool = False   # sm_90a: every product on wgmma (EmberWg<true>)
     heads: int = 0        # the warp-specialized kernels (TMA): the heads q, k, v are seen in; 0: cp.async
+    split: int = 1        # dk|dv: blocks a key block's columns are split over (blockIdx.z; SPLIT)
 
     def __str__(self) -> str:
         how = f"warp-specialized, {self.heads} heads" if self.heads else "wgmma" if self.wgmma else "mma.sync"
-        return f"flash: {self.rows} rows, tiles of {self.tile}, {self.threads} threads, {how}"
+        cols = f", columns in {self.split}" if self.split > 1 else ""
+        return f"flash: {self.rows} rows, tiles of {self.tile}, {self.threads} threads, {how}{cols}"
 
 
 THREADS = 128   # 4 warps
 # kind -> head size -> (rows a block owns, rows of each tile streamed past them), the templates'
 # ROWS and TILE: the forward's block is 2 tiles of 16 query rows per warp, so each K fragment
-# loaded serves both; D = 128 streams shorter tiles where the accumulators would not fit in
-# registers otherwise
-TILES = {"attention": {64: (128, 64), 128: (128, 32)},
-         "attention_dq": {64: (64, 64), 128: (64, 64)},
-         "attention_dkdv": {64: (64, 64), 128: (64, 32)}}
+# loaded serves both; larger D streams shorter tiles where the accumulators would not fit in
+# registers otherwise (D = 256: 128 of o a thread, one row tile a warp), and sm_86's 99 KB of
+# shared memory bounds D = 256's (96 KB: its own rows and two double-buffered tiles)
+TILES = {"attention": {32: (128, 64), 64: (128, 64), 80: (128, 64), 96: (128, 32), 128: (128, 32), 256: (64, 32)},
+         "attention_dq": {32: (64, 64), 64: (64, 64), 80: (64, 64), 96: (64, 64), 128: (64, 64), 256: (64, 16)},
+         "attention_dkdv": {32: (64, 64), 64: (64, 64), 80: (64, 32), 96: (64, 32), 128: (64, 32), 256: (64, 16)}}
+# dk|dv at D = 256: a thread's dk and dv accumulators would be 256 registers, so two blocks take
+# a key block, 128 columns each, and both compute its scores (the templates' DC)
+SPLIT = {256: 2}
 
 
 HOPPER_ROWS, HOPPER_THREADS = 128, 256   # sm_90a's forward: two warpgroups of 64 rows
-HOPPER_TILE = {64: 128, 128: 64}   # its keys per tile, by head size (D = 128: 160 KB of tiles at 128, one block an SM)
+# its keys per tile, by head size (D = 128: 160 KB of tiles at 128, one block an SM; the tiles of
+# D = 32, 80 and 96 are those of the panels of 64 columns they are padded to: 64 and 128)
+HOPPER_TILE = {32: 128, 64: 128, 80: 64, 96: 64, 128: 64, 256: 64}
 
 
 # f32 operands (CUDA cores): kind -> head size -> (rows a block owns, rows of each tile streamed
-# past them); the forward's threads hold two rows each, the backward's one; 32 KB of tiles
-TILES32 = {"attention": {64: (64, 32), 128: (32, 16)},
-           "attention_dq": {64: (32, 32), 128: (16, 16)},
-           "attention_dkdv": {64: (32, 32), 128: (16, 16)}}
+# past them); the forward's threads hold two rows each, the backward's one, G threads a row
+# (ember_g32: 4, 4, 4, 4, 8, 16 for the head sizes below), so ROWS is 256 / G and 128 / G;
+# 8-64 KB of tiles (D = 32's forward: tiles of 32 spilled a loop counter on sm_90a)
+TILES32 = {"attention": {32: (64, 16), 64: (64, 32), 80: (64, 32), 96: (64, 32), 128: (32, 16), 256: (16, 16)},
+           "attention_dq": {32: (32, 32), 64: (32, 32), 80: (32, 32), 96: (32, 16), 128: (16, 16), 256: (8, 16)},
+           "attention_dkdv": {32: (32, 32), 64: (32, 32), 80: (32, 32), 96: (32, 16), 128: (16, 16), 256: (8, 16)}}
 
 
 # the warp-specialized kernels (ember_flash_*_ws, sm_90a): 128 rows a block, tiles of this many
-# rows streamed past them (the forward's keys; the backward's keys for dq, queries for dk|dv)
+# rows streamed past them (the forward's keys; the backward's keys for dq, queries for dk|dv);
+# D = 256 halves them (192 KB of shared memory, and the consumers' 240 registers)
 WS_TILE = {"attention": 128, "attention_dq": 64, "attention_dkdv": 64}
+WS_TILE_256 = {"attention": 64, "attention_dq": 32, "attention_dkdv": 32}
 WS_THREADS = 384
 
 
@@ -607,11 +681,14 @@ def flash_plan(k: Kernel, gpu: Target, warp_specialized: bool = True) -> FlashPl
     kind, d = node.arg[0], node.srcs[0].shape[2]
     if node.srcs[0].dtype is dt.f32:   # CUDA cores: tensor cores would round the operands
         return FlashPlan(*TILES32[kind][d], THREADS)
+    split = SPLIT.get(d, 1) if kind == "attention_dkdv" else 1
     if not gpu.wgmma:
-        return FlashPlan(*TILES[kind][d], THREADS)
-    heads = {v.heads for v in views[:3] if v is not None and v.heads > 1}
-    if len(heads) <= 1 and warp_specialized:
-        return FlashPlan(HOPPER_ROWS, WS_TILE[kind], WS_THREADS, True, heads.pop() if heads else 1)
+        return FlashPlan(*TILES[kind][d], THREADS, split=split)
+    grp = group(node)   # k's and v's heads count grp of q's each
+    heads = {v.heads * (grp if i else 1) for i, v in enumerate(views[:3]) if v is not None and v.heads > 1}
+    if len(heads) <= 1 and warp_specialized and (not heads or min(heads) % grp == 0):
+        tile = (WS_TILE_256 if d > 128 else WS_TILE)[kind]
+        return FlashPlan(HOPPER_ROWS, tile, WS_THREADS, True, heads.pop() if heads else 1, split)
     if kind == "attention":
         return FlashPlan(HOPPER_ROWS, HOPPER_TILE[d], HOPPER_THREADS, True)
-    return FlashPlan(*TILES[kind][d], THREADS, True)
+    return FlashPlan(*TILES[kind][d], THREADS, True, split=split)

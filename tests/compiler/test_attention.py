@@ -82,10 +82,23 @@ CASES = {
     "f32_heads": ((2, 2, 37, 64), (2, 2, 37, 64), True, dt.f32, dt.f32),
     "f32_causal_t_lt_s": ((1, 2, 40, 64), (1, 2, 72, 64), True, dt.f32, dt.f32),  # keys past every query
 }
+# the other head sizes (attention.HEAD_DIMS), each on tensor cores and on CUDA cores; S never a
+# multiple of a tile
+HEAD_CASES = {
+    "bf16_causal_d32": ((1, 2, 70, 32), (1, 2, 70, 32), True, dt.bf16, dt.bf16),
+    "autocast_full_d80": ((1, 2, 48, 80), (1, 2, 100, 80), False, dt.f32, dt.bf16),   # T != S
+    "f16_causal_d96": ((2, 70, 96), (2, 70, 96), True, dt.f16, dt.f16),
+    "bf16_causal_d256": ((1, 2, 65, 256), (1, 2, 65, 256), True, dt.bf16, dt.bf16),
+    "f32_causal_d32": ((1, 2, 70, 32), (1, 2, 70, 32), True, dt.f32, dt.f32),
+    "f32_full_d80": ((1, 2, 48, 80), (1, 2, 100, 80), False, dt.f32, dt.f32),
+    "f32_causal_d96": ((2, 37, 96), (2, 37, 96), True, dt.f32, dt.f32),
+    "f32_causal_d256": ((1, 2, 40, 256), (1, 2, 40, 256), True, dt.f32, dt.f32),
+}
+ALL_CASES = {**CASES, **HEAD_CASES}
 
 
 def case(name: str) -> tuple[list[Node], list[Node]]:
-    qs, ks, mask, hi, low = CASES[name]
+    qs, ks, mask, hi, low = ALL_CASES[name]
     if name.endswith("_heads"):   # the heads of one [B, T, 3 H D] projection, as a GPT's attention
         b, h, t_len, d = qs
         x = ir.param("x", hi, (b, t_len, 3 * h * d))
@@ -96,7 +109,7 @@ def case(name: str) -> tuple[list[Node], list[Node]]:
     return loss_and_grads(attention_graph(q, k, v, mask, low), [q, k, v]), [q, k, v]
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", list(ALL_CASES))
 def test_attention_and_its_gradient_are_fused(name: str) -> None:
     outputs, _ = case(name)
     assert fused_kinds(outputs) == ["attention", "attention_dkdv", "attention_dq"]
@@ -121,7 +134,7 @@ def test_a_forward_with_no_gradient_returns_o_alone(low: dt.DType, tmp_path: Pat
         assert compile_cuda(cuda.render(cuda.prepare(outputs, arch)), arch, tmp_path) is None
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", list(ALL_CASES))
 def test_fused_graph_matches_the_graph_it_came_from(name: str) -> None:
     """The rewrite's plumbing (axes, permutes, scale, mask, vjp) on the reference evaluator: the
     FUSED nodes run in f64 there, so only the graph's own bf16/f16 roundings differ."""
@@ -129,7 +142,7 @@ def test_fused_graph_matches_the_graph_it_came_from(name: str) -> None:
     inputs = inputs_for(outputs)
     want = ref.evaluate(outputs, inputs)
     got = ref.evaluate(autodiff.expand_grads(attention.fuse(outputs)), inputs)
-    assert compare(outputs, got, want, precision=CASES[name][4]) is None
+    assert compare(outputs, got, want, precision=ALL_CASES[name][4]) is None
 
 
 def test_layouts_of_the_products_do_not_matter() -> None:
@@ -207,13 +220,13 @@ def test_any_elementwise_score_is_fused(what: str) -> None:
     assert compare(outputs, got, ref.evaluate(outputs, inputs)) is None
 
 
-@pytest.mark.parametrize("what", ["f64", "head_dim_32", "grad_of_grad", "transposed", "flipped", "bias_with_grad"])
+@pytest.mark.parametrize("what", ["f64", "head_dim_48", "grad_of_grad", "transposed", "flipped", "bias_with_grad"])
 def test_what_is_not_flash_attention_is_left_alone(what: str, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture) -> None:
     """Not fused, each with an EMBER_DEBUG=1 line saying why where the softmax was found: scores
     that read other positions' scores, a gradient asked of the score graph's bias."""
     monkeypatch.setenv("EMBER_DEBUG", "1")
-    hi, low, d = (dt.f64, dt.f64, 64) if what == "f64" else (dt.f32, dt.bf16, 32 if what == "head_dim_32" else 64)
+    hi, low, d = (dt.f64, dt.f64, 64) if what == "f64" else (dt.f32, dt.bf16, 48 if what == "head_dim_48" else 64)
     o, params = _scored(what, hi, low, d)
     outputs = [o]
     if what == "grad_of_grad":
@@ -222,7 +235,7 @@ def test_what_is_not_flash_attention_is_left_alone(what: str, monkeypatch: pytes
     elif what == "bias_with_grad":
         outputs = loss_and_grads(o, params)
     assert fused_kinds(outputs) == []
-    why = {"head_dim_32": "head sizes 32", "transposed": "other positions", "flipped": "no elementwise function",
+    why = {"head_dim_48": "head sizes 48", "transposed": "other positions", "flipped": "no elementwise function",
            "bias_with_grad": "gradient is taken through the score graph"}
     if what in why:
         assert why[what] in capsys.readouterr().err
@@ -254,6 +267,57 @@ def test_no_score_sized_buffer_is_planned(low: dt.DType) -> None:
     assert len(sched.kernels) <= 14, [k.name for k in sched.kernels]
 
 
+def _head_plans(arch: str, ws: bool, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """The schedule of every HEAD_CASES program, for arch (ws: warp-specialized where it can be)."""
+    from ember.backend import cuda
+    monkeypatch.setenv("EMBER_FLASH_WS", "1" if ws else "0")
+    return cuda.prepare([o for name in HEAD_CASES for o in case(name)[0]], arch)
+
+
+@pytest.mark.parametrize("arch, ws", [("sm_86", True), ("sm_90a", True), ("sm_90a", False)])
+def test_head_sizes_fit_the_target(arch: str, ws: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every head size's flash kernels ask for no more shared memory than a block of the target
+    may have (sm_86: 99 KB), and D = 256's dk|dv splits its columns over two blocks (blockIdx.z)
+    where the accumulators of 256 columns would not fit in registers (f32: they do)."""
+    from ember.backend import cuda, flash
+    from ember.target import gpu
+    sched = _head_plans(arch, ws, monkeypatch)
+    fused = [k for k in sched.kernels if k.fused is not None]
+    assert len(fused) == 3 * len(HEAD_CASES)
+    for k in fused:
+        (_, _, z), _, smem = flash.launch(k, gpu(arch).sms)
+        assert smem <= gpu(arch).smem_block, (k.fused[0].arg[0], k.fused[0].srcs[0].shape, smem)
+        split = k.fused[0].arg[0] == "attention_dkdv" and k.fused[0].srcs[0].shape[2] == 256 and not flash._f32(k)
+        assert z == (2 if split else 1)
+    assert cuda.launch_config(fused[0], sched.target)   # the launch takes the plan's grid
+
+
+def _spill_allowed(k) -> int:  # type: ignore[no-untyped-def]
+    """The bytes ptxas may spill in a flash kernel: none, but sm_90a's warp-specialized dk|dv of
+    128 accumulator columns (D = 80, 96, 128) at edge shapes keeps one to three values of its tile
+    loop in local memory (f16_causal_d128: 8 bytes, one STL and two LDL a tile; D = 128 with T =
+    70 and S = 90: 24), as it did before the other head sizes and grouped heads (a known miss)."""
+    from ember.backend import flash
+    node = k.fused[0]
+    return 24 if flash.ws_heads(k) and node.arg[0] == "attention_dkdv" and flash.pitch(node.srcs[0].shape[2], True) == 128 \
+        else 0
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("arch, ws", [("sm_86", True), ("sm_90a", True), ("sm_90a", False)])
+def test_head_sizes_compile_without_spills(arch: str, ws: bool, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI: the flash kernels of D = 32, 80, 96 and 256 (bf16, f16 and f32) build for sm_86 and
+    sm_90a (warp-specialized, and with EMBER_FLASH_WS=0 the cp.async wgmma ones), and ptxas
+    spills no register in any of them (but _spill_allowed's: f16 dk|dv at D = 96 spills 8 bytes,
+    as D = 128's)."""
+    from ember.backend import cuda
+    sched = _head_plans(arch, ws, monkeypatch)
+    fused = {k.name: k for k in sched.kernels if k.fused is not None}
+    spilled = spills(cuda.render(sched), arch, tmp_path)
+    assert set(fused) <= set(spilled) and {n: spilled[n] for n, k in fused.items() if spilled[n] > _spill_allowed(k)} == {}
+
+
 needs_gpu = pytest.mark.skipif("cuda" not in runners.available(), reason="no CUDA GPU")
 
 
@@ -269,6 +333,31 @@ def test_flash_kernels_on_the_gpu_match_the_reference(name: str) -> None:
     # and closer still to what the kernels compute (the FUSED nodes in f64)
     fused = ref.evaluate(autodiff.expand_grads(attention.fuse(outputs)), inputs)
     assert compare(outputs, got, fused, precision=CASES[name][4]) is None
+
+
+@needs_gpu
+@pytest.mark.parametrize("plan", ["gpu", "sm_86", "ws0"])
+def test_head_sizes_on_the_gpu_match_the_reference(plan: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """D = 32, 80, 96 and 256 on the GPU's own plans (sm_90a: warp-specialized), on sm_86's
+    (mma.sync, run here as the course's proxy) and with EMBER_FLASH_WS=0 (sm_90a's cp.async
+    wgmma kernels): forward and the gradients of q, k and v against the reference, one program
+    (its kernels compile in parallel)."""
+    from ember.backend import cuda, run_values
+    monkeypatch.setenv("EMBER_FLASH_WS", "0" if plan == "ws0" else "1")
+    built = {name: case(name)[0] for name in HEAD_CASES}
+    outputs = [o for outs in built.values() for o in outs]
+    inputs = inputs_for(outputs, 8)
+    prog = cuda.CUDAProgram(outputs, plan_arch="sm_86" if plan == "sm_86" else None)
+    assert sum(k.fused is not None for k in prog.sched.kernels) == 3 * len(HEAD_CASES)
+    got = iter(run_values(prog, inputs))
+    prog.free()
+    bad = []
+    for name, outs in built.items():
+        mine = [next(got) for _ in outs]
+        want = ref.evaluate(outs, inputs)
+        if (err := compare(outs, mine, want, precision=HEAD_CASES[name][4])) is not None:
+            bad.append(f"{name}: {err}")
+    assert bad == []
 
 
 @needs_gpu
@@ -559,6 +648,138 @@ def test_score_forms_on_the_gpu_match_pytorch(low: dt.DType) -> None:
         tq, tk, tv = (torch.tensor(np.asarray(inputs[x], np.float64), requires_grad=True) for x in (q, k, v))
         to = _torch_variant(name, tq, tk, tv, torch.tensor(pad), torch.tensor(slopes))
         (to * torch.tensor(np.asarray(inputs[params["w"]], np.float64))).sum().backward()
+        for what, theirs in zip(("o", "dq", "dk", "dv"), (to, tq.grad, tk.grad, tv.grad)):
+            a, want = np.asarray(next(got), np.float64), theirs.detach().numpy()
+            err = np.abs(a - want).max() / np.abs(want).max()
+            if not err <= 0.03:
+                bad.append(f"{name} {what}: {err:.3g} of the largest value")
+    assert bad == []
+
+
+# ------------------------------------------------------------- grouped-query attention (issue 30)
+
+GQA = {   # name: (B, q heads, k/v heads, T, S, D, operand dtype, causal, [B, T, H, D] params)
+    "gqa_4to1_bf16": (2, 8, 2, 100, 100, 64, dt.bf16, True, False),
+    "mqa_bf16": (1, 4, 1, 70, 90, 128, dt.bf16, False, False),   # one k/v head, T != S
+    "gqa_3to1_thd_f16": (1, 6, 2, 65, 65, 80, dt.f16, True, True),   # heads of [B, T, H, D] params
+    "gqa_2to1_f32": (2, 4, 2, 37, 37, 64, dt.f32, True, False),
+}
+
+
+def gqa(name: str) -> tuple[list[Node], list[Node]]:
+    """F.scaled_dot_product_attention(..., enable_gqa=True) over params whose k and v have fewer
+    heads (repeat_interleave's expand in the graph), forward and the gradients of q, k and v."""
+    from ember import functional as F
+    from ember import tensor as T
+    b, h, hk, t_len, s_len, d, low, is_causal, thd = GQA[name]
+    shapes = [(b, t_len, h, d), (b, s_len, hk, d), (b, s_len, hk, d)] if thd else \
+        [(b, h, t_len, d), (b, hk, s_len, d), (b, hk, s_len, d)]
+    params = [ir.param(n, low, sh) for n, sh in zip("qkv", shapes)]
+    tq, tk, tv = (T.Tensor(p).transpose(1, 2) if thd else T.Tensor(p) for p in params)
+    o = F.scaled_dot_product_attention(tq, tk, tv, is_causal=is_causal, enable_gqa=True)
+    return loss_and_grads(o.node, params), params
+
+
+@pytest.mark.parametrize("name", list(GQA))
+def test_grouped_heads_take_the_flash_path(name: str) -> None:
+    """The flash kernels read k and v with their own heads (N / group batches, at n // group):
+    no expanded copy is made, a forward is one kernel, and the fused graph (the dk|dv kernel's
+    per-q-head shares summed over each group) matches the graph on the reference, values and
+    gradients."""
+    from ember.backend import cuda
+    outputs, (q, k, v) = gqa(name)
+    b, h, hk = GQA[name][:3]
+    fused = autodiff.expand_grads(attention.fuse(outputs))
+    nodes = [n for n in toposort(fused) if n.op is Op.FUSED]
+    assert sorted(n.arg[0] for n in nodes) == ["attention", "attention_dkdv", "attention_dq"]
+    assert all(n.srcs[0].shape[0] == b * h and n.srcs[1].shape[0] == n.srcs[2].shape[0] == b * hk for n in nodes)
+    for arch in ("sm_86", "sm_90a"):   # f32: o is copied out of [N, T, D + 1] beside the logsumexp
+        sched = cuda.prepare(outputs[:1], arch)
+        assert [kk.kind for kk in sched.kernels] == ["attention"] + ["map"] * (q.dtype is dt.f32), arch
+        (flash,) = [kk for kk in sched.kernels if kk.fused is not None]
+        assert [bb.size for bb in flash.fused[1][1:3]] == [k.numel, v.numel]   # read as they are
+    inputs = inputs_for(outputs, 9)
+    got = ref.evaluate(fused, inputs)
+    # against the graph in f64 (wide): the graph's own bf16 sum of dk over a group of 4 heads is
+    # off by 1% of the largest value, the fused graph's (f32, rounded once) by 0.2%
+    assert compare(outputs, got, ref.evaluate(outputs, inputs, wide=True), precision=GQA[name][6]) is None
+
+
+def test_heads_shared_otherwise_are_expanded() -> None:
+    """k and v broadcast over the batch rather than the heads (the broadcast not innermost in
+    the flash kernels' N) keep their expanded copy, and stay correct."""
+    from ember import functional as F
+    from ember import tensor as T
+    q = ir.param("q", dt.f32, (2, 3, 40, 64))
+    k, v = (ir.param(n, dt.f32, (1, 3, 40, 64)) for n in "kv")
+    o = F.scaled_dot_product_attention(T.Tensor(q), T.Tensor(k).expand(2, 3, 40, 64), T.Tensor(v).expand(2, 3, 40, 64))
+    outputs = loss_and_grads(o.node, [q, k, v])
+    fused = autodiff.expand_grads(attention.fuse(outputs))
+    assert all(n.srcs[1].shape[0] == 6 for n in toposort(fused) if n.op is Op.FUSED)
+    inputs = inputs_for(outputs, 10)
+    assert compare(outputs, ref.evaluate(fused, inputs), ref.evaluate(outputs, inputs)) is None
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("arch, ws", [("sm_86", True), ("sm_90a", True), ("sm_90a", False)])
+def test_grouped_heads_compile_without_spills(arch: str, ws: bool, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI: every GQA case's flash kernels build for sm_86 and sm_90a (warp-specialized: k's and
+    v's tensor maps with their own heads; EMBER_FLASH_WS=0: cp.async) with no spill but
+    _spill_allowed's (D = 128's dk|dv at T = 70, S = 90: 24 bytes, with or without shared heads)."""
+    from ember.backend import cuda, flash
+    monkeypatch.setenv("EMBER_FLASH_WS", "1" if ws else "0")
+    sched = cuda.prepare([o for name in GQA for o in gqa(name)[0]], arch)
+    fused = {k.name: k for k in sched.kernels if k.fused is not None}
+    assert len(fused) == 3 * len(GQA)
+    assert all(bool(flash.ws_heads(k)) == (ws and arch == "sm_90a" and not flash._f32(k)) for k in fused.values())
+    spilled = spills(cuda.render(sched), arch, tmp_path)
+    assert {n: spilled[n] for n, k in fused.items() if spilled[n] > _spill_allowed(k)} == {}
+
+
+@pytest.mark.parametrize("name", ["gqa_4to1_bf16", "gqa_3to1_thd_f16"])
+def test_tma_layouts_of_shared_heads(name: str) -> None:
+    """sm_90a's tensor maps of k and v count their own heads (q's over the group): every
+    element's offset is the one of the kernels' addressing, at batch n // group."""
+    from ember.backend import cuda, flash
+    sched = cuda.prepare(gqa(name)[0], "sm_90a")
+    for kernel in [k for k in sched.kernels if k.fused is not None]:
+        node, bufs, views = kernel.fused
+        for i, (buf, offset, dims, strides) in zip(flash._ws_sources(kernel), flash.tma_layouts(kernel)):
+            (n_, rows, d), view = node.srcs[i].shape, views[i]
+            assert dims[2] * dims[3] == n_ and dims[2] == (flash.kv_heads(kernel) if i in (1, 2) else flash.ws_heads(kernel))
+            n, r, e = np.meshgrid(np.arange(n_), np.arange(rows), np.arange(d), indexing="ij")
+            got = offset + (n // dims[2]) * strides[2] + (n % dims[2]) * strides[1] + r * strides[0] + e
+            want = (n * rows * d + r * d + e) if view is None else \
+                view.offset + (n // view.heads) * view.sb + (n % view.heads) * view.sh + r * view.ld + e
+            assert np.array_equal(got, want), (name, node.arg[0], i, view)
+
+
+@needs_gpu
+@pytest.mark.parametrize("plan", ["gpu", "sm_86", "ws0"])
+def test_grouped_heads_on_the_gpu_match_pytorch(plan: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every GQA case on the GPU's plans, sm_86's and EMBER_FLASH_WS=0's, against PyTorch's
+    SDPA with enable_gqa=True in f64: forward and the gradients of q, k and v (dk and dv summed
+    over each group of q heads)."""
+    torch = pytest.importorskip("torch")
+    from ember.backend import cuda, run_values
+    monkeypatch.setenv("EMBER_FLASH_WS", "0" if plan == "ws0" else "1")
+    built = {name: gqa(name) for name in GQA}
+    outputs = [o for outs, _ in built.values() for o in outs]
+    inputs = inputs_for(outputs, 11)
+    prog = cuda.CUDAProgram(outputs, plan_arch="sm_86" if plan == "sm_86" else None)
+    assert sum(k.fused is not None for k in prog.sched.kernels) == 3 * len(GQA)
+    got = iter(run_values(prog, inputs))
+    prog.free()
+    bad = []
+    for name, (outs, params) in built.items():
+        thd = GQA[name][8]
+        tq, tk, tv = (torch.tensor(np.asarray(inputs[p], np.float64), requires_grad=True) for p in params)
+        to = torch.nn.functional.scaled_dot_product_attention(
+            *((x.transpose(1, 2) if thd else x) for x in (tq, tk, tv)), is_causal=GQA[name][7], enable_gqa=True)
+        to = to.transpose(1, 2) if thd else to
+        w = [p for p in toposort(outs) if p.op is Op.PARAM and p.arg == "w"][0]
+        (to * torch.tensor(np.asarray(inputs[w], np.float64))).sum().backward()
         for what, theirs in zip(("o", "dq", "dk", "dv"), (to, tq.grad, tk.grad, tv.grad)):
             a, want = np.asarray(next(got), np.float64), theirs.detach().numpy()
             err = np.abs(a - want).max() / np.abs(want).max()

@@ -14,8 +14,23 @@ template <bool BF16> EMBER_D void ember_store2(unsigned short* p, float a, float
 template <bool BF16> EMBER_D void ember_mma16816(float* c, const unsigned* a, const unsigned* b) {
   if (BF16) ember_mma_bf16(c, a, b); else ember_mma_f16(c, a, b);
 }
+/* The row pitch, in elements, of a shared-memory tile of rows of D values. sm_90a (HOPPER):
+   panels of 64 columns, D rounded up to them (the columns past D are TMA's zeros or never
+   loaded; the scores' k-steps stop at D, and the products into o, dq, dk and dv accumulate them
+   in columns that are never written: wgmma's N stays a multiple of 64, the layouts of D = 64 and
+   128). mma.sync: D where it is a multiple of 64 (the chunk XORed with the row), else rows of an
+   odd count of 16-byte chunks (D = 32, 80, 96: 40, 88, 104), so that the eight rows an ldmatrix
+   reads fall in eight bank groups with no swizzle. */
+template <int D, bool HOPPER> EMBER_D constexpr int ember_pitch() {
+  return HOPPER ? (D + 63) / 64 * 64 : D % 64 == 0 || (D / 8) % 2 ? D : D + 8;
+}
+/* the columns of a kernel's accumulators of D columns: wgmma's products are as wide as a tile's panels */
+template <int D, bool HOPPER> EMBER_D constexpr int ember_cols() { return HOPPER ? ember_pitch<D, true>() : D; }
 /* element offset of (row, 16-byte chunk) in a tile of rows of D values */
-template <int D> EMBER_D int ember_swz(int row, int chunk) { return (row * (D / 8) + (chunk ^ (row & 7))) * 8; }
+template <int D> EMBER_D int ember_swz(int row, int chunk) {
+  if constexpr (D % 64 == 0) return (row * (D / 8) + (chunk ^ (row & 7))) * 8;
+  else return row * ember_pitch<D, false>() + chunk * 8;
+}
 /* element offset of (row, 16-byte chunk) in a [R][D] tile stored as wgmma's descriptors read
    it (sm_90a): panels of 64 columns, each R rows of 128 bytes, the chunk XORed with the row (the
    128-byte swizzle; the tile starts on 1024 bytes) */
@@ -50,9 +65,10 @@ template <bool HOPPER> EMBER_D void ember_proxy_fence() {
 /* tile t of two [nrows][D] matrices into slot t & 1 of their double buffers (none from tiles on) */
 template <int D, int ROWS, bool HOPPER = false, typename E>
 EMBER_D void ember_tiles_at(E* a, const E* ga, int lda, E* b, const E* gb, int ldb, int t, int tiles, int nrows) {
+  constexpr int P = sizeof(E) == 4 ? D : ember_pitch<D, HOPPER>();   /* f32 tiles: rows of D */
   if (t < tiles) {
-    ember_tile_load<D, ROWS, HOPPER>(a + (t & 1) * ROWS * D, ga, t * ROWS, nrows, lda);
-    ember_tile_load<D, ROWS, HOPPER>(b + (t & 1) * ROWS * D, gb, t * ROWS, nrows, ldb);
+    ember_tile_load<D, ROWS, HOPPER>(a + (t & 1) * ROWS * P, ga, t * ROWS, nrows, lda);
+    ember_tile_load<D, ROWS, HOPPER>(b + (t & 1) * ROWS * P, gb, t * ROWS, nrows, ldb);
   }
 }
 /* the next tile into the other slot, then wait until this tile's have arrived */
@@ -80,10 +96,10 @@ template <int D> EMBER_D void ember_frag_bt(unsigned* b, const unsigned short* s
   int lane = threadIdx.x & 31;
   ember_ldmatrix4_trans(b, s + ember_swz<D>(k0 + ((lane >> 3) & 1) * 8 + (lane & 7), n0 / 8 + (lane >> 4)));
 }
-/* acc[NT][4] += A (16 x 16 BK, in registers as accumulators of 16 x 8 tiles) * B (BK x 8 NT) from
-   a tile whose rows are k */
+/* acc[NT][4] += A (16 x 16 BK, in registers as accumulators of 16 x 8 tiles) * B (BK x 8 NT, from
+   column c0) from a tile whose rows are k */
 template <int D, int BK, int NT, bool BF16> EMBER_D void ember_acc_pt(float (*acc)[4], float (*p)[4],
-                                                                     const unsigned short* s) {
+                                                                     const unsigned short* s, int c0) {
 #pragma unroll
   for (int kk = 0; kk < BK / 16; kk++) {
     unsigned a[4] = {ember_pack2<BF16>(p[2 * kk][0], p[2 * kk][1]), ember_pack2<BF16>(p[2 * kk][2], p[2 * kk][3]),
@@ -92,7 +108,7 @@ template <int D, int BK, int NT, bool BF16> EMBER_D void ember_acc_pt(float (*ac
 #pragma unroll
     for (int dd = 0; dd < NT / 2; dd++) {
       unsigned b[4];
-      ember_frag_bt<D>(b, s, kk * 16, dd * 16);
+      ember_frag_bt<D>(b, s, kk * 16, c0 + dd * 16);
       ember_mma16816<BF16>(acc[2 * dd], a, b);
       ember_mma16816<BF16>(acc[2 * dd + 1], a, b + 2);
     }
@@ -134,10 +150,11 @@ EMBER_D void ember_scores_any(float (*s)[BN / 8][4], const unsigned short* sa, i
   if constexpr (HOPPER) EmberWg<HOPPER>::template scores<D, BN, BF16>(&s[0][0][0], sa, rows_a, sb);
   else ember_scores<D, BN, WM, BF16>(s, sa, (threadIdx.x >> 5) * 16 * WM, sb);
 }
+/* acc (NT groups of 8 columns from column c0, a multiple of 64 on sm_90a) += p times a tile of D columns */
 template <int D, int BK, int NT, bool BF16, bool HOPPER>
-EMBER_D void ember_acc_any(float (*acc)[4], float (*p)[4], const unsigned short* sb) {
-  if constexpr (HOPPER) EmberWg<HOPPER>::template acc<D, BK, BF16>(&acc[0][0], p, sb);
-  else ember_acc_pt<D, BK, NT, BF16>(acc, p, sb);
+EMBER_D void ember_acc_any(float (*acc)[4], float (*p)[4], const unsigned short* sb, int c0 = 0) {
+  if constexpr (HOPPER) EmberWg<HOPPER>::template acc<8 * NT, BK, BF16>(&acc[0][0], p, sb + c0 / 64 * BK * 64);
+  else ember_acc_pt<D, BK, NT, BF16>(acc, p, sb, c0);
 }
 /* the dynamic shared memory, from 1024 bytes on for sm_90a's swizzled tiles */
 template <bool HOPPER> EMBER_D unsigned short* ember_flash_tiles() {
@@ -269,8 +286,9 @@ EMBER_D void ember_flash_out(OUT* out, float (*o)[4], float* m, float* l, int r_
 template <int D, int ROWS, int TILE, bool BF16, bool HOPPER = false, typename OUT, typename SM>
 EMBER_D void ember_flash_fwd(OUT* out, const unsigned short* q, const unsigned short* k,
                              const unsigned short* v, int ldq, int ldk, int ldv, int T, int S, const SM& sm) {
-  constexpr int BM = ROWS, BN = TILE, WM = HOPPER ? 1 : ROWS / 64, NT = D / 8;
-  unsigned short *sq = ember_flash_tiles<HOPPER>(), *sk = sq + BM * D, *sv = sk + 2 * BN * D;
+  constexpr int BM = ROWS, BN = TILE, WM = HOPPER ? 1 : ROWS / 64, NT = ember_cols<D, HOPPER>() / 8;
+  constexpr int P = ember_pitch<D, HOPPER>();
+  unsigned short *sq = ember_flash_tiles<HOPPER>(), *sk = sq + BM * P, *sv = sk + 2 * BN * P;
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row0 = (gridDim.x - 1 - blockIdx.x) * BM;  /* longest rows first (causal) */
   const int2 span = ember_flash_span<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, S);
@@ -289,7 +307,7 @@ EMBER_D void ember_flash_fwd(OUT* out, const unsigned short* q, const unsigned s
   const int r_lo = row0 + warp * 16 * WM + (lane >> 2);   /* rows r_lo + 16 w and r_lo + 16 w + 8 */
   for (int t = first; t < tiles; t++) {
     ember_next_tiles<D, BN, HOPPER>(sk, k, ldk, sv, v, ldv, t, tiles, S);
-    const unsigned short *ck = sk + (t & 1) * BN * D, *cv = sv + (t & 1) * BN * D;
+    const unsigned short *ck = sk + (t & 1) * BN * P, *cv = sv + (t & 1) * BN * P;
     float s[WM][BN / 8][4];
     ember_scores_any<D, BN, WM, BF16, HOPPER>(s, HOPPER ? sq + (warp >> 2) * 64 * 64 : sq, BM, ck);
     const bool edge = ember_flash_edge<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, t * BN, S);
@@ -362,8 +380,8 @@ template <int D, int ROWS, int TILE, bool BF16, bool HOPPER, bool DGRAD, typenam
 EMBER_D void ember_flash_dq(OUT* out, const unsigned short* q, const unsigned short* k, const unsigned short* v,
                             const float* packed, const unsigned short* dout, const float* di, int ldq, int ldk,
                             int ldv, int T, int S, float cs, const SM& sm) {
-  constexpr int BM = ROWS, BN = TILE, NT = D / 8;
-  unsigned short *sq = ember_flash_tiles<HOPPER>(), *sdo = sq + BM * D, *sk = sdo + BM * D, *sv = sk + 2 * BN * D;
+  constexpr int BM = ROWS, BN = TILE, NT = ember_cols<D, HOPPER>() / 8, P = ember_pitch<D, HOPPER>();
+  unsigned short *sq = ember_flash_tiles<HOPPER>(), *sdo = sq + BM * P, *sk = sdo + BM * P, *sv = sk + 2 * BN * P;
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row0 = (gridDim.x - 1 - blockIdx.x) * BM;
   const int2 span = ember_flash_span<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, S);
@@ -378,7 +396,7 @@ EMBER_D void ember_flash_dq(OUT* out, const unsigned short* q, const unsigned sh
   const int r_lo = row0 + warp * 16 + (lane >> 2);
   for (int t = first; t < tiles; t++) {
     ember_next_tiles<D, BN, HOPPER>(sk, k, ldk, sv, v, ldv, t, tiles, S);
-    const unsigned short *ck = sk + (t & 1) * BN * D, *cv = sv + (t & 1) * BN * D;
+    const unsigned short *ck = sk + (t & 1) * BN * P, *cv = sv + (t & 1) * BN * P;
     float s[1][BN / 8][4], dp[1][BN / 8][4];
     ember_scores_any<D, BN, 1, BF16, HOPPER>(s, sq, BM, ck);
     ember_scores_any<D, BN, 1, BF16, HOPPER>(dp, sdo, BM, cv);
@@ -391,12 +409,15 @@ EMBER_D void ember_flash_dq(OUT* out, const unsigned short* q, const unsigned sh
   ember_flash_rows_out<D, BF16>(out + (size_t)nb * T * D, acc, r_lo, T, D, cs);
 }
 
-template <int D, int ROWS, int TILE, bool BF16, bool HOPPER, bool DGRAD, typename OUT, typename SM>
+/* DC: the columns of dk and dv a block adds up, from DC blockIdx.z on (D = 256: two blocks a key
+   block, each computing the scores again, or 256 accumulators a thread would not fit) */
+template <int D, int ROWS, int TILE, bool BF16, bool HOPPER, bool DGRAD, int DC = D, typename OUT, typename SM>
 EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned short* k, const unsigned short* v,
                               const float* packed, const unsigned short* dout, const float* di, int ldq, int ldk,
                               int ldv, int T, int S, float cs, const SM& sm) {
-  constexpr int BN = ROWS, BM = TILE, NT = D / 8;   /* BN keys per block, BM queries per tile */
-  unsigned short *sk = ember_flash_tiles<HOPPER>(), *sv = sk + BN * D, *sq = sv + BN * D, *sdo = sq + 2 * BM * D;
+  constexpr int BN = ROWS, BM = TILE, NT = ember_cols<DC, HOPPER>() / 8, P = ember_pitch<D, HOPPER>();
+  unsigned short *sk = ember_flash_tiles<HOPPER>(), *sv = sk + BN * P, *sq = sv + BN * P, *sdo = sq + 2 * BM * P;
+  const int c0 = DC == D ? 0 : blockIdx.z * DC;   /* BN keys per block, BM queries per tile, columns c0.. of dk and dv */
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int key0 = blockIdx.x * BN;
   const int2 span = ember_flash_span<BM, true>(sm, nb, key0, min(key0 + BN, S) - 1, T);
@@ -413,17 +434,17 @@ EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned 
   const int r_lo = key0 + warp * 16 + (lane >> 2);   /* this thread's key rows */
   for (int t = first; t < tiles; t++) {
     ember_next_tiles<D, BM, HOPPER>(sq, q, ldq, sdo, dout, D, t, tiles, T);
-    const unsigned short *cq = sq + (t & 1) * BM * D, *cdo = sdo + (t & 1) * BM * D;
+    const unsigned short *cq = sq + (t & 1) * BM * P, *cdo = sdo + (t & 1) * BM * P;
     float s[1][BM / 8][4], dp[1][BM / 8][4];
     ember_scores_any<D, BM, 1, BF16, HOPPER>(s, sk, BN, cq);     /* s^T: keys x queries */
     ember_scores_any<D, BM, 1, BF16, HOPPER>(dp, sv, BN, cdo);   /* dp^T = v do^T */
     const bool edge = ember_flash_past<BN>(key0 + BN - 1, S) ||
                       ember_flash_edge<BM, true>(sm, nb, key0, key0 + BN - 1, t * BM, T);
     ember_flash_ds<BM, BN, true, DGRAD>(s[0], dp[0], sm, nb, r_lo, t * BM, T, S, packed + D, D + 1, di, edge);
-    ember_acc_any<D, BM, NT, BF16, HOPPER>(dv, s[0], cdo);
-    ember_acc_any<D, BM, NT, BF16, HOPPER>(dk, dp[0], cq);
+    ember_acc_any<D, BM, NT, BF16, HOPPER>(dv, s[0], cdo, c0);
+    ember_acc_any<D, BM, NT, BF16, HOPPER>(dk, dp[0], cq, c0);
     __syncthreads();
   }
-  ember_flash_rows_out<D, BF16>(out + (size_t)nb * S * 2 * D, dk, r_lo, S, 2 * D, cs);
-  ember_flash_rows_out<D, BF16>(out + (size_t)nb * S * 2 * D + D, dv, r_lo, S, 2 * D, 1.f);
+  ember_flash_rows_out<DC, BF16>(out + (size_t)nb * S * 2 * D + c0, dk, r_lo, S, 2 * D, cs);
+  ember_flash_rows_out<DC, BF16>(out + (size_t)nb * S * 2 * D + D + c0, dv, r_lo, S, 2 * D, 1.f);
 }

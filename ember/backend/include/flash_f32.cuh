@@ -1,45 +1,55 @@
 
 /* ---- flash attention on f32 operands, on CUDA cores (backend/flash.py) ---- */
-/* G = D / 16 neighbouring threads hold a row, 16 values each: float4 c of thread g is columns
-   4 (c G + g)..+3, so the G threads of a row read 16 G consecutive bytes together */
+/* G neighbouring threads hold a row, V = D / G values each: G is the largest power of two up to
+   D / 16 (4 below D = 64) whose V is a multiple of 4: D = 16 G and V = 16 for D = 64, 128 and
+   256; D = 32, 80 and 96: G = 4, V = 8, 20 and 24 (D = 32 with G = 2 spilled a loop counter in
+   dq). float4 c of thread g is columns 4 (c G + g)..+3, so the G threads of a row read 16 G
+   consecutive bytes together */
+template <int D> EMBER_D constexpr int ember_g32() {
+  int g = 1;
+  while (2 * g <= (D < 64 ? 4 : D / 16) && (D / 4) % (2 * g) == 0) g *= 2;
+  return g;
+}
+template <int D> EMBER_D constexpr int ember_v32() { return D / ember_g32<D>(); }
 template <int D> EMBER_D void ember_row32(float* r, const float* row) {
 #pragma unroll
-  for (int c = 0; c < 4; c++)
-    *(float4*)(r + 4 * c) = *(const float4*)(row + 4 * (c * (D / 16) + threadIdx.x % (D / 16)));
+  for (int c = 0; c < ember_v32<D>() / 4; c++)
+    *(float4*)(r + 4 * c) = *(const float4*)(row + 4 * (c * ember_g32<D>() + threadIdx.x % ember_g32<D>()));
 }
 template <int D> EMBER_D void ember_row32_store(float* row, const float* r, float scale) {
 #pragma unroll
-  for (int c = 0; c < 4; c++)
-    *(float4*)(row + 4 * (c * (D / 16) + threadIdx.x % (D / 16))) =
+  for (int c = 0; c < ember_v32<D>() / 4; c++)
+    *(float4*)(row + 4 * (c * ember_g32<D>() + threadIdx.x % ember_g32<D>())) =
         make_float4(r[4 * c] * scale, r[4 * c + 1] * scale, r[4 * c + 2] * scale, r[4 * c + 3] * scale);
 }
-EMBER_D float ember_dot16(const float* a, const float* b) {   /* this thread's part of a dot product */
+template <int V> EMBER_D float ember_dot32(const float* a, const float* b) {   /* this thread's part of a dot product */
   float acc = 0.f;
 #pragma unroll
-  for (int e = 0; e < 16; e++) acc = fmaf(a[e], b[e], acc);
+  for (int e = 0; e < V; e++) acc = fmaf(a[e], b[e], acc);
   return acc;
 }
 template <int D> EMBER_D float ember_row_total(float x) {   /* summed over the G threads of the row */
 #pragma unroll
-  for (int o = 1; o < D / 16; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  for (int o = 1; o < ember_g32<D>(); o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
 }
 /* this thread's parts of the dot products of two rows it holds with KC rows of two tiles:
    s[j] = a . ta[j], dp[j] = b . tb[j] */
 template <int D, int KC> EMBER_D void ember_dots32(float* s, float* dp, const float* a, const float* ta, const float* b,
                                                    const float* tb) {
+  constexpr int V = ember_v32<D>();
 #pragma unroll
   for (int j = 0; j < KC; j++) {
-    float x[16];
+    float x[V];
     ember_row32<D>(x, ta + j * D);
-    s[j] = ember_dot16(a, x);
+    s[j] = ember_dot32<V>(a, x);
     ember_row32<D>(x, tb + j * D);
-    dp[j] = ember_dot16(b, x);
+    dp[j] = ember_dot32<V>(b, x);
   }
 }
-EMBER_D void ember_axpy16(float* acc, float a, const float* x) {
+template <int V> EMBER_D void ember_axpy32(float* acc, float a, const float* x) {
 #pragma unroll
-  for (int e = 0; e < 16; e++) acc[e] = fmaf(a, x[e], acc[e]);
+  for (int e = 0; e < V; e++) acc[e] = fmaf(a, x[e], acc[e]);
 }
 
 /* The forward: 128 threads, two query rows per G threads (a key loaded once serves both), ROWS
@@ -49,7 +59,7 @@ EMBER_D void ember_axpy16(float* acc, float a, const float* x) {
 template <int D, int ROWS, int TILE, typename SM>
 EMBER_D void ember_flash32_fwd(float* out, const float* q, const float* k, const float* v, int ldq, int ldk,
                                int ldv, int T, int S, const SM& sm) {
-  constexpr int G = D / 16, KC = 16;
+  constexpr int G = ember_g32<D>(), V = ember_v32<D>(), KC = 16;
   float *sk = (float*)ember_flash_tiles<false>(), *sv = sk + 2 * TILE * D;
   const int nb = blockIdx.y, row0 = (gridDim.x - 1 - blockIdx.x) * ROWS, last = min(row0 + ROWS, T) - 1;
   const int r0 = row0 + threadIdx.x / G * 2;   /* this thread's rows: r0 and r0 + 1 */
@@ -57,13 +67,13 @@ EMBER_D void ember_flash32_fwd(float* out, const float* q, const float* k, const
   const int first = span.x, tiles = span.y;
   ember_tiles_at<D, TILE>(sk, k, ldk, sv, v, ldv, first, tiles, S);
   ember_cp_async_commit();
-  float qr[2][16], o[2][16], m[2], l[2];
+  float qr[2][V], o[2][V], m[2], l[2];
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     m[h] = -INFINITY;
     l[h] = 0.f;
 #pragma unroll
-    for (int e = 0; e < 16; e++) qr[h][e] = o[h][e] = 0.f;
+    for (int e = 0; e < V; e++) qr[h][e] = o[h][e] = 0.f;
     if (r0 + h < T) ember_row32<D>(qr[h], q + (size_t)(r0 + h) * ldq);
   }
   for (int t = first; t < tiles; t++) {
@@ -75,10 +85,10 @@ EMBER_D void ember_flash32_fwd(float* out, const float* q, const float* k, const
       float s[2][KC];
 #pragma unroll
       for (int j = 0; j < KC; j++) {
-        float x[16];
+        float x[V];
         ember_row32<D>(x, ck + (j0 + j) * D);
-        s[0][j] = ember_dot16(qr[0], x);
-        s[1][j] = ember_dot16(qr[1], x);
+        s[0][j] = ember_dot32<V>(qr[0], x);
+        s[1][j] = ember_dot32<V>(qr[1], x);
       }
       const bool edge = ember_flash_edge<KC, false>(sm, nb, row0, last, col0, S);   /* the same for the block */
 #pragma unroll
@@ -103,14 +113,14 @@ EMBER_D void ember_flash32_fwd(float* out, const float* q, const float* k, const
         }
         l[h] = l[h] * r + sum;
 #pragma unroll
-        for (int e = 0; e < 16; e++) o[h][e] *= r;
+        for (int e = 0; e < V; e++) o[h][e] *= r;
       }
 #pragma unroll
       for (int j = 0; j < KC; j++) {
-        float x[16];
+        float x[V];
         ember_row32<D>(x, cv + (j0 + j) * D);
-        ember_axpy16(o[0], s[0][j], x);
-        ember_axpy16(o[1], s[1][j], x);
+        ember_axpy32<V>(o[0], s[0][j], x);
+        ember_axpy32<V>(o[1], s[1][j], x);
       }
     }
     __syncthreads();   /* this slot is filled again two tiles on */
@@ -122,7 +132,7 @@ EMBER_D void ember_flash32_fwd(float* out, const float* q, const float* k, const
     float* dst = out + ((size_t)nb * T + row) * (D + 1);
     const float inv = 1.f / l[h];
 #pragma unroll
-    for (int c4 = 0; c4 < 4; c4++)
+    for (int c4 = 0; c4 < V / 4; c4++)
 #pragma unroll
       for (int e = 0; e < 4; e++) dst[4 * (c4 * G + threadIdx.x % G) + e] = o[h][4 * c4 + e] * inv;
     if (threadIdx.x % G == 0) dst[D] = m[h] + log2f(l[h]);
@@ -142,7 +152,7 @@ template <int D, int ROWS, int TILE, bool DGRAD, typename SM>
 EMBER_D void ember_flash32_dq(float* out, const float* q, const float* k, const float* v, const float* packed,
                               const float* dout, const float* di, int ldq, int ldk, int ldv, int T, int S,
                               float cs, const SM& sm) {
-  constexpr int G = D / 16, KC = 8;
+  constexpr int G = ember_g32<D>(), V = ember_v32<D>(), KC = 8;
   float *sk = (float*)ember_flash_tiles<false>(), *sv = sk + 2 * TILE * D;
   const int nb = blockIdx.y, row0 = (gridDim.x - 1 - blockIdx.x) * ROWS;
   const int row = row0 + threadIdx.x / G;
@@ -151,9 +161,9 @@ EMBER_D void ember_flash32_dq(float* out, const float* q, const float* k, const 
   const int first = span.x, tiles = span.y;
   ember_tiles_at<D, TILE>(sk, k, ldk, sv, v, ldv, first, tiles, S);
   ember_cp_async_commit();
-  float qr[16], dor[16], acc[16];
+  float qr[V], dor[V], acc[V];
 #pragma unroll
-  for (int e = 0; e < 16; e++) qr[e] = dor[e] = acc[e] = 0.f;
+  for (int e = 0; e < V; e++) qr[e] = dor[e] = acc[e] = 0.f;
   if (live) {
     ember_row32<D>(qr, q + (size_t)row * ldq);
     ember_row32<D>(dor, dout + (size_t)row * D);
@@ -175,9 +185,9 @@ EMBER_D void ember_flash32_dq(float* out, const float* q, const float* k, const 
       }
 #pragma unroll
       for (int j = 0; j < KC; j++) {
-        float x[16];
+        float x[V];
         ember_row32<D>(x, ck + (j0 + j) * D);
-        ember_axpy16(acc, s[j], x);
+        ember_axpy32<V>(acc, s[j], x);
       }
     }
     __syncthreads();
@@ -189,7 +199,7 @@ template <int D, int ROWS, int TILE, bool DGRAD, typename SM>
 EMBER_D void ember_flash32_dkdv(float* out, const float* q, const float* k, const float* v, const float* packed,
                                 const float* dout, const float* di, int ldq, int ldk, int ldv, int T, int S,
                                 float cs, const SM& sm) {
-  constexpr int G = D / 16, KC = 8;
+  constexpr int G = ember_g32<D>(), V = ember_v32<D>(), KC = 8;
   float *sq = (float*)ember_flash_tiles<false>(), *sdo = sq + 2 * TILE * D;
   const int nb = blockIdx.y, key0 = blockIdx.x * ROWS, key = key0 + threadIdx.x / G;
   const bool live = key < S;
@@ -197,9 +207,9 @@ EMBER_D void ember_flash32_dkdv(float* out, const float* q, const float* k, cons
   const int first = span.x, tiles = span.y;
   ember_tiles_at<D, TILE>(sq, q, ldq, sdo, dout, D, first, tiles, T);
   ember_cp_async_commit();
-  float kr[16], vr[16], dk[16], dv[16];
+  float kr[V], vr[V], dk[V], dv[V];
 #pragma unroll
-  for (int e = 0; e < 16; e++) kr[e] = vr[e] = dk[e] = dv[e] = 0.f;
+  for (int e = 0; e < V; e++) kr[e] = vr[e] = dk[e] = dv[e] = 0.f;
   if (live) {
     ember_row32<D>(kr, k + (size_t)key * ldk);
     ember_row32<D>(vr, v + (size_t)key * ldv);
@@ -224,11 +234,11 @@ EMBER_D void ember_flash32_dkdv(float* out, const float* q, const float* k, cons
       }
 #pragma unroll
       for (int i = 0; i < KC; i++) {
-        float x[16];
+        float x[V];
         ember_row32<D>(x, cdo + (i0 + i) * D);
-        ember_axpy16(dv, s[i], x);
+        ember_axpy32<V>(dv, s[i], x);
         ember_row32<D>(x, cq + (i0 + i) * D);
-        ember_axpy16(dk, dp[i], x);
+        ember_axpy32<V>(dk, dp[i], x);
       }
     }
     __syncthreads();

@@ -48,7 +48,7 @@ template <> struct EmberWg<true> {
 template <int D, int ROWS> EMBER_D void ember_flash_tma_tile(unsigned short* dst, const EmberTmap* map, int r0, int nb,
                                                              int heads, unsigned long long* bar) {
 #pragma unroll
-  for (int p = 0; p < D / 64; p++) ember_tma4(dst + p * ROWS * 64, map, 64 * p, r0, nb % heads, nb / heads, bar);
+  for (int p = 0; p < ember_pitch<D, true>() / 64; p++)   /* a panel past D: TMA's zeros */ ember_tma4(dst + p * ROWS * 64, map, 64 * p, r0, nb % heads, nb / heads, bar);
 }
 
 /* The forward on sm_90a, warp-specialized (FlashAttention-3's plan) and persistent: 384
@@ -65,9 +65,9 @@ template <int D, int ROWS> EMBER_D void ember_flash_tma_tile(unsigned short* dst
    other's products. The element code is ember_flash_fwd's. */
 template <int D, int TILE, int STAGES, bool BF16, typename OUT, typename SM>
 EMBER_D void ember_flash_fwd_ws(OUT* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
-                                int n, int heads, int T, int S, unsigned* next, const SM& sm) {
-  constexpr int BM = 128, BN = TILE, NT = D / 8;
-  unsigned short *sq = ember_flash_tiles<true>(), *sk = sq + BM * D, *sv = sk + STAGES * BN * D;
+                                int n, int heads, int group, int kv_heads, int T, int S, unsigned* next, const SM& sm) {
+  constexpr int BM = 128, BN = TILE, NT = ember_cols<D, true>() / 8, P = ember_pitch<D, true>();
+  unsigned short *sq = ember_flash_tiles<true>(), *sk = sq + BM * P, *sv = sk + STAGES * BN * P;
   __shared__ __align__(8) unsigned long long bars[2 * STAGES + 2];
   __shared__ int item;   /* the item whose q qfull announces; items or more: none is left */
   unsigned long long *full = bars, *empty = bars + STAGES, *qfull = bars + 2 * STAGES, *qempty = qfull + 1;
@@ -88,14 +88,14 @@ EMBER_D void ember_flash_fwd_ws(OUT* out, const EmberTmap* tq, const EmberTmap* 
       if (w >= items) { ember_mbar_arrive(qfull); break; }
       const int nb = w / blocks, row0 = (blocks - 1 - w % blocks) * BM;
       const int2 span = ember_flash_span<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, S);
-      ember_mbar_expect(qfull, BM * D * 2);
+      ember_mbar_expect(qfull, BM * P * 2);   /* whole boxes, zeros past D included */
       ember_flash_tma_tile<D, BM>(sq, tq, row0, nb, heads, qfull);
       for (int t = span.x; t < span.y; t++, g++) {
         const int st = g % STAGES, ph = (g / STAGES) & 1;
         ember_mbar_wait(&empty[st], ph ^ 1);
-        ember_mbar_expect(&full[st], 2 * BN * D * 2);
-        ember_flash_tma_tile<D, BN>(sk + st * BN * D, tk, t * BN, nb, heads, &full[st]);
-        ember_flash_tma_tile<D, BN>(sv + st * BN * D, tv, t * BN, nb, heads, &full[st]);
+        ember_mbar_expect(&full[st], 2 * BN * P * 2);
+        ember_flash_tma_tile<D, BN>(sk + st * BN * P, tk, t * BN, nb / group, kv_heads, &full[st]);
+        ember_flash_tma_tile<D, BN>(sv + st * BN * P, tv, t * BN, nb / group, kv_heads, &full[st]);
       }
       w = gridDim.x + atomicAdd(&next[0], 1);
     }
@@ -121,7 +121,7 @@ EMBER_D void ember_flash_fwd_ws(OUT* out, const EmberTmap* tq, const EmberTmap* 
     if (span.x == tiles && lane == 0) ember_mbar_arrive(qempty);   /* no tile: q is not read */
     for (int t = span.x; t < tiles; t++, g++) {
       const int st = g % STAGES, ph = (g / STAGES) & 1;
-      const unsigned short *ck = sk + st * BN * D, *cv = sv + st * BN * D;
+      const unsigned short *ck = sk + st * BN * P, *cv = sv + st * BN * P;
       ember_mbar_wait(&full[st], ph);
       float s[BN / 8][4];
       ember_bar_sync(1 + wg, 256);   /* my turn */
@@ -132,7 +132,7 @@ EMBER_D void ember_flash_fwd_ws(OUT* out, const EmberTmap* tq, const EmberTmap* 
       const bool edge = ember_flash_edge<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, t * BN, S);
       ember_flash_online<BN, NT>(s, m, l, o, sm, nb, t * BN, r_lo, T, S, edge);
       ember_bar_sync(1 + wg, 256);
-      EmberWg<true>::template acc_issue<D, BN, BF16>(&o[0][0], s, cv);
+      EmberWg<true>::template acc_issue<8 * NT, BN, BF16>(&o[0][0], s, cv);
       ember_bar_arrive(2 - wg, 256);
       ember_wgmma_wait<0>();
       if (lane == 0) ember_mbar_arrive(&empty[st]);
@@ -143,22 +143,25 @@ EMBER_D void ember_flash_fwd_ws(OUT* out, const EmberTmap* tq, const EmberTmap* 
 }
 
 /* The backward's producer (one thread): the block's own two matrices a and b (rows r0.. of
-   OWN) once, on mbarrier own, then c and d in tiles of TILE rows, first to tiles, through
-   STAGES slots of full and empty mbarriers. */
+   OWN, batch nb_own of heads_own) once, on mbarrier own, then c and d (batch nb_tiled of
+   heads_tiled) in tiles of TILE rows, first to tiles, through STAGES slots of full and empty
+   mbarriers. k and v are at batch nb / group of kv_heads (grouped-query attention). */
 template <int D, int OWN, int TILE, int STAGES>
 EMBER_D void ember_flash_produce(unsigned short* sa, const EmberTmap* ta, unsigned short* sb, const EmberTmap* tb,
                                  int r0, unsigned long long* own, unsigned short* sc, const EmberTmap* tc,
                                  unsigned short* sd, const EmberTmap* td, int first, int tiles,
-                                 unsigned long long* full, unsigned long long* empty, int nb, int heads) {
-  ember_mbar_expect(own, 2 * OWN * D * 2);
-  ember_flash_tma_tile<D, OWN>(sa, ta, r0, nb, heads, own);
-  ember_flash_tma_tile<D, OWN>(sb, tb, r0, nb, heads, own);
+                                 unsigned long long* full, unsigned long long* empty, int nb_own, int heads_own,
+                                 int nb_tiled, int heads_tiled) {
+  constexpr int P = ember_pitch<D, true>();
+  ember_mbar_expect(own, 2 * OWN * P * 2);
+  ember_flash_tma_tile<D, OWN>(sa, ta, r0, nb_own, heads_own, own);
+  ember_flash_tma_tile<D, OWN>(sb, tb, r0, nb_own, heads_own, own);
   for (int t = first; t < tiles; t++) {
     const int st = (t - first) % STAGES, ph = ((t - first) / STAGES) & 1;
     ember_mbar_wait(&empty[st], ph ^ 1);
-    ember_mbar_expect(&full[st], 2 * TILE * D * 2);
-    ember_flash_tma_tile<D, TILE>(sc + st * TILE * D, tc, t * TILE, nb, heads, &full[st]);
-    ember_flash_tma_tile<D, TILE>(sd + st * TILE * D, td, t * TILE, nb, heads, &full[st]);
+    ember_mbar_expect(&full[st], 2 * TILE * P * 2);
+    ember_flash_tma_tile<D, TILE>(sc + st * TILE * P, tc, t * TILE, nb_tiled, heads_tiled, &full[st]);
+    ember_flash_tma_tile<D, TILE>(sd + st * TILE * P, td, t * TILE, nb_tiled, heads_tiled, &full[st]);
   }
 }
 
@@ -169,10 +172,10 @@ EMBER_D void ember_flash_produce(unsigned short* sa, const EmberTmap* ta, unsign
    together) and its last ones. */
 template <int D, int TILE, int STAGES, bool BF16, bool DGRAD, typename OUT, typename SM>
 EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
-                               const EmberTmap* tdo, const float* packed, const float* di, int heads, int T, int S,
-                               float cs, const SM& sm) {
-  constexpr int BM = 128, BN = TILE, NT = D / 8;
-  unsigned short *sq = ember_flash_tiles<true>(), *sdo = sq + BM * D, *sk = sdo + BM * D, *sv = sk + STAGES * BN * D;
+                               const EmberTmap* tdo, const float* packed, const float* di, int heads, int group,
+                               int kv_heads, int T, int S, float cs, const SM& sm) {
+  constexpr int BM = 128, BN = TILE, NT = ember_cols<D, true>() / 8, P = ember_pitch<D, true>();
+  unsigned short *sq = ember_flash_tiles<true>(), *sdo = sq + BM * P, *sk = sdo + BM * P, *sv = sk + STAGES * BN * P;
   __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
   unsigned long long *full = bars, *empty = bars + STAGES, *own = bars + 2 * STAGES;
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -187,7 +190,7 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
     if (threadIdx.x != 0) return;
     const int2 span = ember_flash_span<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, S);
     ember_flash_produce<D, BM, BN, STAGES>(sq, tq, sdo, tdo, row0, own, sk, tk, sv, tv, span.x, span.y, full, empty,
-                                           nb, heads);
+                                           nb, heads, nb / group, kv_heads);
     return;
   }
   ember_setmaxnreg_inc<240>();
@@ -202,7 +205,7 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
   if (wg == 1 && first < tiles) ember_bar_arrive(1, 256);
   for (int t = first; t < tiles; t++) {
     const int st = (t - first) % STAGES, ph = ((t - first) / STAGES) & 1;
-    const unsigned short *ck = sk + st * BN * D, *cv = sv + st * BN * D;
+    const unsigned short *ck = sk + st * BN * P, *cv = sv + st * BN * P;
     ember_mbar_wait(&full[st], ph);
     float s[BN / 8][4], dp[BN / 8][4];
     ember_bar_sync(1 + wg, 256);
@@ -214,7 +217,7 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
                       ember_flash_edge<BN, false>(sm, nb, row0, row0 + BM - 1, t * BN, S);
     ember_flash_ds<BN, BM, false, DGRAD>(s, dp, sm, nb, r_lo, t * BN, T, S, packed + D, D + 1, di, edge);
     ember_bar_sync(1 + wg, 256);
-    EmberWg<true>::template acc_issue<D, BN, BF16>(&acc[0][0], dp, ck);
+    EmberWg<true>::template acc_issue<8 * NT, BN, BF16>(&acc[0][0], dp, ck);
     if (wg == 0 || t + 1 < tiles) ember_bar_arrive(2 - wg, 256);
     ember_wgmma_wait<0>();
     if (lane == 0) ember_mbar_arrive(&empty[st]);
@@ -222,12 +225,13 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
   ember_flash_rows_out<D, BF16>(out + (size_t)nb * T * D, acc, r_lo, T, D, cs);
 }
 
-template <int D, int TILE, int STAGES, bool BF16, bool DGRAD, typename OUT, typename SM>
+template <int D, int TILE, int STAGES, bool BF16, bool DGRAD, int DC = D, typename OUT, typename SM>
 EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
-                                 const EmberTmap* tdo, const float* packed, const float* di, int heads, int T, int S,
-                                 float cs, const SM& sm) {
-  constexpr int BN = 128, BM = TILE, NT = D / 8;   /* BN keys per block, BM queries per tile */
-  unsigned short *sk = ember_flash_tiles<true>(), *sv = sk + BN * D, *sq = sv + BN * D, *sdo = sq + STAGES * BM * D;
+                                 const EmberTmap* tdo, const float* packed, const float* di, int heads, int group,
+                                 int kv_heads, int T, int S, float cs, const SM& sm) {
+  constexpr int BN = 128, BM = TILE, NT = ember_cols<DC, true>() / 8, P = ember_pitch<D, true>();
+  unsigned short *sk = ember_flash_tiles<true>(), *sv = sk + BN * P, *sq = sv + BN * P, *sdo = sq + STAGES * BM * P;
+  const int c0 = DC == D ? 0 : blockIdx.z * DC;   /* BN keys per block, BM queries per tile, columns c0.. of dk and dv (ember_flash_dkdv) */
   __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
   unsigned long long *full = bars, *empty = bars + STAGES, *own = bars + 2 * STAGES;
   const int nb = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -242,7 +246,7 @@ EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap*
     if (threadIdx.x != 0) return;
     const int2 span = ember_flash_span<BM, true>(sm, nb, key0, min(key0 + BN, S) - 1, T);
     ember_flash_produce<D, BN, BM, STAGES>(sk, tk, sv, tv, key0, own, sq, tq, sdo, tdo, span.x, span.y, full, empty,
-                                           nb, heads);
+                                           nb / group, kv_heads, nb, heads);
     return;
   }
   ember_setmaxnreg_inc<240>();
@@ -259,7 +263,7 @@ EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap*
   if (wg == 1 && first < tiles) ember_bar_arrive(1, 256);
   for (int t = first; t < tiles; t++) {
     const int st = (t - first) % STAGES, ph = ((t - first) / STAGES) & 1;
-    const unsigned short *cq = sq + st * BM * D, *cdo = sdo + st * BM * D;
+    const unsigned short *cq = sq + st * BM * P, *cdo = sdo + st * BM * P;
     ember_mbar_wait(&full[st], ph);
     float s[BM / 8][4], dp[BM / 8][4];
     ember_bar_sync(1 + wg, 256);
@@ -271,12 +275,12 @@ EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap*
                       ember_flash_edge<BM, true>(sm, nb, key0, key0 + BN - 1, t * BM, T);
     ember_flash_ds<BM, BN, true, DGRAD>(s, dp, sm, nb, r_lo, t * BM, T, S, packed + D, D + 1, di, edge);
     ember_bar_sync(1 + wg, 256);
-    EmberWg<true>::template acc_issue<D, BM, BF16>(&dv[0][0], s, cdo);
-    EmberWg<true>::template acc_issue<D, BM, BF16>(&dk[0][0], dp, cq);
+    EmberWg<true>::template acc_issue<8 * NT, BM, BF16>(&dv[0][0], s, cdo + c0 / 64 * BM * 64);
+    EmberWg<true>::template acc_issue<8 * NT, BM, BF16>(&dk[0][0], dp, cq + c0 / 64 * BM * 64);
     if (wg == 0 || t + 1 < tiles) ember_bar_arrive(2 - wg, 256);
     ember_wgmma_wait<0>();
     if (lane == 0) ember_mbar_arrive(&empty[st]);
   }
-  ember_flash_rows_out<D, BF16>(out + (size_t)nb * S * 2 * D, dk, r_lo, S, 2 * D, cs);
-  ember_flash_rows_out<D, BF16>(out + (size_t)nb * S * 2 * D + D, dv, r_lo, S, 2 * D, 1.f);
+  ember_flash_rows_out<DC, BF16>(out + (size_t)nb * S * 2 * D + c0, dk, r_lo, S, 2 * D, cs);
+  ember_flash_rows_out<DC, BF16>(out + (size_t)nb * S * 2 * D + D + c0, dv, r_lo, S, 2 * D, 1.f);
 }
