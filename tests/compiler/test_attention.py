@@ -759,7 +759,7 @@ def test_tma_layouts_of_shared_heads(name: str) -> None:
 @pytest.mark.parametrize("plan", ["gpu", "sm_86", "ws0"])
 def test_grouped_heads_on_the_gpu_match_pytorch(plan: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every GQA case on the GPU's plans, sm_86's and EMBER_FLASH_WS=0's, against PyTorch's
-    SDPA with enable_gqa=True in f64: forward and the gradients of q, k and v (dk and dv summed
+    SDPA in f64 on k and v repeated over each group (enable_gqa's meaning): forward and the gradients of q, k and v (dk and dv summed
     over each group of q heads)."""
     torch = pytest.importorskip("torch")
     from ember.backend import cuda, run_values
@@ -775,9 +775,13 @@ def test_grouped_heads_on_the_gpu_match_pytorch(plan: str, monkeypatch: pytest.M
     for name, (outs, params) in built.items():
         thd = GQA[name][8]
         tq, tk, tv = (torch.tensor(np.asarray(inputs[p], np.float64), requires_grad=True) for p in params)
+        # enable_gqa's meaning: k and v repeated over each group of q heads; o stays [B, H, T, D],
+        # as the program's (its params may be [B, T, H, D])
+        hq, hk = (x.transpose(1, 2) if thd else x for x in (tq, tk))
+        hv = tv.transpose(1, 2) if thd else tv
+        group = hq.shape[1] // hk.shape[1]
         to = torch.nn.functional.scaled_dot_product_attention(
-            *((x.transpose(1, 2) if thd else x) for x in (tq, tk, tv)), is_causal=GQA[name][7], enable_gqa=True)
-        to = to.transpose(1, 2) if thd else to
+            hq, hk.repeat_interleave(group, 1), hv.repeat_interleave(group, 1), is_causal=GQA[name][7])
         w = [p for p in toposort(outs) if p.op is Op.PARAM and p.arg == "w"][0]
         (to * torch.tensor(np.asarray(inputs[w], np.float64))).sum().backward()
         for what, theirs in zip(("o", "dq", "dk", "dv"), (to, tq.grad, tk.grad, tv.grad)):
