@@ -18,6 +18,7 @@ write what they did; the pipeline makes the memory plan again for the new order.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from ..ir import Op, toposort
 from .loops import MergedPlan, ThreadPlan
@@ -110,7 +111,7 @@ def chains(kernels: list[Kernel]) -> list[list[Kernel]]:
     return found
 
 
-def lanes(kernels: list[Kernel], own: "callable") -> dict[int, int]:
+def lanes(kernels: list[Kernel], own: Callable[[Kernel], int]) -> dict[int, int]:
     """id(kernel) -> the lanes of its chain: the most any member would take on its own."""
     given: dict[int, int] = {}
     for chain in chains(kernels):

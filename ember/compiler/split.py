@@ -204,4 +204,5 @@ def accumulate_parts(sched: Schedule) -> None:
         parts.store = Node(Op.STORE, parts.store.dtype, (into.ref(), index, parts.store.srcs[2]))
         parts.out, parts.atomic = into, True
     sched.kernels = [k for k in sched.kernels if id(k) not in gone]
-    sched.temps = [b for b in sched.temps if b.id in {b.id for k in sched.kernels for b in [k.out, *k.reads]}]
+    used = {b.id for k in sched.kernels for b in [k.out, *k.reads]}
+    sched.temps = [b for b in sched.temps if b.id in used]
