@@ -7,9 +7,9 @@ curves in one plot.
     PYTHONPATH=. python3 bench/loss_curve.py --device cpu --model byte --steps 20 --dim 32 --layers 1 \\
         --heads 2 --block 32 --batch 4 --plot /tmp/curve.png        # a minute on a CPU
 
-On the GPU both sides autocast to bf16 and PyTorch's attention is SDPA (flash), as Ember's; the
-relative gap of the curves is printed (bench/loss_parity.py's bound for bf16 is 2%). The model
-is GPT-2's shape (tied head) unless --dim, --layers, --heads, --block say otherwise.
+On the GPU (and with --bf16 on the CPU) both sides autocast to bf16 and PyTorch's attention is
+SDPA (flash), as Ember's; the relative gap of the curves is printed (bench/loss_parity.py's
+bound for bf16 is 2%). The model is GPT-2's shape (tied head) unless --dim, --layers, --heads, --block say otherwise.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def ember_run(args: argparse.Namespace, out: Path) -> tuple[list[tuple[int, floa
     argv = ["--model", args.model, "--device", args.device, "--steps", str(args.steps), "--batch", str(args.batch),
             "--lr", str(args.lr), "--warmup", str(args.warmup), "--cosine", "--seed", str(args.seed),
             "--eval-every", str(args.steps), "--max-bytes", str(args.max_bytes), "--out", str(out), "--fresh",
-            "--autocast", "bf16" if args.device == "cuda" else "none"]
+            "--autocast", "bf16" if args.bf16 else "none"]
     for name in ("dim", "layers", "heads", "block"):
         if getattr(args, name) is not None:
             argv += [f"--{name}", str(getattr(args, name))]
@@ -76,7 +76,7 @@ def torch_run(args: argparse.Namespace, out: Path) -> tuple[list[tuple[int, floa
         for g in opt.param_groups:
             g["lr"] = train.learning_rate(step, args.steps, args.lr, args.warmup, True)
         x, y = (torch.from_numpy(t.numpy()).long().to(dev) for t in train.batch(data, rng, args.batch, config.block))
-        with torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.device == "cuda"):
+        with torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.bf16):
             logits = tm(x, sdpa=True)
             loss = F.cross_entropy(logits.reshape(-1, config.vocab).float(), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -114,6 +114,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     ap.add_argument("--model", default="gpt2", choices=["gpt2", "byte"])
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                    help="autocast to bf16 on both sides (default: on the GPU only)")
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--dim", type=int)
@@ -127,6 +129,8 @@ def main() -> None:
     ap.add_argument("--out", default="runs/loss_curve", help="ember train's run folder")
     ap.add_argument("--plot", default="docs/loss_curve_gpt2.png", help="the PNG (and its .json: both curves)")
     args = ap.parse_args()
+    if args.bf16 is None:
+        args.bf16 = args.device == "cuda"
     torch.backends.cuda.matmul.allow_tf32 = False
     out = Path(args.out)
     ember, ember_s = ember_run(args, out)
@@ -135,7 +139,7 @@ def main() -> None:
     worst = int(np.argmax(gaps))
     _, _, config = train.load_checkpoint(out / "ckpt.safetensors")
     title = (f"{args.model}: {config.n_layer} layers, dim {config.dim}, context {config.block}, batch {args.batch}, "
-             f"vocab {config.vocab}, {args.device}" + (" bf16" if args.device == "cuda" else "") + ", stdlib source")
+             f"vocab {config.vocab}, {args.device}" + (" bf16" if args.bf16 else "") + ", stdlib source")
     plot(ember, peer, title, Path(args.plot))
     print(title)
     for i in sorted({0, len(ember) // 4, len(ember) // 2, len(ember) - 1}):
