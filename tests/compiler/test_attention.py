@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -335,6 +336,21 @@ def test_flash_kernels_on_the_gpu_match_the_reference(name: str) -> None:
     assert compare(outputs, got, fused, precision=CASES[name][4]) is None
 
 
+def run_on_plan(plan: str, outputs: list[Node], seed: int, flash: int,
+                monkeypatch: pytest.MonkeyPatch) -> tuple[dict, Iterator]:
+    """The outputs run as one program on a GPU plan ("gpu": its own; "sm_86": the course's, run
+    here as a proxy; "ws0": EMBER_FLASH_WS=0's), which has `flash` flash kernels: the inputs,
+    and the values in order."""
+    from ember.backend import cuda, run_values
+    monkeypatch.setenv("EMBER_FLASH_WS", "0" if plan == "ws0" else "1")
+    inputs = inputs_for(outputs, seed)
+    prog = cuda.CUDAProgram(outputs, plan_arch="sm_86" if plan == "sm_86" else None)
+    assert sum(k.fused is not None for k in prog.sched.kernels) == flash
+    got = iter(run_values(prog, inputs))
+    prog.free()
+    return inputs, got
+
+
 @needs_gpu
 @pytest.mark.parametrize("plan", ["gpu", "sm_86", "ws0"])
 def test_head_sizes_on_the_gpu_match_the_reference(plan: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -342,15 +358,9 @@ def test_head_sizes_on_the_gpu_match_the_reference(plan: str, monkeypatch: pytes
     (mma.sync, run here as the course's proxy) and with EMBER_FLASH_WS=0 (sm_90a's cp.async
     wgmma kernels): forward and the gradients of q, k and v against the reference, one program
     (its kernels compile in parallel)."""
-    from ember.backend import cuda, run_values
-    monkeypatch.setenv("EMBER_FLASH_WS", "0" if plan == "ws0" else "1")
     built = {name: case(name)[0] for name in HEAD_CASES}
     outputs = [o for outs in built.values() for o in outs]
-    inputs = inputs_for(outputs, 8)
-    prog = cuda.CUDAProgram(outputs, plan_arch="sm_86" if plan == "sm_86" else None)
-    assert sum(k.fused is not None for k in prog.sched.kernels) == 3 * len(HEAD_CASES)
-    got = iter(run_values(prog, inputs))
-    prog.free()
+    inputs, got = run_on_plan(plan, outputs, 8, 3 * len(HEAD_CASES), monkeypatch)
     bad = []
     for name, outs in built.items():
         mine = [next(got) for _ in outs]
@@ -759,18 +769,12 @@ def test_tma_layouts_of_shared_heads(name: str) -> None:
 @pytest.mark.parametrize("plan", ["gpu", "sm_86", "ws0"])
 def test_grouped_heads_on_the_gpu_match_pytorch(plan: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every GQA case on the GPU's plans, sm_86's and EMBER_FLASH_WS=0's, against PyTorch's
-    SDPA in f64 on k and v repeated over each group (enable_gqa's meaning): forward and the gradients of q, k and v (dk and dv summed
-    over each group of q heads)."""
+    SDPA in f64 on k and v repeated over each group (enable_gqa's meaning): forward and the
+    gradients of q, k and v (dk and dv summed over each group of q heads)."""
     torch = pytest.importorskip("torch")
-    from ember.backend import cuda, run_values
-    monkeypatch.setenv("EMBER_FLASH_WS", "0" if plan == "ws0" else "1")
     built = {name: gqa(name) for name in GQA}
     outputs = [o for outs, _ in built.values() for o in outs]
-    inputs = inputs_for(outputs, 11)
-    prog = cuda.CUDAProgram(outputs, plan_arch="sm_86" if plan == "sm_86" else None)
-    assert sum(k.fused is not None for k in prog.sched.kernels) == 3 * len(GQA)
-    got = iter(run_values(prog, inputs))
-    prog.free()
+    inputs, got = run_on_plan(plan, outputs, 11, 3 * len(GQA), monkeypatch)
     bad = []
     for name, (outs, params) in built.items():
         thd = GQA[name][8]
