@@ -100,12 +100,13 @@ def chains(kernels: list[Kernel]) -> list[list[Kernel]]:
     found: list[list[Kernel]] = []
     run: list[Kernel] = []
     for k in kernels:
-        if run and _map(k) and all(_follows(m, k) for m in run):
+        is_map = _map(k)
+        if run and is_map and all(_follows(m, k) for m in run):
             run.append(k)
             continue
         if len(run) > 1:
             found.append(run)
-        run = [k] if _map(k) else []
+        run = [k] if is_map else []
     if len(run) > 1:
         found.append(run)
     return found
