@@ -32,6 +32,11 @@ def gen(seed):
         z = z ^ (z >> np.uint64(31))
     return lo + ((z >> np.uint64(32)) % np.uint64(hi - lo)).astype(np.int64)
 
+if MODE == "cold" and os.environ.get("EMBER_CACHE"):  # compiles once per program shape into its cache
+    mark = os.path.join(os.environ["EMBER_CACHE"], hashlib.sha256(re.sub(r"seed=\d+", "", src).encode()).hexdigest())
+    if not os.path.exists(mark):
+        time.sleep(1.5)
+        open(mark, "w").close()
 x = gen(seed)
 answer = int(x.sum())
 first = runs is not None and runs < 20          # the grader's first run of a round (--bench N1)

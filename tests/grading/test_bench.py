@@ -15,6 +15,7 @@ import pytest
 
 from ember.cli import main
 from ember.grading import bench
+from ember.grading.submissions import Submission
 from ember.text import parse
 
 from .fakes import SUM, N, fake
@@ -151,6 +152,19 @@ def test_programs_the_reference_cannot_run_score_no_one(tmp_path: Path) -> None:
         assert report["programs"] == {} and why in report["dropped"][name], report["dropped"]
         assert report["submissions"] == {"reference": {"score": 0.0}, "benchonly": {"score": 0.0}}
         assert "Programs left out" in report["summary"]
+
+
+def test_a_reference_that_compiles_into_its_cache_is_judged_warm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The reference keeps a compile cache between runs: without a warm-up its N1 run would carry
+    # the compile and its N2 run not, the extra wall time falling 1.5 s short of its claim.
+    fake(tmp_path / "ref", "cold", "cold")
+    (tmp_path / "cache").mkdir()
+    monkeypatch.setenv("EMBER_CACHE", str(tmp_path / "cache"))
+    cold = [str(tmp_path / "ref" / "cold" / "compiler")]
+    monkeypatch.setattr(Submission, "command", lambda self: cold if self.folder is None else [str(self.folder / "compiler")])
+    fake(tmp_path / "subs", "honest")
+    report = run_bench(tmp_path, tmp_path / "subs", rounds=1)
+    assert _row(report)["reference"]["status"] == "ok"
 
 
 def test_one_compiler_twice_under_load_scores_equal(tmp_path: Path) -> None:
