@@ -31,6 +31,7 @@ class Target:
     l2: int = 0                   # bytes of L2 (the last level for a CPU)
     tensor_cores: tuple[str, ...] = ()   # the matrix instructions: "mma.sync" (sm_80+), "wgmma" (sm_90a)
     tma: bool = False             # the Tensor Memory Accelerator's bulk copies (sm_90a)
+    vector_atomics: bool = False  # atomicAdd of a float2 to global memory, one 8-byte red (sm_90+)
     bandwidth: float = 0.0        # bytes/s the memory moves (GPUs: a device-to-device copy's practical rate)
     flops_f32: float = 0.0        # FLOP/s: f32 FMA, and dense bf16/f16 products on the tensor cores
     flops_bf16: float = 0.0
@@ -67,11 +68,11 @@ GPUS: dict[str, Target] = {t.arch: t for t in (
            threads_sm=1536, l2=72 * KB * KB, bandwidth=1.008e12, flops_f32=82.6e12, flops_bf16=165e12, **_AMPERE),
     # H200 (SXM, 141 GB): 4.0 TB/s is a copy's rate (the datasheet's 4.8); without the a, no wgmma
     Target(kind="cuda", arch="sm_90", name="NVIDIA H200", sms=132, smem_block=227 * KB, smem_sm=228 * KB,
-           regs_sm=64 * KB, threads_sm=2048, l2=50 * KB * KB, tensor_cores=("mma.sync",), tma=True, bandwidth=4.0e12,
-           flops_f32=67e12, flops_bf16=989e12),
+           regs_sm=64 * KB, threads_sm=2048, l2=50 * KB * KB, tensor_cores=("mma.sync",), tma=True,
+           vector_atomics=True, bandwidth=4.0e12, flops_f32=67e12, flops_bf16=989e12),
     Target(kind="cuda", arch="sm_90a", name="NVIDIA H200", sms=132, smem_block=227 * KB, smem_sm=228 * KB,
            regs_sm=64 * KB, threads_sm=2048, l2=50 * KB * KB, tensor_cores=("mma.sync", "wgmma"), tma=True,
-           bandwidth=4.0e12, flops_f32=67e12, flops_bf16=989e12),
+           vector_atomics=True, bandwidth=4.0e12, flops_f32=67e12, flops_bf16=989e12),
 )}
 ARCHS = tuple(GPUS)
 DEFAULT_ARCH = "sm_86"   # what source printed without a GPU is for

@@ -156,7 +156,7 @@ def _epilogue(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str, acc:
     edges = bool(m % p.block_m or n % p.block_n)   # else every tile is whole: no guards to test
     if k.atomic:   # parts of a split K added into their sum (split.accumulate_parts; f32)
         lines1, v1, i1 = _element(r, k, c, prefix, "b", "ej1").element(acc.replace("[h]", "[h + 1]"))
-        pair = c.pair_store and r.gpu.arch.startswith("sm_9")   # one 8-byte red (sm_90's float2 atomicAdd)
+        pair = c.pair_store and r.gpu.vector_atomics   # one 8-byte red
         adds = [f"  atomicAdd((float2*)&{buf}[{i0}], make_float2({v0}, {v1}));"] if pair else \
             [f"  atomicAdd(&{buf}[{i0}], {v0});", f"  if (ej + 1 < {n}) atomicAdd(&{buf}[{i1}], {v1});"]
         return [f"if (ei < {m} && ej < {n}) {{" if edges else "{", "  const int ej1 = ej + 1;",
