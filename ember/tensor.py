@@ -918,8 +918,8 @@ class Tensor:
             return self * (where(u > 80.0, 80.0, u).cast(u.dtype).exp() + 1).reciprocal()
         if approximate != "none":
             raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-        half = self * 0.5   # x/2 + x/2 erf(x/sqrt2), PyTorch's form: its zeros are +0 (x = -0, x << 0)
-        return half + half * (self * (1 / math.sqrt(2))).erf()
+        # x/2 (1 + erf(x/sqrt2)), the order of PyTorch's CPU and CUDA kernels: x << 0 gives -0
+        return self * 0.5 * ((self * (1 / math.sqrt(2))).erf() + 1)
 
     @_half_in_f32
     def erf(self) -> "Tensor":
