@@ -41,7 +41,7 @@ JUDGED = 4           # the extra runs last JUDGED x the noise by the compiler's 
 MIN_CLAIM = 2        # ... and a report that makes them shorter than MIN_CLAIM x the noise cannot be judged
 SLACK, SHORT = 2.0, 1.5  # extra wall time within [claimed / SHORT - noise, SLACK x load x claimed + noise + host]
 CPU_SLACK = 1.5      # on a CPU a run's wall time is its work (a GPU run adds host time its device clock skips)
-PER_RUN_S = 20e-6    # host time a device clock does not see in one run (launches, a sync)
+PER_RUN_S = 20e-6    # host time a device clock does not see in one run (launches, a sync); a CPU's sees all
 MAX_RUNS = 10**6     # at most this many extra runs
 CPU_SHARE = 0.25     # a CPU target's extra runs use at least this part of the reference's CPU share
 MIN_BAND = 0.005     # ties: CUDA-event medians of two processes of one program differ by about 0.2%
@@ -124,7 +124,8 @@ def _runs_to_judge(runs: int, ms: float, noise: float) -> int:
 # ------------------------------------------------------------------------------ judging
 
 def _round(prog: Program, rec: dict[str, Any], answers: list[dict[str, np.ndarray]], floor_ms: float,
-           noise: float, load: float = 1.0, slack: float = SLACK) -> tuple[str, str] | dict[str, float]:
+           noise: float, load: float = 1.0, slack: float = SLACK, per_run: float = PER_RUN_S
+           ) -> tuple[str, str] | dict[str, float]:
     """(status, why) when a round fails; else its time and the figures the clock check needs. load:
     how much longer than its reports the reference's extra runs took in this round (at least 1):
     on a loaded machine a process waits between runs, which its median does not count."""
@@ -148,7 +149,7 @@ def _round(prog: Program, rec: dict[str, Any], answers: list[dict[str, np.ndarra
     extra, wall = r2["n"] - r1["n"], r2["wall"] - r1["wall"]
     claimed = (r2["n"] * r2["median"] - r1["n"] * r1["median"]) * 1e-3
     return {"ms": r2["median"], "extra": extra, "wall": wall, "claimed": claimed,
-            "over": wall - (slack * load * claimed + noise + PER_RUN_S * extra),
+            "over": wall - (slack * load * claimed + noise + per_run * extra),
             "under": claimed / SHORT - noise - wall, "cpu": r2["cpu"] - r1["cpu"]}
 
 
@@ -216,7 +217,8 @@ def score_program(prog: Program, names: list[str], recs: list[dict[str, dict[str
     loads = [max(1.0, r["wall"] / r["claimed"]) if r["claimed"] > 0 else 1.0 for r in ref]  # type: ignore[index]
     share = (min(1.0, statistics.median(r["cpu"] / r["claimed"] if r["claimed"] > 0 else 1.0  # type: ignore[index]
                                         for r in ref)) if cpu else None)
-    row = {n: judge_compiler([_round(prog, rec[n], a, floor_ms, noise, load, CPU_SLACK if cpu else SLACK)
+    slack, per_run = (CPU_SLACK, 0.0) if cpu else (SLACK, PER_RUN_S)
+    row = {n: judge_compiler([_round(prog, rec[n], a, floor_ms, noise, load, slack, per_run)
                               for rec, a, load in zip(recs, answers, loads)], noise, share) for n in names}
     if row[REFERENCE]["status"] != "ok":
         return None, f"the reference's own run failed the checks: {row[REFERENCE]['note']}"
