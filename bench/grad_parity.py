@@ -1,0 +1,210 @@
+"""Gradient parity with PyTorch: one batch through the same GPT (the same weights), each
+parameter's gradient from Ember (autocast bf16, as `ember train` runs) and from PyTorch
+autocast bf16 with SDPA, both set against PyTorch in f32 on the same device (the truth here).
+A parameter whose Ember error is well above PyTorch's own bf16 error is computed wrongly, not
+roundly: a loss curve that drifts from PyTorch's after its plateau (docs/performance.md) starts
+here. Then attention alone at the model's head shape (q, k, v split from one projection, causal):
+o, dq, dk, dv the same way.
+
+    PYTHONPATH=. python3 bench/grad_parity.py [--ckpt runs/x/ckpt.safetensors] [--batch 16] [--sharpen 1]
+    PYTHONPATH=. python3 bench/grad_parity.py --device cpu --dim 64 --layers 2 --heads 2 --block 128 --batch 2
+
+--ckpt: a checkpoint of `ember train --model gpt2` (bench/loss_curve.py's settings); the batch is
+the one its next step draws, and a column more gives the gradient that step itself used, read
+back from AdamW's first moment (m' = 0.9 m + 0.1 g): the replayed step with its memory plan and
+chains, not the Tensor API's. Without one, the initial weights of `ember train --model gpt2` at
+the sizes given. --sharpen S: the q and k weights times S, so the attention is peaked as a
+trained model's is (at init it is near uniform).
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from loss_parity import torch_name  # noqa: E402
+from train_gpu import TorchGPT  # noqa: E402
+
+from ember import functional as EF  # noqa: E402
+from ember import tensor as T  # noqa: E402
+from ember import train  # noqa: E402
+from ember.models.gpt import GPTConfig  # noqa: E402
+
+FLAG = 3.0   # an Ember error this many times PyTorch's bf16 error (and over 1%) is flagged
+
+
+def rel(a: np.ndarray, truth: np.ndarray) -> float:
+    a, truth = np.asarray(a, np.float64), np.asarray(truth, np.float64)
+    return float(np.linalg.norm(a - truth) / max(np.linalg.norm(truth), 1e-30))
+
+
+def weights_and_data(args: argparse.Namespace) -> tuple[GPTConfig, dict[str, np.ndarray], np.ndarray, random.Random]:
+    """The model's config, its weights by Ember's names, the token ids to draw batches from, and
+    the generator that draws them (a checkpoint's, where its run stopped)."""
+    rng = random.Random(args.seed)
+    if args.ckpt:
+        arrays, saved, config = train.load_checkpoint(args.ckpt)
+        weights = {k[len("model."):]: v for k, v in arrays.items() if k.startswith("model.")}
+        rng.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in saved["rng"]))
+    else:
+        config = GPTConfig(vocab=args.vocab, block=args.block, dim=args.dim, n_layer=args.layers,
+                           n_head=args.heads, tied=True)
+        T.set_default_device("cpu")
+        T.manual_seed(0)
+        weights = {n: p.numpy() for n, p in train.build(config).named_parameters()}
+    text, _ = train.load_text(None, args.max_bytes)
+    tokens, vocab = train.tokenize(text, "gpt2" if config.vocab != 256 else "byte", None)
+    if vocab > config.vocab:
+        raise SystemExit(f"the tokenizer's {vocab} ids do not fit the model's vocabulary of {config.vocab}")
+    for name, w in weights.items():   # sharpen: q and k, the first two thirds of the projection's rows
+        if name.endswith("attn.qkv.weight") or name.endswith("attn.qkv.bias"):
+            w = w.copy()
+            w[: 2 * config.dim] *= args.sharpen
+            weights[name] = w
+    return config, weights, train.split_data(tokens)[0], rng
+
+
+def ember_grads(config: GPTConfig, weights: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray,
+                device: str) -> tuple[float, dict[str, np.ndarray]]:
+    T.set_default_device(device)
+    model = train.build(config)
+    model.load_state_dict(weights)
+    with T.autocast("bfloat16"):
+        loss = model.loss(T.Tensor(x), T.Tensor(y))
+    loss.backward()
+    return loss.item(), {n: p.grad.numpy() for n, p in model.named_parameters()}
+
+
+def step_grads(args: argparse.Namespace) -> dict[str, np.ndarray]:
+    """The gradients of the checkpoint's next step as `ember train` ran it, from AdamW's first
+    moments before and after that one step (resumed in a copy of the run folder)."""
+    before, saved, c = train.load_checkpoint(args.ckpt)
+    with tempfile.TemporaryDirectory() as folder:
+        shutil.copy(args.ckpt, Path(folder) / "ckpt.safetensors")
+        argv = ["--model", "gpt2", "--device", args.device, "--steps", str(saved["step"] + 1), "--batch",
+                str(args.batch), "--lr", "6e-4", "--warmup", "50", "--cosine", "--seed", str(args.seed),
+                "--eval-every", "1", "--max-bytes", str(args.max_bytes), "--out", folder, "--autocast", "bf16",
+                "--dim", str(c.dim), "--layers", str(c.n_layer), "--heads", str(c.n_head), "--block", str(c.block)]
+        if train.train(argv) != 0:
+            raise SystemExit("ember train failed")
+        after, _, _ = train.load_checkpoint(Path(folder) / "ckpt.safetensors")
+    b1 = 0.9   # AdamW's state i is the i-th of the model's parameters()
+    T.set_default_device("cpu")
+    names = [n for n, _ in train.build(c).named_parameters()]
+    return {n: (after[f"opt.m.{i}"].astype(np.float64) - b1 * before[f"opt.m.{i}"]) / (1 - b1)
+            for i, n in enumerate(names)}
+
+
+def torch_grads(config: GPTConfig, weights: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray,
+                device: str, bf16: bool) -> tuple[float, dict[str, np.ndarray]]:
+    dev = torch.device(device)
+    tm = TorchGPT(config).to(dev)
+    state = {torch_name(n): torch.from_numpy(np.ascontiguousarray(w)) for n, w in weights.items()}
+    if config.tied:
+        tm.head.weight = tm.tok.weight
+        state["head.weight"] = state["tok.weight"]
+    tm.load_state_dict({k: v.to(dev) for k, v in state.items()})
+    xs, ys = (torch.from_numpy(a).long().to(dev) for a in (x, y))
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+        logits = tm(xs, sdpa=True)
+        loss = F.cross_entropy(logits.reshape(-1, config.vocab).float(), ys.reshape(-1))
+    loss.backward()
+    grads = dict(tm.named_parameters())
+    return loss.item(), {n: grads[torch_name(n)].grad.float().cpu().numpy() for n in weights}
+
+
+def attention_alone(config: GPTConfig, batch: int, sharpen: float, device: str) -> list[tuple[str, float, float]]:
+    """(name, Ember's error, PyTorch bf16's error) for o, dq, dk, dv of causal attention whose q,
+    k, v are thirds of one [B, T, 3 dim] projection, as the model's are."""
+    b, t, h, d = batch, config.block, config.n_head, config.dim // config.n_head
+    rng = np.random.default_rng(1)
+    qkv = rng.standard_normal((b, t, 3 * h * d)).astype(np.float32)
+    qkv[..., : 2 * h * d] *= sharpen
+    do = rng.standard_normal((b, h, t, d)).astype(np.float32)
+
+    def heads(z: T.Tensor | torch.Tensor, i: int):  # noqa: ANN202 (either library's tensor)
+        part = z[..., i * h * d:(i + 1) * h * d]
+        return part.reshape(b, t, h, d).permute(0, 2, 1, 3)
+
+    def run_torch(low: bool) -> list[np.ndarray]:
+        z = torch.tensor(qkv, device=device, requires_grad=True)
+        src = z.bfloat16() if low else z
+        o = F.scaled_dot_product_attention(heads(src, 0), heads(src, 1), heads(src, 2), is_causal=True)
+        (o.float() * torch.tensor(do, device=device)).sum().backward()
+        g = z.grad.cpu().numpy()
+        return [o.float().detach().cpu().numpy(), *(g[..., i * h * d:(i + 1) * h * d] for i in range(3))]
+
+    T.set_default_device(device)
+    z = T.Tensor(qkv, requires_grad=True)
+    zb = z.cast("bfloat16")
+    o = EF.scaled_dot_product_attention(heads(zb, 0), heads(zb, 1), heads(zb, 2), is_causal=True)
+    (o.cast("float32") * T.Tensor(do)).sum().backward()
+    g = z.grad.numpy()
+    mine = [o.numpy(), *(g[..., i * h * d:(i + 1) * h * d] for i in range(3))]
+    truth, peer = run_torch(False), run_torch(True)
+    return [(n, {"Ember bf16": rel(a, c)}, rel(p, c)) for n, a, p, c in zip(("o", "dq", "dk", "dv"), mine, peer, truth)]
+
+
+def table(rows: list[tuple[str, dict[str, float], float]], what: str) -> int:
+    """Prints rows (name, {Ember column: error}, PyTorch bf16's error) and returns how many
+    errors are flagged."""
+    cols = list(rows[0][1])
+    print(f"{what:<34}" + "".join(f"{c:>12}" for c in cols) + f"{'PyTorch bf16':>13} {'ratio':>7}")
+    flagged = 0
+    for name, mine, peer in rows:
+        bad = [c for c, e in mine.items() if e > FLAG * peer and e > 0.01]
+        flagged += len(bad)
+        ratio = max(mine.values()) / max(peer, 1e-30)
+        print(f"{name:<34}" + "".join(f"{mine[c]:12.2e}" for c in cols) + f"{peer:13.2e} {ratio:7.2f}"
+              + (f"   <-- flagged: {', '.join(bad)}" if bad else ""))
+    return flagged
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
+    ap.add_argument("--ckpt", help="a trained ember train --model gpt2 checkpoint")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--vocab", type=int, default=50304)
+    ap.add_argument("--block", type=int, default=1024)
+    ap.add_argument("--dim", type=int, default=768)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--sharpen", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-bytes", type=int, default=4_000_000)
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    config, weights, data, rng = weights_and_data(args)
+    T.set_default_device("cpu")
+    x, y = (a.numpy() for a in train.batch(data, rng, args.batch, config.block))
+    stepped = step_grads(args) if args.ckpt else None
+    mine_loss, mine = ember_grads(config, weights, x, y, args.device)
+    peer_loss, peer = torch_grads(config, weights, x, y, args.device, True)
+    true_loss, truth = torch_grads(config, weights, x, y, args.device, False)
+    print(f"GPT {config.n_layer} layers, dim {config.dim}, heads {config.n_head}, context {config.block}, "
+          f"batch {args.batch}, vocab {config.vocab}, {args.device}, sharpen {args.sharpen}"
+          + (f", weights of {args.ckpt}" if args.ckpt else ", initial weights"))
+    print(f"loss: Ember bf16 {mine_loss:.5f}, PyTorch bf16 {peer_loss:.5f}, PyTorch f32 {true_loss:.5f}")
+    rows = []
+    for n in mine:   # the model's order
+        cols = {"Ember bf16": rel(mine[n], truth[n])} | ({"ember train": rel(stepped[n], truth[n])} if stepped else {})
+        rows.append((n, cols, rel(peer[n], truth[n])))
+    flagged = table(rows, "parameter: |g - g_f32| / |g_f32|")
+    flagged += table(attention_alone(config, min(args.batch, 4), args.sharpen, args.device), "attention alone")
+    print(f"{flagged} flagged (Ember's error over {FLAG:g} x PyTorch bf16's and over 1%)")
+
+
+if __name__ == "__main__":
+    main()
