@@ -83,8 +83,8 @@ def test_pow_values_and_gradients_at_edges(form: str) -> None:
         if form == "tensor ** tensor":
             y = x ** e
         elif form == "tensor ** number":
-            y = lib.stack([x[i * len(es):(i + 1) * len(es)][k:k + 1] ** float(p) for i in range(len(xs))
-                           for k, p in enumerate(es)]).reshape(-1)
+            # a column of every base to each number (15 pows: one per pair compiled for 48 s)
+            y = lib.stack([x.reshape(len(xs), len(es))[:, k] ** float(p) for k, p in enumerate(es)], 1).reshape(-1)
         else:
             y = lib.stack([float(b) ** e[i * len(es):(i + 1) * len(es)] for i, b in enumerate(xs)]).reshape(-1)
         y.sum().backward()
