@@ -12,6 +12,7 @@ import pytest
 
 from ember import ref, runners
 from ember.backend import cuda
+from ember.compiler import optimize
 from ember.compiler.simplify import simplify
 from ember.ir import Op, toposort
 from ember.text import parse_file
@@ -19,6 +20,14 @@ from ember.text import parse_file
 from .randprog import compare
 
 HERE = Path(__file__).parent / "toolchain"
+
+
+@pytest.fixture(autouse=True)
+def lanes_for_small_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The repros are small, and the forms GCC miscompiled come with the C backend's lanes (and
+    no schedule cached without them)."""
+    monkeypatch.setattr(optimize, "TILE_WORK", 0)
+    monkeypatch.setenv("EMBER_CACHE", str(tmp_path))
 CASES = sorted(HERE.glob("*.eir"))
 COMPILED = [b for b in ("c", "cuda") if b in runners.available()]
 
