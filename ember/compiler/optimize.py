@@ -2,7 +2,8 @@
 (register tiles, see backend/render.py). Heuristics first; every choice keeps the kernel's
 meaning, because splitting a range r into r_outer * f + r_lane is an exact substitution.
 
-CPU heuristics, from the access pattern of the loads inside a reduction:
+CPU heuristics, from the access pattern of the loads inside a reduction (kernels of at least
+TILE_WORK iterations: smaller ones run in microseconds, and their unrolled lanes cost GCC seconds):
 - matmul-like (one load ignores the last output range, another ignores the one before it and is
   contiguous in the last): a register tile of accumulators, 6x16 or 8x8 (12 or 8 of AVX2's 16
   vector registers; 8x16 spills, see docs/performance.md for the measurements);
