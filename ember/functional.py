@@ -322,8 +322,10 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod: Any = N
         if mask_mod is not None:
             raise ValueError("flex_attention: give block_mask or mask_mod, not both")
         mask_mod = block_mask.mask_mod if isinstance(block_mask, BlockMask) else block_mask
-    # the scores in f32 (score_mod sees them so), the weights in the operands' dtype
-    s = (query @ key.transpose(-2, -1)).float() * (scale if scale is not None else 1 / math.sqrt(query.shape[-1]))
+    # the scores in f32 at least (score_mod sees them so; f64 operands keep f64), the weights in
+    # the operands' dtype
+    s = query @ key.transpose(-2, -1)
+    s = (s.float() if s.dtype.itemsize < 4 else s) * (scale if scale is not None else 1 / math.sqrt(query.shape[-1]))
     sizes = s.shape
     idx = [Tensor(ir.iota(dt.i64, tuple(n if a == d else 1 for a, n in enumerate(sizes)), d)) for d in range(4)]
     if score_mod is not None:

@@ -676,12 +676,14 @@ GQA = {   # name: (B, q heads, k/v heads, T, S, D, operand dtype, causal, [B, T,
 }
 
 
-def gqa(name: str) -> tuple[list[Node], list[Node]]:
+def gqa(name: str, low: dt.DType | None = None) -> tuple[list[Node], list[Node]]:
     """F.scaled_dot_product_attention(..., enable_gqa=True) over params whose k and v have fewer
-    heads (repeat_interleave's expand in the graph), forward and the gradients of q, k and v."""
+    heads (repeat_interleave's expand in the graph), forward and the gradients of q, k and v;
+    low: another dtype for the params."""
     from ember import functional as F
     from ember import tensor as T
-    b, h, hk, t_len, s_len, d, low, is_causal, thd = GQA[name]
+    b, h, hk, t_len, s_len, d, own, is_causal, thd = GQA[name]
+    low = low or own
     shapes = [(b, t_len, h, d), (b, s_len, hk, d), (b, s_len, hk, d)] if thd else \
         [(b, h, t_len, d), (b, hk, s_len, d), (b, hk, s_len, d)]
     params = [ir.param(n, low, sh) for n, sh in zip("qkv", shapes)]
@@ -794,3 +796,39 @@ def test_grouped_heads_on_the_gpu_match_pytorch(plan: str, monkeypatch: pytest.M
             if not err <= 0.03:
                 bad.append(f"{name} {what}: {err:.3g} of the largest value")
     assert bad == []
+
+
+# ------------------------------------------------------------- finite differences (issue 30)
+
+@pytest.mark.parametrize("name", [*VARIANTS, "gqa_2to1_f32"])
+def test_fused_gradients_are_the_forwards_derivative(name: str) -> None:
+    """The fused program's dq, dk and dv (its FUSED nodes on the reference, f32 operands) against
+    central differences of the unfused forward in f64, along random directions: the gradients are
+    the derivative of what the forward computes, whatever autodiff and PyTorch say. S = 120 so that
+    the window (100) and the prefix masks cut inside the rows."""
+    def build(low: dt.DType) -> tuple[list[Node], list[Node]]:
+        return gqa(name, low) if name in GQA else variant(name, 1, 2, 120, 120, 32, low)
+    fused, qkv = build(dt.f32)
+    assert fused_kinds(fused) == ["attention", "attention_dkdv", "attention_dq"]
+    plain, qkv64 = build(dt.f64)
+    rng = np.random.default_rng(11)
+    inputs = inputs_for(fused, 3)
+    by_name = {p.arg: v for p, v in inputs.items()}
+    if "pad" in by_name:   # keys padded from 90 on (a row of the [1, S] mask)
+        by_name["pad"] = np.arange(120)[None, :] < 90
+    if "slopes" in by_name:
+        by_name["slopes"] = (2.0 ** -np.arange(1.0, 3.0)).astype(np.float32)
+    inputs = {p: by_name[p.arg] for p in inputs}
+    grads = ref.evaluate(autodiff.expand_grads(attention.fuse(fused)), inputs)[1:]
+    params64 = {p.arg: p for p in toposort(plain) if p.op is Op.PARAM}
+    loss = ir.reduce(Op.SUM, ir.binary(Op.MUL, plain[0], params64["w"]), tuple(range(len(plain[0].shape))))
+    base = {p: np.asarray(by_name[a], np.float64) if p.dtype is dt.f64 else by_name[a] for a, p in params64.items()}
+    step = 1e-5
+    for p, g in zip(qkv64, grads):
+        for _ in range(2):
+            u = rng.standard_normal(p.shape)
+            ends = [ref.evaluate([loss], {**base, p: base[p] + sign * step * u})[0] for sign in (1, -1)]
+            fd = float(np.asarray(ends[0] - ends[1]).reshape(())) / (2 * step)
+            want = float(np.sum(np.asarray(g, np.float64) * u))
+            # the f64 differences are exact to 1e-9; the fused gradient is f32's, 1e-7 an element
+            assert abs(fd - want) <= 1e-5 * np.sum(np.abs(np.asarray(g, np.float64) * u)), (p.arg, fd, want)
