@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)   # one object a dtype (see __reduce__): equal is identical, hashed by id
 class DType:
     name: str        # as written in .eir
     bits: int

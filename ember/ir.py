@@ -18,6 +18,8 @@ from .dtype import DType
 
 
 class Op(Enum):
+    __hash__ = object.__hash__   # members are singletons: hashed by id in C (every Node's key holds one)
+
     # sources
     PARAM = auto(); CONST = auto(); IOTA = auto()  # noqa: E702
     # unary
