@@ -90,19 +90,21 @@ def bench_task(sandbox: Sandbox, subs: dict[str, Submission], name: str, runs: i
     sub = subs[name]
     if sub.build_error:
         return {"build_error": sub.build_error, "runs": []}
+
+    def run(fname: str, text: str, *bench: str) -> Result:
+        return sandbox.run(sub.command() + ["{dir}/" + fname, *bench],
+                           files={fname: EXPECT_LINE.sub(b"", text.encode())}, submission=sub.folder,
+                           wall=timeout, trusted=sub.folder is None)
+
     if sub.folder is None:
         # The reference keeps a compile cache between runs (a submission has none: a fresh HOME and
         # a read-only folder each run), so its N1 run would compile and its N2 run not: the extra
         # wall time would fall short of its claim by a compile. One plain run fills the cache.
-        fname, text = files[0]
-        sandbox.run(sub.command() + ["{dir}/" + fname], files={fname: EXPECT_LINE.sub(b"", text.encode())},
-                    submission=None, wall=timeout, trusted=True)
+        run(*files[0])
     out, n = [], runs
     for i, (fname, text) in enumerate(files):
         for _ in range(3 if i else 1):
-            r = sandbox.run(sub.command() + ["{dir}/" + fname, "--bench", str(n)],
-                            files={fname: EXPECT_LINE.sub(b"", text.encode())}, submission=sub.folder,
-                            wall=timeout, trusted=sub.folder is None)
+            r = run(fname, text, "--bench", str(n))
             m = None if r.failure() else protocol.bench_median(r.stdout)
             rec = {"n": n, "stdout": r.stdout, "failure": r.failure(), "timeout": r.killed == "timeout",
                    "wall": r.wall, "cpu": r.cpu, "median": m}
