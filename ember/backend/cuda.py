@@ -229,6 +229,22 @@ def compile_cubin(src: str, arch: str, ptxas_o0: bool = False) -> bytes:
     return cubin
 
 
+def _busy(method: Callable) -> Callable:
+    """Marks the program busy for the call: _release_idle leaves its memory alone meanwhile."""
+    @functools.wraps(method)
+    def wrapper(self: "CUDAProgram", *args: Any, **kwargs: Any) -> Any:
+        with _MEM_LOCK:
+            _BUSY[id(self)] = _BUSY.get(id(self), 0) + 1
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            with _MEM_LOCK:
+                _BUSY[id(self)] -= 1
+                if not _BUSY[id(self)]:
+                    del _BUSY[id(self)]
+    return wrapper
+
+
 class CUDAProgram:
     def __init__(self, outputs: list[Node], ptxas_o0: bool = False, plan_arch: str | None = None):
         """plan_arch: plan the kernels for another architecture than the GPU's (an sm_80 plan runs
@@ -343,6 +359,7 @@ class CUDAProgram:
             _check((cu.cuCtxSynchronize()[0], None))
             PROFILE.collect()
 
+    @_busy
     def timed(self, inputs: dict[Node, np.ndarray], runs: int) -> tuple[list[np.ndarray], list[float]]:
         """The outputs of one run, then the milliseconds of each of `runs` more, from CUDA events
         recorded on the stream around each run (inputs already on the device)."""
@@ -375,11 +392,13 @@ class CUDAProgram:
                 _free(self._io[0][buf.id], buf.nbytes)
         self._temp_ptr, self._io, self._arena = None, None, 0
 
+    @_busy
     def __call__(self, inputs: dict[Node, np.ndarray]) -> list[np.ndarray]:
         run, fetch = self.bind(inputs)
         run()
         return fetch()
 
+    @_busy
     def run_device(self, values: dict[Node, "np.ndarray | DeviceArray"], average: tuple[int, ...] = (),
                    donate: tuple[tuple[int, Node], ...] = ()) -> list[DeviceArray]:
         """One run with inputs taken where they are (host values are uploaded) and outputs left
@@ -531,12 +550,45 @@ def _graph_stream() -> Any:
 ALLOCATED = [0]   # the device bytes this process holds: the pool's blocks, free or not, and the programs' arenas
 
 
+_MEM_LOCK = threading.Lock()   # held while idle memory is given back and while a run is marked busy
+_BUSY: dict[int, int] = {}     # id(program) -> its calls under way (threads: `ember test -j`)
+
+
 def _alloc(nbytes: int) -> int:
-    """A new block of device memory (counted in ALLOCATED)."""
+    """A new block of device memory (counted in ALLOCATED). If the GPU has none left, the memory
+    this process holds idle is given back first (_release_idle) and the allocation tried again."""
     from cuda.bindings import driver as cu
-    ptr = int(_check(cu.cuMemAlloc(max(nbytes, 1))))
+    err, ptr = cu.cuMemAlloc(max(nbytes, 1))
+    if err == cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY and _release_idle():
+        err, ptr = cu.cuMemAlloc(max(nbytes, 1))
+    if err == cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+        raise RuntimeError(f"CUDA error: out of device memory for a block of {nbytes / 2**30:.2f} GiB "
+                           f"(this process holds {ALLOCATED[0] / 2**30:.2f} GiB, all in use)")
+    ptr = int(_check((err, ptr)))
     ALLOCATED[0] += max(nbytes, 1)
     return ptr
+
+
+def _release_idle() -> bool:
+    """Give back the device memory no run uses: the pool's free blocks, and the temporaries'
+    arenas of the programs not running now (each allocated again at its next run). A program
+    keeps its arena between runs, and the Tensor API compiles a program per set of tensors
+    realized together: a loop that reads one gradient at a time (`p.grad.numpy()` per parameter)
+    compiles one whole backward each, and their arenas filled an H200 at GPT-2's size.
+    Returns whether anything was given back."""
+    from cuda.bindings import driver as cu
+    before = ALLOCATED[0]
+    with _MEM_LOCK:
+        _check((cu.cuCtxSynchronize()[0], None))   # nothing queued may still use what is freed
+        for size, blocks in POOL.free.items():
+            for ptr in blocks:
+                _free(ptr, size)
+        POOL.free.clear()
+        for prog in list(_programs.programs.values()):
+            if id(prog) not in _BUSY:
+                prog.free()
+    debug.log(1, f"ember cuda: out of device memory; gave back {(before - ALLOCATED[0]) / 2**30:.2f} GiB held idle")
+    return ALLOCATED[0] < before
 
 
 def _free(ptr: int, nbytes: int) -> None:

@@ -106,3 +106,49 @@ def test_only_outputs_read_at_their_own_element_are_donated() -> None:
         sched = cuda.prepare([new_w, ir.binary(Op.MUL, g, g)], "sm_90a")
         assert schedule.donatable(sched, [(sched.outputs[0], sched.inputs[w])]) == [ok], name
         assert schedule.donatable(sched, [(sched.outputs[1], sched.inputs[w])]) == [False], name   # another output
+
+
+def test_programs_give_back_idle_arenas_when_the_gpu_is_full(fake_program, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each program keeps its temporaries' arena between runs; the Tensor API compiles one per
+    set of tensors realized together. On a GPU with room for one arena, three programs run in
+    turn: each allocation that fails gives back the idle ones' arenas and tries again (GPT-2's
+    gradients read one by one filled an H200 before)."""
+    from ember.backend import cuda
+    from ember.compiler import schedule
+    n = 256
+    x = ir.param("x", dt.f32, (n, n))
+
+    def mm(a: ir.Node, b: ir.Node) -> ir.Node:
+        prod = ir.binary(Op.MUL, ir.expand(ir.reshape(a, (n, n, 1)), (n, n, n)), ir.expand(ir.reshape(b, (1, n, n)), (n, n, n)))
+        return ir.reshape(ir.reduce(Op.SUM, prod, (1,)), (n, n))
+    graphs = [[mm(mm(ir.binary(op, x, x), x), x)] for op in (Op.ADD, Op.MUL, Op.SUB)]   # x @ x: a temporary
+    progs = [fake_program(g) for g in graphs]
+    arena = max(schedule.arena_bytes(p.sched) for p in progs)
+    assert arena > 0
+    held: dict[int, int] = {}
+    addresses = itertools.count(1 << 30, 1 << 20)
+    ok, full = cu.CUresult.CUDA_SUCCESS, cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+
+    def alloc(n: int):  # noqa: ANN202
+        if sum(held.values()) + n > arena + 3 * x.numel * 4:   # one arena, the input, an output and a spare
+            return full, None
+        held[p := next(addresses)] = n
+        return ok, p
+    monkeypatch.setattr(cu, "cuMemAlloc", alloc)
+    monkeypatch.setattr(cu, "cuMemFree", lambda p: (held.pop(int(p)), (ok,))[1])
+    monkeypatch.setattr(cu, "cuCtxSynchronize", lambda: (ok,))
+    monkeypatch.setattr(cu, "cuGraphExecDestroy", lambda exe: (ok,))
+    for p, g in zip(progs, graphs):
+        p._temp_ptr = None   # the arena comes from the (fake) driver at the first run
+        monkeypatch.setitem(cuda._programs.programs, tuple(g), p)
+    arrays = cuda.DeviceArray((256, 256), dt.f32)
+    for p in [*progs, *progs]:
+        del p.run_device({x: arrays})[0]
+        assert p._arena and [q._arena for q in progs].count(0) == 2   # only the running one holds one
+    # an arena that does not fit even alone: one clear error with the sizes
+    monkeypatch.setattr(cu, "cuMemAlloc", lambda n: (full, None))
+    progs[0].free()
+    with pytest.raises(RuntimeError, match=r"out of device memory for a block of .* GiB \(this process holds"):
+        progs[0].run_device({x: arrays})
+    for p in progs:
+        p._arena = 0   # the fixture's teardown must not free fake blocks through the real driver
