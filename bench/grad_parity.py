@@ -15,10 +15,15 @@ back from AdamW's first moment (m' = 0.9 m + 0.1 g): the replayed step with its 
 chains, not the Tensor API's. Without one, the initial weights of `ember train --model gpt2` at
 the sizes given. --sharpen S: the q and k weights times S, so the attention is peaked as a
 trained model's is (at init it is near uniform).
+
+--variants base,f32,nofuse,...: a column of Ember's error for each way of compiling the same
+gradients (VARIANTS; each in a fresh compile cache), to find which pass or kernel puts the error in.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import random
 import shutil
 import sys
@@ -38,6 +43,8 @@ from train_gpu import TorchGPT  # noqa: E402
 from ember import functional as EF  # noqa: E402
 from ember import tensor as T  # noqa: E402
 from ember import train  # noqa: E402
+from ember.compiler import pipeline  # noqa: E402
+from ember.models import gpt  # noqa: E402
 from ember.models.gpt import GPTConfig  # noqa: E402
 
 FLAG = 3.0   # an Ember error this many times PyTorch's bf16 error (and over 1%) is flagged
@@ -74,15 +81,55 @@ def weights_and_data(args: argparse.Namespace) -> tuple[GPTConfig, dict[str, np.
     return config, weights, train.split_data(tokens)[0], rng
 
 
+# what each variant changes: (module, attribute, stand-in); "f32" runs without autocast
+VARIANTS = {
+    "base": [],
+    "f32": [],
+    "nofuse": [(pipeline.attention, "fuse", lambda outputs: outputs)],   # attention unfused
+    "nosplit": [(pipeline, "split_large_reductions", lambda graph, target: graph)],   # no two-stage sums, no split K
+    "noacc": [(pipeline, "accumulate_parts", lambda sched: None)],   # split K's parts summed by a kernel
+    "nomerge": [(pipeline, "merge_chains", lambda sched: None), (pipeline, "merge_small", lambda sched: None)],
+    "onechunk": [(gpt, "LOGITS_CHUNK", 1 << 40)],   # the head's logits in one piece
+}
+
+
+@contextlib.contextmanager
+def variant(name: str):  # noqa: ANN201
+    """The compiler changed as VARIANTS says, with a fresh compile cache and no program compiled
+    before in this process (both are keyed by the graph, which the change does not alter)."""
+    from ember.backend import c, cuda
+    saved = [(m, a, getattr(m, a)) for m, a, _ in VARIANTS[name]]
+    old_cache = os.environ.get("EMBER_CACHE")
+    with tempfile.TemporaryDirectory() as folder:
+        for m, a, v in VARIANTS[name]:
+            setattr(m, a, v)
+        os.environ["EMBER_CACHE"] = folder
+        for prog in cuda.program.programs.values():
+            prog.free()
+        cuda.program.programs.clear()
+        c.program.programs.clear()
+        try:
+            yield
+        finally:
+            for m, a, v in saved:
+                setattr(m, a, v)
+            if old_cache is None:
+                os.environ.pop("EMBER_CACHE", None)
+            else:
+                os.environ["EMBER_CACHE"] = old_cache
+
+
 def ember_grads(config: GPTConfig, weights: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray,
-                device: str) -> tuple[float, dict[str, np.ndarray]]:
+                device: str, low: bool = True) -> tuple[float, dict[str, np.ndarray]]:
     T.set_default_device(device)
     model = train.build(config)
     model.load_state_dict(weights)
-    with T.autocast("bfloat16"):
+    with T.autocast("bfloat16", enabled=low):
         loss = model.loss(T.Tensor(x), T.Tensor(y))
     loss.backward()
-    return loss.item(), {n: p.grad.numpy() for n, p in model.named_parameters()}
+    params = list(model.named_parameters())
+    T.realize(loss, *(p.grad for _, p in params))   # one program: each grad alone would be a program
+    return loss.item(), {n: p.grad.numpy() for n, p in params}   # (and an arena) of the whole step
 
 
 def step_grads(args: argparse.Namespace) -> dict[str, np.ndarray]:
@@ -183,14 +230,26 @@ def main() -> None:
     ap.add_argument("--sharpen", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-bytes", type=int, default=4_000_000)
+    ap.add_argument("--variants", help=f"a comma list of {', '.join(VARIANTS)}: a column each (no ember train column)")
     args = ap.parse_args()
+    names = args.variants.split(",") if args.variants else []
+    if set(names) - set(VARIANTS):
+        raise SystemExit(f"grad_parity: unknown variants {sorted(set(names) - set(VARIANTS))}; "
+                         f"known: {', '.join(VARIANTS)}")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     config, weights, data, rng = weights_and_data(args)
     T.set_default_device("cpu")
     x, y = (a.numpy() for a in train.batch(data, rng, args.batch, config.block))
-    stepped = step_grads(args) if args.ckpt else None
-    mine_loss, mine = ember_grads(config, weights, x, y, args.device)
+    stepped = step_grads(args) if args.ckpt and not names else None
+    if names:
+        mine, mine_loss = {}, 0.0
+        for name in names:
+            with variant(name):
+                mine_loss, mine[name] = ember_grads(config, weights, x, y, args.device, name != "f32")
+            print(f"variant {name}: loss {mine_loss:.5f}", flush=True)
+    else:
+        mine_loss, mine = ember_grads(config, weights, x, y, args.device)
     peer_loss, peer = torch_grads(config, weights, x, y, args.device, True)
     true_loss, truth = torch_grads(config, weights, x, y, args.device, False)
     print(f"GPT {config.n_layer} layers, dim {config.dim}, heads {config.n_head}, context {config.block}, "
@@ -198,11 +257,17 @@ def main() -> None:
           + (f", weights of {args.ckpt}" if args.ckpt else ", initial weights"))
     print(f"loss: Ember bf16 {mine_loss:.5f}, PyTorch bf16 {peer_loss:.5f}, PyTorch f32 {true_loss:.5f}")
     rows = []
-    for n in mine:   # the model's order
-        cols = {"Ember bf16": rel(mine[n], truth[n])} | ({"ember train": rel(stepped[n], truth[n])} if stepped else {})
+    for n in truth:   # the model's order
+        if names:
+            cols = {v: rel(mine[v][n], truth[n]) for v in names}
+        else:
+            cols = {"Ember bf16": rel(mine[n], truth[n])}
+            if stepped:
+                cols["ember train"] = rel(stepped[n], truth[n])
         rows.append((n, cols, rel(peer[n], truth[n])))
     flagged = table(rows, "parameter: |g - g_f32| / |g_f32|")
-    flagged += table(attention_alone(config, min(args.batch, 4), args.sharpen, args.device), "attention alone")
+    if not names:
+        flagged += table(attention_alone(config, min(args.batch, 4), args.sharpen, args.device), "attention alone")
     print(f"{flagged} flagged (Ember's error over {FLAG:g} x PyTorch bf16's and over 1%)")
 
 

@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # One device call for the loss gap (issue 31: Ember's GPT-2 curve 4-10% above PyTorch's after
 # its plateau at step ~600, docs/performance.md): each parameter's gradient against PyTorch's
-# f32 one, at the initial weights (q, k sharpened too) and past the plateau (a checkpoint of
-# STEPS steps), with and without sm_90a's warp-specialized flash kernels. About 5 minutes.
-#   (on the device machine, from the repository root) bash bench/loss_gap_device.sh
+# f32 one, past the plateau (a checkpoint of STEPS steps), for each way of compiling them that
+# bench/grad_parity.py's --variants knows (f32, attention unfused, no split sums, ...). About 5
+# minutes; each table whole in $OUT/*.txt, the flagged rows and the summary printed.
+#   (on the device machine, from the repository root) OUT=/tmp/x bash bench/loss_gap_device.sh
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
-echo "== initial weights, then q and k x 8"
-timeout 300 python3 bench/grad_parity.py 2>&1 | tail -45
-timeout 300 python3 bench/grad_parity.py --sharpen 8 2>&1 | tail -8
-echo "== past the plateau: ${STEPS:-800} steps of ember train as bench/loss_curve.py runs it"
-timeout 300 python3 -m ember train --model gpt2 --device cuda --steps "${STEPS:-800}" --batch 16 --lr 6e-4 \
+step() {   # step NAME COMMAND...: runs it (7.5 minutes at most), keeps its output, prints the gist
+  local name=$1 t0=$SECONDS; shift
+  timeout 450 "$@" > "$OUT/$name.txt" 2>&1; local rc=$?
+  echo "== $name: rc $rc, $((SECONDS - t0)) s"
+  grep -E "^(GPT|loss:|variant |attention alone|o |dq |dk |dv )|flagged|Error|error:" "$OUT/$name.txt" | tail -14
+}
+step train python3 -m ember train --model gpt2 --device cuda --steps "${STEPS:-800}" --batch 16 --lr 6e-4 \
   --warmup 50 --cosine --seed 0 --eval-every "${STEPS:-800}" --max-bytes 4000000 --out "$OUT/gap" --fresh \
-  --autocast bf16 2>&1 | tail -3
-timeout 300 python3 bench/grad_parity.py --ckpt "$OUT/gap/ckpt.safetensors" 2>&1 | tail -45
-echo "== the same without the warp-specialized flash kernels"
-EMBER_FLASH_WS=0 timeout 300 python3 bench/grad_parity.py --ckpt "$OUT/gap/ckpt.safetensors" 2>&1 | tail -8
+  --autocast bf16
+tail -c 400 "$OUT/train.txt"; rm -f "$OUT/gap/loss.png"
+step variants python3 bench/grad_parity.py --ckpt "$OUT/gap/ckpt.safetensors" --variants "${VARIANTS:-base,f32,nofuse,nosplit,noacc,nomerge,onechunk}"
+grep -E "^(tok|pos|blocks\.(0|1|11)\.|ln)" "$OUT/variants.txt" | cut -c1-140
+rm -rf "$OUT/gap"   # (the checkpoint is 1.5 GB)
