@@ -41,8 +41,8 @@ from loss_parity import torch_name  # noqa: E402
 from train_gpu import TorchGPT  # noqa: E402
 
 from ember import functional as EF  # noqa: E402
+from ember import nn, train  # noqa: E402
 from ember import tensor as T  # noqa: E402
-from ember import train  # noqa: E402
 from ember.compiler import pipeline  # noqa: E402
 from ember.models import gpt  # noqa: E402
 from ember.models.gpt import GPTConfig  # noqa: E402
@@ -171,13 +171,16 @@ def torch_grads(config: GPTConfig, weights: dict[str, np.ndarray], x: np.ndarray
 
 
 def attention_alone(config: GPTConfig, batch: int, sharpen: float, device: str) -> list[tuple[str, float, float]]:
-    """(name, Ember's error, PyTorch bf16's error) for o, dq, dk, dv of causal attention whose q,
-    k, v are thirds of one [B, T, 3 dim] projection, as the model's are."""
+    """(name, Ember's errors, PyTorch bf16's error) for o, dq, dk, dv of causal attention whose q,
+    k, v are thirds of one [B, T, 3 dim] projection, as the model's are: Ember through
+    F.scaled_dot_product_attention and through the model's own nn.causal_attention. The inputs
+    are bf16 values already, so the errors are the kernels' own (not the inputs' rounding)."""
     b, t, h, d = batch, config.block, config.n_head, config.dim // config.n_head
     rng = np.random.default_rng(1)
     qkv = rng.standard_normal((b, t, 3 * h * d)).astype(np.float32)
     qkv[..., : 2 * h * d] *= sharpen
     do = rng.standard_normal((b, h, t, d)).astype(np.float32)
+    qkv, do = (torch.from_numpy(a).bfloat16().float().numpy() for a in (qkv, do))
 
     def heads(z: T.Tensor | torch.Tensor, i: int):  # noqa: ANN202 (either library's tensor)
         part = z[..., i * h * d:(i + 1) * h * d]
@@ -191,15 +194,22 @@ def attention_alone(config: GPTConfig, batch: int, sharpen: float, device: str) 
         g = z.grad.cpu().numpy()
         return [o.float().detach().cpu().numpy(), *(g[..., i * h * d:(i + 1) * h * d] for i in range(3))]
 
-    T.set_default_device(device)
-    z = T.Tensor(qkv, requires_grad=True)
-    zb = z.cast("bfloat16")
-    o = EF.scaled_dot_product_attention(heads(zb, 0), heads(zb, 1), heads(zb, 2), is_causal=True)
-    (o.cast("float32") * T.Tensor(do)).sum().backward()
-    g = z.grad.numpy()
-    mine = [o.numpy(), *(g[..., i * h * d:(i + 1) * h * d] for i in range(3))]
+    def run_ember(model_form: bool) -> list[np.ndarray]:
+        T.set_default_device(device)
+        z = T.Tensor(qkv, requires_grad=True)
+        zb = z.cast("bfloat16")
+        if model_form:   # as CausalSelfAttention calls it under autocast
+            o = nn.causal_attention(heads(zb, 0), heads(zb, 1), heads(zb, 2))
+        else:
+            o = EF.scaled_dot_product_attention(heads(zb, 0), heads(zb, 1), heads(zb, 2), is_causal=True)
+        (o.cast("float32") * T.Tensor(do)).sum().backward()
+        T.realize(o, z.grad)
+        g = z.grad.numpy()
+        return [o.numpy(), *(g[..., i * h * d:(i + 1) * h * d] for i in range(3))]
     truth, peer = run_torch(False), run_torch(True)
-    return [(n, {"Ember bf16": rel(a, c)}, rel(p, c)) for n, a, p, c in zip(("o", "dq", "dk", "dv"), mine, peer, truth)]
+    sdpa, model = run_ember(False), run_ember(True)
+    return [(n, {"Ember sdpa": rel(a, c), "Ember model": rel(m, c)}, rel(p, c))
+            for n, a, m, p, c in zip(("o", "dq", "dk", "dv"), sdpa, model, peer, truth)]
 
 
 def table(rows: list[tuple[str, dict[str, float], float]], what: str) -> int:
@@ -231,6 +241,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-bytes", type=int, default=4_000_000)
     ap.add_argument("--variants", help=f"a comma list of {', '.join(VARIANTS)}: a column each (no ember train column)")
+    ap.add_argument("--attention-only", action="store_true", help="attention alone at the model's head shape")
     args = ap.parse_args()
     names = args.variants.split(",") if args.variants else []
     if set(names) - set(VARIANTS):
@@ -238,6 +249,12 @@ def main() -> None:
                          f"known: {', '.join(VARIANTS)}")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    if args.attention_only:
+        config = GPTConfig(vocab=args.vocab, block=args.block, dim=args.dim, n_layer=args.layers, n_head=args.heads)
+        flagged = table(attention_alone(config, min(args.batch, 4), args.sharpen, args.device),
+                        f"attention alone, sharpen {args.sharpen:g}")
+        print(f"{flagged} flagged (Ember's error over {FLAG:g} x PyTorch bf16's and over 1%)")
+        return
     config, weights, data, rng = weights_and_data(args)
     T.set_default_device("cpu")
     x, y = (a.numpy() for a in train.batch(data, rng, args.batch, config.block))
@@ -257,14 +274,18 @@ def main() -> None:
           + (f", weights of {args.ckpt}" if args.ckpt else ", initial weights"))
     print(f"loss: Ember bf16 {mine_loss:.5f}, PyTorch bf16 {peer_loss:.5f}, PyTorch f32 {true_loss:.5f}")
     rows = []
-    for n in truth:   # the model's order
-        if names:
-            cols = {v: rel(mine[v][n], truth[n]) for v in names}
-        else:
-            cols = {"Ember bf16": rel(mine[n], truth[n])}
-            if stepped:
-                cols["ember train"] = rel(stepped[n], truth[n])
-        rows.append((n, cols, rel(peer[n], truth[n])))
+    for n in truth:   # the model's order; q, k and v apart too (v's gradient outweighs q's and k's)
+        parts = {n: slice(None)}
+        if ".attn.qkv." in n:
+            parts |= {f"{n}[{w}]": slice(i * config.dim, (i + 1) * config.dim) for i, w in enumerate("qkv")
+                      if not (w == "k" and n.endswith("bias"))}   # (softmax ignores k's bias: its gradient is 0)
+        for label, rows_of in parts.items():
+            err = lambda g: rel(g[n][rows_of], truth[n][rows_of])  # noqa: E731
+            if names:
+                cols = {v: err(mine[v]) for v in names}
+            else:
+                cols = {"Ember bf16": err(mine)} | ({"ember train": err(stepped)} if stepped else {})
+            rows.append((label, cols, err(peer)))
     flagged = table(rows, "parameter: |g - g_f32| / |g_f32|")
     if not names:
         flagged += table(attention_alone(config, min(args.batch, 4), args.sharpen, args.device), "attention alone")

@@ -20,5 +20,5 @@ step train python3 -m ember train --model gpt2 --device cuda --steps "${STEPS:-8
   --autocast bf16
 tail -c 400 "$OUT/train.txt"; rm -f "$OUT/gap/loss.png"
 step variants python3 bench/grad_parity.py --ckpt "$OUT/gap/ckpt.safetensors" --variants "${VARIANTS:-base,f32,nofuse,nosplit,noacc,nomerge,onechunk}"
-grep -E "^(tok|pos|blocks\.(0|1|11)\.|ln)" "$OUT/variants.txt" | cut -c1-140
+grep -E "^(tok|pos|blocks\.(0|1|11)\.|ln)" "$OUT/variants.txt" | cut -c1-150
 rm -rf "$OUT/gap"   # (the checkpoint is 1.5 GB)

@@ -283,7 +283,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
     if is_causal and attn_mask is not None:
         raise ValueError("scaled_dot_product_attention: an explicit attn_mask must not be set with is_causal=True")
     k, v = _grouped(q, k, v, enable_gqa, "scaled_dot_product_attention")
-    s = (q @ k.transpose(-2, -1)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    s = attention_scores(q, k) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
     if is_causal:
         t, u = q.shape[-2], k.shape[-2]
         rows = Tensor(ir.iota(dt.i64, (t, u), 0))
@@ -291,7 +291,23 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
         s = where(cols <= rows, s, -math.inf)
     if attn_mask is not None:
         s = where(attn_mask, s, -math.inf) if attn_mask.dtype.name == "bool" else s + attn_mask
-    return (dropout(s.softmax(-1), dropout_p) if dropout_p else s.softmax(-1)) @ v
+    p = dropout(s.softmax(-1), dropout_p) if dropout_p else s.softmax(-1)
+    return (p.cast(v.dtype) if p.dtype is not v.dtype else p) @ v
+
+
+def attention_scores(q: Tensor, k: Tensor) -> Tensor:
+    """q k^T over the last dim, in f32 where q and k are 16-bit (or autocast makes them so): the
+    products of 16-bit values are exact in f32 and summed there, as flash kernels keep them
+    (Ember's, and PyTorch's SDPA). A bf16 product's result would round every score to bf16
+    first, an error of |s| 2^-9 in each weight's exponent: at peaked attention (q and k of std
+    4) 9x PyTorch's error in o and 5x in dq (bench/grad_parity.py --attention-only, CPU)."""
+    from .tensor import context
+    low = context.autocast
+    if q.dtype.is_float and q.dtype.bits > 16 and low is not None:
+        q, k = q.cast(low), k.cast(low)   # the operands autocast's product would take
+    if not (q.dtype.is_float and q.dtype.bits <= 16):
+        return q @ k.transpose(-2, -1)
+    return (q.cast(dt.f32).unsqueeze(-2) * k.cast(dt.f32).unsqueeze(-3)).sum(-1)
 
 
 class BlockMask:

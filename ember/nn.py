@@ -477,18 +477,17 @@ sys.modules[f"{__name__}.functional"] = functional
 sys.modules[f"{__name__}.init"] = init
 
 
-def causal_attention(q: Tensor, k: Tensor, v: Tensor, wide: "dt.DType | None" = None) -> Tensor:
+def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """softmax(q k^T / sqrt(d), masked so a position sees itself and the past) v; [..., T, d].
-    wide: q, k and v are autocast's narrow dtype and the scores and softmax are in this one
-    (CausalSelfAttention); the result is then narrow too."""
+    Of 16-bit q, k and v (or under autocast) the scores and the softmax are f32
+    (functional.attention_scores), the weights are rounded to v's dtype, and so is the result."""
     t, d = q.shape[-2], q.shape[-1]
-    qk = q @ k.transpose(-2, -1)
-    scores = (qk.cast(wide) if wide is not None else qk) * (1 / math.sqrt(d))
+    scores = functional.attention_scores(q, k) * (1 / math.sqrt(d))
     rows = T.Tensor(T.ir.iota(dt.i32, (t, t), 0))
     cols = T.Tensor(T.ir.iota(dt.i32, (t, t), 1))
     scores = T.where(cols <= rows, scores, -1e9)
     p = scores.softmax(-1)
-    return p.cast(v.dtype) @ v if wide is not None else p @ v
+    return (p.cast(v.dtype) if p.dtype is not v.dtype else p) @ v
 
 
 class CausalSelfAttention(Module):
@@ -508,13 +507,13 @@ class CausalSelfAttention(Module):
         if cache is None and low is not None and qkv.dtype.is_float and qkv.dtype.bits > low.bits:
             # autocast casts q, k and v for the products anyway: cast the projection once, before
             # the heads are split (the same values), so that they are views of one narrow buffer,
-            # which the flash kernels read in place; the scores and the output stay wide, as before
+            # which the flash kernels read in place; the scores stay f32 (causal_attention)
             wide, qkv = qkv.dtype, qkv.cast(low)
         q, k, v = (y.reshape(b, t, h, c // h).transpose(1, 2) for y in T.split(qkv, c, -1))
         if cache is not None:
             y = cache.attend(q, k, v)
         else:
-            y = causal_attention(q, k, v, wide)
+            y = causal_attention(q, k, v)
             y = y.cast(wide) if wide is not None else y
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 

@@ -182,6 +182,17 @@ def _qk_sums(s: Node, labels: Labels) -> list[tuple[Node, Labels]]:
     return found
 
 
+def _unwidened(n: Node, labels: Labels) -> tuple[Node, Labels]:
+    """n below an exact widening float cast under views (q in f32 from bf16 for f32 scores of exact
+    products: functional.attention_scores), with its labels; else n itself."""
+    x, lab = n, labels
+    while x.op in (Op.RESHAPE, Op.PERMUTE) and (down := _step(x, lab)) is not None:
+        x, lab = down
+    if x.op is Op.CAST and x.srcs[0].dtype.is_float and x.srcs[0].dtype.bits < x.dtype.bits:
+        return x.srcs[0], lab
+    return n, labels
+
+
 def _prescaled(n: Node, labels: Labels) -> tuple[Node, Labels, float]:
     """q (or k) with the constant factors it was scaled by before the product taken out (they
     move into the score graph): through casts, reshapes and permutes, products and divisions
@@ -379,8 +390,10 @@ def _match_scores(o_sum: Node, lab: Labels, v_op: Node, o_only: bool, wrt: froze
         (y, x) if qk_lab[y_wide] == "j" and qk_lab[x_wide] == "i" else (None, None)
     if q_op is None or k_op is None:
         return None
-    if q_op.dtype is not v_op.dtype or k_op.dtype is not v_op.dtype:
-        _why(f"q, k and v differ in dtype ({q_op.dtype}, {k_op.dtype}, {v_op.dtype})")
+    q_src, q_lab, cq = _prescaled(*_unwidened(q_op.srcs[0], [x if x != "j" else None for x in qk_lab]))
+    k_src, k_lab, ck = _prescaled(*_unwidened(k_op.srcs[0], [x if x != "i" else None for x in qk_lab]))
+    if q_src.dtype is not v_op.dtype or k_src.dtype is not v_op.dtype:
+        _why(f"q, k and v differ in dtype ({q_src.dtype}, {k_src.dtype}, {v_op.dtype})")
         return None
     size = {x: d for x, d in zip(lab, o_sum.srcs[0].shape) if x is not None}
     size.update({x: d for x, d in zip(qk_lab, qk.shape) if x is not None})
@@ -392,8 +405,6 @@ def _match_scores(o_sum: Node, lab: Labels, v_op: Node, o_only: bool, wrt: froze
     if d != dv or d not in HEAD_DIMS:
         _why(f"head sizes {d} (q, k) and {dv} (v): the kernels are written for {HEAD_DIMS} alike")
         return None
-    q_src, q_lab, cq = _prescaled(q_op.srcs[0], [x if x != "j" else None for x in qk_lab])
-    k_src, k_lab, ck = _prescaled(k_op.srcs[0], [x if x != "i" else None for x in qk_lab])
     q = _gather(q_src, q_lab, batch + ["i", "k"], (n, t_len, d))
     k = _gather(k_src, k_lab, batch + ["j", "k"], (n, s_len, d))
     v = _gather(v_op.srcs[0], [x if x != "i" else None for x in lab], batch + ["j", "d"], (n, s_len, d))

@@ -386,10 +386,22 @@ def gathered_operands(k: Kernel) -> set[Node]:
                 continue
             terms, _ = sym.linear(ld.srcs[1])
             if any(term.op is not Op.RANGE for term in terms):
-                found.add(x)
+                found.add(_below_widening(x))
             elif (len(set(terms.values())) < len(terms) or _permuted(x)) and not direct():
-                found.add(x)
+                found.add(_below_widening(x))
     return found
+
+
+def _below_widening(x: Node) -> Node:
+    """x, or the value under an exact widening cast among the movements below it: the copy then
+    holds the 16-bit value (f32 scores of bf16 q and k, functional.attention_scores), half the
+    bytes, and stays a tensor-core operand."""
+    y = x
+    while y.op in MOVEMENT or y.op is Op.CAST:
+        if y.op is Op.CAST and y.dtype.is_float and y.srcs[0].dtype.is_float and y.srcs[0].dtype.bits < y.dtype.bits:
+            return y.srcs[0]
+        y = y.srcs[0]
+    return x
 
 
 def _padded_copy(x: Node) -> Node | None:

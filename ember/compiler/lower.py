@@ -534,7 +534,11 @@ def recomputed_operands(k: Kernel, lanes: int = 0) -> set[Node]:
                 continue
             t = k.origin.get(n)
             if t is not None and t.op not in (Op.PARAM, Op.CONST, Op.IOTA) and t.shape:
-                found.add(t)
+                # a widening cast's narrow value in the buffer: a contraction reads it through the cast
+                # as a tensor-core operand, in half the bytes (attention_scores' f32 products)
+                widening = t.op is Op.CAST and t.dtype.is_float and t.srcs[0].dtype.is_float and \
+                    t.srcs[0].dtype.bits < t.dtype.bits
+                found.add(t.srcs[0] if widening else t)
     # the outermost ones (their buffers hold the inner ones' work); the walk stays inside what
     # this kernel fused, or it would cover the whole model's graph for every kernel
     inner: set[Node] = set()
