@@ -24,11 +24,12 @@ score and for what else it reads (the FUSED node's sources after q, k, v), which
 evaluate per element (`score_parts`; docs/architecture.md, "Flash attention").
 
 Rounding: the kernels keep the scores, the running max and the sums in f32 and round p to the
-operand dtype once, where the graph rounds after every op (the scores to bf16, p = e / sum
-before the cast). The difference is within bf16 rounding of the result (docs/performance.md
-measures it). f32 operands get kernels of their own on CUDA cores (tensor cores would round
-them), which differ from the graph by f32 rounding alone. A mask value of -1e9 or below
-counts as -inf: a row that keeps a key gives every such weight exactly 0 in f32 either way.
+operand dtype once, where the graph rounds after every op (p = e / sum before the cast; the
+scores too where a program writes them as a bf16 product: functional.attention_scores does
+not). The difference is within bf16 rounding of the result (docs/performance.md measures it).
+f32 operands get kernels of their own on CUDA cores (tensor cores would round them), which
+differ from the graph by f32 rounding alone. A mask value of -1e9 or below counts as -inf: a
+row that keeps a key gives every such weight exactly 0 in f32 either way.
 """
 from __future__ import annotations
 
