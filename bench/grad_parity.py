@@ -18,6 +18,9 @@ trained model's is (at init it is near uniform).
 
 --variants base,f32,nofuse,...: a column of Ember's error for each way of compiling the same
 gradients (VARIANTS; each in a fresh compile cache), to find which pass or kernel puts the error in.
+--batches N: the errors of the gradients summed over N batches, where a bias (an error of one
+sign step after step, which AdamW's moments add up) stays and rounding noise falls as 1/sqrt(N).
+--attention-only: attention alone, at the model's head shape.
 """
 from __future__ import annotations
 
@@ -134,22 +137,60 @@ def ember_grads(config: GPTConfig, weights: dict[str, np.ndarray], x: np.ndarray
 
 def step_grads(args: argparse.Namespace) -> dict[str, np.ndarray]:
     """The gradients of the checkpoint's next step as `ember train` ran it, from AdamW's first
-    moments before and after that one step (resumed in a copy of the run folder)."""
+    moments before and after that one step (resumed in a copy of the run folder). With
+    --steps-after K > 1 it runs K steps, keeping each one's checkpoint, and sets each step's
+    update (v and the weights) against AdamW's formula: from the third step on, the step is
+    a replay (ember.jit, a CUDA graph)."""
     before, saved, c = train.load_checkpoint(args.ckpt)
+    k = args.steps_after
     with tempfile.TemporaryDirectory() as folder:
         shutil.copy(args.ckpt, Path(folder) / "ckpt.safetensors")
-        argv = ["--model", "gpt2", "--device", args.device, "--steps", str(saved["step"] + 1), "--batch",
+        argv = ["--model", "gpt2", "--device", args.device, "--steps", str(saved["step"] + k), "--batch",
                 str(args.batch), "--lr", "6e-4", "--warmup", "50", "--cosine", "--seed", str(args.seed),
                 "--eval-every", "1", "--max-bytes", str(args.max_bytes), "--out", folder, "--autocast", "bf16",
                 "--dim", str(c.dim), "--layers", str(c.n_layer), "--heads", str(c.n_head), "--block", str(c.block)]
-        if train.train(argv) != 0:
-            raise SystemExit("ember train failed")
-        after, _, _ = train.load_checkpoint(Path(folder) / "ckpt.safetensors")
-    b1 = 0.9   # AdamW's state i is the i-th of the model's parameters()
+        save = train.save
+
+        def keep(path: Path, *rest: object) -> None:   # each step's checkpoint, beside the last
+            save(path, *rest)
+            shutil.copy(path, Path(folder) / f"step{rest[-1]['step']}.safetensors")  # type: ignore[index]
+        train.save = keep
+        try:
+            if train.train(argv) != 0:
+                raise SystemExit("ember train failed")
+        finally:
+            train.save = save
+        states = [before] + [train.load_checkpoint(Path(folder) / f"step{saved['step'] + i}.safetensors")[0]
+                             for i in range(1, k + 1)]
     T.set_default_device("cpu")
     names = [n for n, _ in train.build(c).named_parameters()]
+    for i in range(1, k + 1) if k > 1 else ():
+        ev, ep = update_errors(states[i - 1], states[i], names)
+        print(f"step {saved['step'] + i}{' (replayed)' if i >= 3 else ''}: AdamW's update against its formula, "
+              f"largest errors: v {ev[0]:.1e} ({ev[1]}), weights' change {ep[0]:.1e} ({ep[1]})")
+    b1, after = 0.9, states[1]   # AdamW's state i is the i-th of the model's parameters()
     return {n: (after[f"opt.m.{i}"].astype(np.float64) - b1 * before[f"opt.m.{i}"]) / (1 - b1)
             for i, n in enumerate(names)}
+
+
+def update_errors(before: dict[str, np.ndarray], after: dict[str, np.ndarray],
+                  names: list[str]) -> tuple[tuple[float, str], tuple[float, str]]:
+    """The largest relative errors, with their parameters, of a step's new second moments and of
+    its weights' change against AdamW's formula in f64 (the gradient read from the first moments;
+    betas 0.9 and 0.999). The weights' change is small beside the weights: f32 rounding of both
+    puts about 1e-3 into it."""
+    t, lr = int(after["opt.steps"]), float(after["opt.group.0.lr"])
+    wd, eps = float(after["opt.group.0.weight_decay"]), float(after["opt.group.0.eps"])
+    worst_v, worst_p = (0.0, ""), (0.0, "")
+    for i, n in enumerate(names):
+        m0, v0, p0, m1, v1, p1 = (np.asarray(d[key], np.float64) for d in (before, after)
+                                  for key in (f"opt.m.{i}", f"opt.v.{i}", f"model.{n}"))
+        g = (m1 - 0.9 * m0) / 0.1
+        v = 0.999 * v0 + 0.001 * g * g
+        p = p0 * (1 - lr * wd) - lr / (1 - 0.9 ** t) * m1 / (np.sqrt(v1 / (1 - 0.999 ** t)) + eps)
+        worst_v = max(worst_v, (rel(v1, v), n))
+        worst_p = max(worst_p, (rel(p1 - p0, p - p0), n))
+    return worst_v, worst_p
 
 
 def torch_grads(config: GPTConfig, weights: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray,
@@ -212,6 +253,11 @@ def attention_alone(config: GPTConfig, batch: int, sharpen: float, device: str) 
             for n, a, m, p, c in zip(("o", "dq", "dk", "dv"), sdpa, model, peer, truth)]
 
 
+def add(total: dict[str, np.ndarray], grads: dict[str, np.ndarray]) -> None:
+    for n, g in grads.items():
+        total[n] = total[n] + g if n in total else g.astype(np.float64)
+
+
 def table(rows: list[tuple[str, dict[str, float], float]], what: str) -> int:
     """Prints rows (name, {Ember column: error}, PyTorch bf16's error) and returns how many
     errors are flagged."""
@@ -241,6 +287,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-bytes", type=int, default=4_000_000)
     ap.add_argument("--variants", help=f"a comma list of {', '.join(VARIANTS)}: a column each (no ember train column)")
+    ap.add_argument("--batches", type=int, default=1,
+                    help="sum each gradient over this many batches (a bias stays, noise falls)")
+    ap.add_argument("--steps-after", type=int, default=1,
+                    help="with --ckpt: ember train's steps to run from it, each update set against AdamW's formula")
     ap.add_argument("--attention-only", action="store_true", help="attention alone at the model's head shape")
     args = ap.parse_args()
     names = args.variants.split(",") if args.variants else []
@@ -256,22 +306,28 @@ def main() -> None:
         print(f"{flagged} flagged (Ember's error over {FLAG:g} x PyTorch bf16's and over 1%)")
         return
     config, weights, data, rng = weights_and_data(args)
-    T.set_default_device("cpu")
-    x, y = (a.numpy() for a in train.batch(data, rng, args.batch, config.block))
-    stepped = step_grads(args) if args.ckpt and not names else None
-    if names:
-        mine, mine_loss = {}, 0.0
-        for name in names:
-            with variant(name):
-                mine_loss, mine[name] = ember_grads(config, weights, x, y, args.device, name != "f32")
-            print(f"variant {name}: loss {mine_loss:.5f}", flush=True)
-    else:
-        mine_loss, mine = ember_grads(config, weights, x, y, args.device)
-    peer_loss, peer = torch_grads(config, weights, x, y, args.device, True)
-    true_loss, truth = torch_grads(config, weights, x, y, args.device, False)
+    stepped = step_grads(args) if args.ckpt and not names and args.batches == 1 else None
+    mine, peer, truth = {}, {}, {}   # gradients summed over the batches (f64)
+    for _ in range(args.batches):
+        T.set_default_device("cpu")
+        x, y = (a.numpy() for a in train.batch(data, rng, args.batch, config.block))
+        if names:
+            for name in names:
+                with variant(name):
+                    mine_loss, got = ember_grads(config, weights, x, y, args.device, name != "f32")
+                add(mine.setdefault(name, {}), got)
+                print(f"variant {name}: loss {mine_loss:.5f}", flush=True)
+        else:
+            mine_loss, got = ember_grads(config, weights, x, y, args.device)
+            add(mine, got)
+        peer_loss, got = torch_grads(config, weights, x, y, args.device, True)
+        add(peer, got)
+        true_loss, got = torch_grads(config, weights, x, y, args.device, False)
+        add(truth, got)
     print(f"GPT {config.n_layer} layers, dim {config.dim}, heads {config.n_head}, context {config.block}, "
           f"batch {args.batch}, vocab {config.vocab}, {args.device}, sharpen {args.sharpen}"
-          + (f", weights of {args.ckpt}" if args.ckpt else ", initial weights"))
+          + (f", weights of {args.ckpt}" if args.ckpt else ", initial weights")
+          + (f"; each gradient summed over {args.batches} batches" if args.batches > 1 else ""))
     print(f"loss: Ember bf16 {mine_loss:.5f}, PyTorch bf16 {peer_loss:.5f}, PyTorch f32 {true_loss:.5f}")
     rows = []
     for n in truth:   # the model's order; q, k and v apart too (v's gradient outweighs q's and k's)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call for the loss gap (issue 31: Ember's GPT-2 curve 4-10% above PyTorch's after
 # its plateau at step ~600, docs/performance.md): each parameter's gradient against PyTorch's
-# f32 one, past the plateau (a checkpoint of STEPS steps), for each way of compiling them that
-# bench/grad_parity.py's --variants knows (f32, attention unfused, no split sums, ...). About 5
+# f32 one, past the plateau (a checkpoint of STEPS steps): 4 steps of ember train from it, each
+# update set against AdamW's formula (the third and fourth replayed); the gradients' bias, summed
+# over 8 batches; with VARIANTS=base,f32,nofuse,... a column per way of compiling them. About 5
 # minutes; each table whole in $OUT/*.txt, the flagged rows and the summary printed.
 #   (on the device machine, from the repository root) OUT=/tmp/x bash bench/loss_gap_device.sh
 set -uo pipefail
@@ -19,6 +20,9 @@ step train python3 -m ember train --model gpt2 --device cuda --steps "${STEPS:-8
   --warmup 50 --cosine --seed 0 --eval-every "${STEPS:-800}" --max-bytes 4000000 --out "$OUT/gap" --fresh \
   --autocast bf16
 tail -c 400 "$OUT/train.txt"; rm -f "$OUT/gap/loss.png"
-step variants python3 bench/grad_parity.py --ckpt "$OUT/gap/ckpt.safetensors" --variants "${VARIANTS:-base,f32,nofuse,nosplit,noacc,nomerge,onechunk}"
-grep -E "^(tok|pos|blocks\.(0|1|11)\.|ln)" "$OUT/variants.txt" | cut -c1-150
+step update python3 bench/grad_parity.py --ckpt "$OUT/gap/ckpt.safetensors" --steps-after 4
+grep -E "^step " "$OUT/update.txt"
+step bias python3 bench/grad_parity.py --ckpt "$OUT/gap/ckpt.safetensors" --batches 8
+grep -E "^(tok|pos|blocks\.(0|11)\.|ln)" "$OUT/bias.txt" | cut -c1-150
+[ -z "${VARIANTS:-}" ] || step variants python3 bench/grad_parity.py --ckpt "$OUT/gap/ckpt.safetensors" --variants "$VARIANTS"
 rm -rf "$OUT/gap"   # (the checkpoint is 1.5 GB)
