@@ -197,6 +197,11 @@ def stop_gradient(x: Node) -> Node:
     return unary(Op.BITCAST, unary(Op.BITCAST, x, as_int), x.dtype)
 
 
+def widening(n: Node) -> bool:
+    """Whether n is an exact widening cast between floats (bf16 to f32: the value unchanged)."""
+    return n.op is Op.CAST and n.dtype.is_float and n.srcs[0].dtype.is_float and n.srcs[0].dtype.bits < n.dtype.bits
+
+
 def stopped(n: Node) -> Node | None:
     """x when n is stop_gradient(x) (a bitcast and its way back), else None."""
     if n.op is Op.BITCAST and n.srcs[0].op is Op.BITCAST and n.dtype is n.srcs[0].srcs[0].dtype:

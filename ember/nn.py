@@ -535,9 +535,10 @@ class KVCache:
         keys, values = T.where(here, k, self.k), T.where(here, v, self.v)
         self.k.assign(keys, lazy=True)
         self.v.assign(values, lazy=True)
-        scores = (q @ keys.transpose(-2, -1)) * (1 / math.sqrt(q.shape[-1]))
+        scores = functional.attention_scores(q, keys) * (1 / math.sqrt(q.shape[-1]))
         seen = T.Tensor(T.ir.iota(dt.i64, (1, 1, 1, block), 3)) <= self.pos.reshape(1, 1, 1, 1)
-        return T.where(seen, scores, -1e9).softmax(-1) @ values
+        p = T.where(seen, scores, -1e9).softmax(-1)
+        return (p.cast(values.dtype) if p.dtype is not values.dtype else p) @ values
 
 
 def cross_entropy(logits: Tensor, target: Tensor, **options: Any) -> Tensor:

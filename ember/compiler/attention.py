@@ -189,7 +189,7 @@ def _unwidened(n: Node, labels: Labels) -> tuple[Node, Labels]:
     x, lab = n, labels
     while x.op in (Op.RESHAPE, Op.PERMUTE) and (down := _step(x, lab)) is not None:
         x, lab = down
-    if x.op is Op.CAST and x.srcs[0].dtype.is_float and x.srcs[0].dtype.bits < x.dtype.bits:
+    if ir.widening(x):
         return x.srcs[0], lab
     return n, labels
 

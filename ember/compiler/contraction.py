@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from .. import dtype as dt
-from ..ir import MOVEMENT, Node, Op, toposort
+from ..ir import MOVEMENT, Node, Op, toposort, widening
 from ..target import Target
 from . import symbolic as sym
 from .lower import Kernel, free_ranges
@@ -145,7 +145,7 @@ class PackedPlan:
 
 def _operand_load(x: Node, dtypes: tuple[dt.DType, ...]) -> Node | None:
     """The load under a multiplicand: the load itself, or an exact widening cast of it."""
-    if x.op is Op.CAST and x.dtype.is_float and x.srcs[0].dtype.is_float and x.dtype.bits > x.srcs[0].dtype.bits:
+    if widening(x):
         x = x.srcs[0]
     if x.op is Op.LOAD and len(x.srcs) == 2 and x.dtype in dtypes:
         return x
@@ -398,7 +398,7 @@ def _below_widening(x: Node) -> Node:
     bytes, and stays a tensor-core operand."""
     y = x
     while y.op in MOVEMENT or y.op is Op.CAST:
-        if y.op is Op.CAST and y.dtype.is_float and y.srcs[0].dtype.is_float and y.srcs[0].dtype.bits < y.dtype.bits:
+        if widening(y):
             return y.srcs[0]
         y = y.srcs[0]
     return x

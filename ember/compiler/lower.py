@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from .. import dtype as dt
 from ..dtype import DType
-from ..ir import Node, Op, toposort
+from ..ir import Node, Op, toposort, widening
 from . import symbolic as sym
 from .loops import MergedPlan
 from .rewrite import substitute
@@ -536,9 +536,7 @@ def recomputed_operands(k: Kernel, lanes: int = 0) -> set[Node]:
             if t is not None and t.op not in (Op.PARAM, Op.CONST, Op.IOTA) and t.shape:
                 # a widening cast's narrow value in the buffer: a contraction reads it through the cast
                 # as a tensor-core operand, in half the bytes (attention_scores' f32 products)
-                widening = t.op is Op.CAST and t.dtype.is_float and t.srcs[0].dtype.is_float and \
-                    t.srcs[0].dtype.bits < t.dtype.bits
-                found.add(t.srcs[0] if widening else t)
+                found.add(t.srcs[0] if widening(t) else t)
     # the outermost ones (their buffers hold the inner ones' work); the walk stays inside what
     # this kernel fused, or it would cover the whole model's graph for every kernel
     inner: set[Node] = set()
