@@ -21,6 +21,9 @@ gradients (VARIANTS; each in a fresh compile cache), to find which pass or kerne
 --batches N: the errors of the gradients summed over N batches, where a bias (an error of one
 sign step after step, which AdamW's moments add up) stays and rounding noise falls as 1/sqrt(N).
 --attention-only: attention alone, at the model's head shape.
+--trace [--variants V]: each block's values (residual, norm, projections, attention output) and the loss's
+gradient at the residual and at each branch's output, against PyTorch's: the first point where
+Ember's error leaves PyTorch bf16's is where it enters.
 """
 from __future__ import annotations
 
@@ -253,6 +256,119 @@ def attention_alone(config: GPTConfig, batch: int, sharpen: float, device: str) 
             for n, a, m, p, c in zip(("o", "dq", "dk", "dv"), sdpa, model, peer, truth)]
 
 
+TRACED = ("in", "ln1", "qkv", "y", "attn", "fc", "mlp")   # per block; "in", "y", "attn", "mlp" with gradients
+PROBED = ("in", "y", "attn", "mlp", "final")
+
+
+def ember_trace(config: GPTConfig, weights: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray,
+                device: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Each block's values (TRACED) and the loss's gradient at PROBED points, as Ember computes
+    them under autocast bf16: a zero f32 probe added at a point has that point's gradient (the
+    values, and so the rest of the graph, are the same). Also the parameters' gradients, to show
+    the probed graph still has the error being traced. Returns (values, gradients, params')."""
+    T.set_default_device(device)
+    model = train.build(config)
+    model.load_state_dict(weights)
+    values, probes = {}, {}
+    b, t, c, nh = x.shape[0], x.shape[1], config.dim, config.n_head
+
+    def keep(name: str, v: T.Tensor, probed: bool = False) -> T.Tensor:
+        if probed:
+            z = T.Tensor(np.zeros(v.shape, np.float32), requires_grad=True)
+            probes[name], v = z, v + z
+        values[name] = v
+        return v
+
+    def hidden(idx: T.Tensor) -> T.Tensor:
+        h = model.tok(idx) + model.pos.weight[:t]
+        for i, blk in enumerate(model.blocks):
+            h = keep(f"{i}.in", h, True)
+            a = blk.attn
+            qkv, wide, low = a.qkv(keep(f"{i}.ln1", blk.ln1(h))), None, T.context.autocast
+            if low is not None and qkv.dtype.bits > low.bits:   # as CausalSelfAttention.forward
+                wide, qkv = qkv.dtype, qkv.cast(low)
+            q, k, v = (z.reshape(b, t, nh, c // nh).transpose(1, 2) for z in T.split(keep(f"{i}.qkv", qkv), c, -1))
+            o = nn.causal_attention(q, k, v)
+            o = (o.cast(wide) if wide is not None else o).transpose(1, 2).reshape(b, t, c)
+            h = h + keep(f"{i}.attn", a.proj(keep(f"{i}.y", o, True)), True)
+            f = keep(f"{i}.fc", blk.fc(blk.ln2(h)))
+            h = h + keep(f"{i}.mlp", blk.proj(f.gelu(approximate="tanh")), True)
+        return model.ln(keep("final", h, True))
+    model.hidden = hidden
+    with T.autocast("bfloat16"):
+        loss = model.loss(T.Tensor(x), T.Tensor(y))
+    loss.backward()
+    params = list(model.named_parameters())
+    T.realize(loss, *values.values(), *(z.grad for z in probes.values()), *(p.grad for _, p in params))
+    as32 = lambda v: v.cast("float32").numpy()  # noqa: E731
+    return ({n: as32(v) for n, v in values.items()}, {n: z.grad.numpy() for n, z in probes.items()},
+            {n: p.grad.numpy() for n, p in params})
+
+
+def torch_trace(config: GPTConfig, weights: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray,
+                device: str, bf16: bool) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """ember_trace's values and gradients from TorchGPT's forward (retain_grad at the points)."""
+    dev = torch.device(device)
+    tm = TorchGPT(config).to(dev)
+    state = {torch_name(n): torch.from_numpy(np.ascontiguousarray(w)) for n, w in weights.items()}
+    tm.head.weight = tm.tok.weight
+    state["head.weight"] = state["tok.weight"]
+    tm.load_state_dict({k: v.to(dev) for k, v in state.items()})
+    xs, ys = (torch.from_numpy(a).long().to(dev) for a in (x, y))
+    b, t, c, nh = x.shape[0], x.shape[1], config.dim, config.n_head
+    values, probed = {}, {}
+
+    def keep(name: str, v: torch.Tensor, grad: bool = False) -> torch.Tensor:
+        values[name] = v
+        if grad:
+            v.retain_grad()
+            probed[name] = v
+        return v
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+        h = tm.tok(xs) + tm.pos(torch.arange(t, device=dev))
+        for i, blk in enumerate(tm.blocks):
+            h = keep(f"{i}.in", h * 1.0, True)
+            qkv = keep(f"{i}.qkv", blk["qkv"](keep(f"{i}.ln1", blk["ln1"](h))))
+            q, k, v = (z.view(b, t, nh, -1).transpose(1, 2) for z in qkv.split(c, -1))
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
+            h = h + keep(f"{i}.attn", blk["proj"](keep(f"{i}.y", o, True)), True)
+            f = keep(f"{i}.fc", blk["fc"](blk["ln2"](h)))
+            h = h + keep(f"{i}.mlp", blk["out"](F.gelu(f, approximate="tanh")), True)
+        logits = tm.head(tm.ln(keep("final", h * 1.0, True)))
+        loss = F.cross_entropy(logits.reshape(-1, config.vocab).float(), ys.reshape(-1))
+    loss.backward()
+    as32 = lambda v: v.detach().float().cpu().numpy()  # noqa: E731
+    return {n: as32(v) for n, v in values.items()}, {n: as32(v.grad) for n, v in probed.items()}
+
+
+def trace(args: argparse.Namespace, how: str) -> None:
+    """Where the error enters: each block's values and the loss's gradient at its points, Ember
+    bf16 (compiled as the variant `how` says) and PyTorch bf16 against PyTorch f32 (one batch);
+    then the parameters' table of the probed graph."""
+    config, weights, data, rng = weights_and_data(args)
+    T.set_default_device("cpu")
+    x, y = (a.numpy() for a in train.batch(data, rng, args.batch, config.block))
+    truth, truth_g = torch_trace(config, weights, x, y, args.device, False)
+    peer, peer_g = torch_trace(config, weights, x, y, args.device, True)
+    with variant(how):
+        mine, mine_g, mine_p = ember_trace(config, weights, x, y, args.device)
+    print(f"compiled as variant {how}")
+    print(f"{'point':<10}{'value: Ember':>14}{'PyTorch bf16':>14}{'ratio':>7}{'gradient: Ember':>17}"
+          f"{'PyTorch bf16':>14}{'ratio':>7}")
+    for n in truth:
+        ev, pv = rel(mine[n], truth[n]), rel(peer[n], truth[n])
+        line = f"{n:<10}{ev:14.2e}{pv:14.2e}{ev / pv if pv else float('nan'):7.2f}"
+        if n in truth_g:
+            eg, pg = rel(mine_g[n], truth_g[n]), rel(peer_g[n], truth_g[n])
+            line += f"{eg:17.2e}{pg:14.2e}{eg / max(pg, 1e-30):7.2f}"
+            line += "   <--" if eg > FLAG * pg and eg > 0.01 else ""
+        print(line, flush=True)
+    _, peer_p = torch_grads(config, weights, x, y, args.device, True)
+    _, true_p = torch_grads(config, weights, x, y, args.device, False)
+    rows = [(n, {"probed graph": rel(mine_p[n], true_p[n])}, rel(peer_p[n], true_p[n])) for n in true_p]
+    print(f"{table(rows, 'parameter: |g - g_f32| / |g_f32|')} flagged")
+
+
 def add(total: dict[str, np.ndarray], grads: dict[str, np.ndarray]) -> None:
     for n, g in grads.items():
         total[n] = total[n] + g if n in total else g.astype(np.float64)
@@ -291,6 +407,8 @@ def main() -> None:
                     help="sum each gradient over this many batches (a bias stays, noise falls)")
     ap.add_argument("--steps-after", type=int, default=1,
                     help="with --ckpt: ember train's steps to run from it, each update set against AdamW's formula")
+    ap.add_argument("--trace", action="store_true",
+                    help="each block's values and gradients against PyTorch's: where the error enters")
     ap.add_argument("--attention-only", action="store_true", help="attention alone at the model's head shape")
     args = ap.parse_args()
     names = args.variants.split(",") if args.variants else []
@@ -305,6 +423,8 @@ def main() -> None:
                         f"attention alone, sharpen {args.sharpen:g}")
         print(f"{flagged} flagged (Ember's error over {FLAG:g} x PyTorch bf16's and over 1%)")
         return
+    if args.trace:
+        return trace(args, names[0] if names else "base")
     config, weights, data, rng = weights_and_data(args)
     stepped = step_grads(args) if args.ckpt and not names and args.batches == 1 else None
     mine, peer, truth = {}, {}, {}   # gradients summed over the batches (f64)

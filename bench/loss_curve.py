@@ -86,10 +86,13 @@ def torch_run(args: argparse.Namespace, out: Path) -> tuple[list[tuple[int, floa
     return losses, time.perf_counter() - t0
 
 
-def plot(ember: list[tuple[int, float]], peer: list[tuple[int, float]], title: str, path: Path) -> None:
-    """Both curves in a PNG at path, and as JSON beside it (path with .json)."""
+def plot(ember: list[tuple[int, float]], peer: list[tuple[int, float]], title: str, path: Path,
+         others: list[list[tuple[int, float]]] = ()) -> None:
+    """The curves in a PNG at path, and as JSON beside it (path with .json); others: PyTorch's
+    further runs of the same seed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.with_suffix(".json").write_text(json.dumps({"title": title, "ember": ember, "pytorch": peer}))
+    path.with_suffix(".json").write_text(json.dumps({"title": title, "ember": ember, "pytorch": peer,
+                                                     "pytorch_reruns": list(others)}))
     try:
         import matplotlib
     except ImportError:
@@ -98,11 +101,20 @@ def plot(ember: list[tuple[int, float]], peer: list[tuple[int, float]], title: s
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(*zip(*peer), label="PyTorch", alpha=0.7)
-    ax.plot(*zip(*ember), label="Ember", alpha=0.7, linestyle="--")
+    window = max(1, len(ember) // 40)   # each step's loss is one batch's: the means over windows show the trend
+
+    def curve(points: list[tuple[int, float]], **style: object) -> None:
+        steps, values = zip(*points)
+        ax.plot(steps, values, alpha=0.12, linewidth=0.6, color=style["color"])
+        kernel = np.ones(window) / window
+        ax.plot(steps[window - 1:], np.convolve(values, kernel, "valid"), **style)
+    curve(peer, label="PyTorch", color="C0")
+    for i, other in enumerate(others):
+        curve(other, label=f"PyTorch, run {i + 2} (same seed)", color=f"C{i + 2}", linestyle=":")
+    curve(ember, label="Ember", color="C1", linestyle="--")
+    ax.set_title(title + f"\n(faint: each step; lines: means over {window} steps)", fontsize=9)
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (cross-entropy, nats per token)")
-    ax.set_title(title, fontsize=9)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -128,6 +140,9 @@ def main() -> None:
     ap.add_argument("--max-bytes", type=int, default=4_000_000)
     ap.add_argument("--out", default="runs/loss_curve", help="ember train's run folder")
     ap.add_argument("--plot", default="docs/loss_curve_gpt2.png", help="the PNG (and its .json: both curves)")
+    ap.add_argument("--peer-runs", type=int, default=1,
+                    help="PyTorch's run this many times: past the plateau its own runs differ (cuDNN's backward is "
+                         "not deterministic), and that spread is the yardstick for Ember's gap")
     args = ap.parse_args()
     if args.bf16 is None:
         args.bf16 = args.device == "cuda"
@@ -135,17 +150,23 @@ def main() -> None:
     out = Path(args.out)
     ember, ember_s = ember_run(args, out)
     peer, torch_s = torch_run(args, out)
+    others = [torch_run(args, out)[0] for _ in range(args.peer_runs - 1)]
     gaps = [abs(a - b) / abs(b) for (_, a), (_, b) in zip(ember, peer)]
     worst = int(np.argmax(gaps))
     _, _, config = train.load_checkpoint(out / "ckpt.safetensors")
     title = (f"{args.model}: {config.n_layer} layers, dim {config.dim}, context {config.block}, batch {args.batch}, "
              f"vocab {config.vocab}, {args.device}" + (" bf16" if args.bf16 else "") + ", stdlib source")
-    plot(ember, peer, title, Path(args.plot))
+    plot(ember, peer, title, Path(args.plot), others)
     print(title)
     for i in sorted({0, len(ember) // 4, len(ember) // 2, len(ember) - 1}):
         print(f"  step {ember[i][0]:5d}   Ember {ember[i][1]:.4f}   PyTorch {peer[i][1]:.4f}")
     print(f"largest relative gap {100 * gaps[worst]:.3f}% at step {ember[worst][0]}; mean {100 * np.mean(gaps):.3f}%; "
           f"last {100 * gaps[-1]:.3f}%  (Ember {ember_s:.0f} s with its compile, PyTorch {torch_s:.0f} s)")
+    n = len(ember)
+    for a, b in ((0, n // 2), (n // 2, 3 * n // 4), (3 * n // 4, n)):   # mean losses by range: the gap past the plateau
+        mean = lambda curve: float(np.mean([v for _, v in curve[a:b]]))  # noqa: E731
+        print(f"  steps {a + 1}-{b}: Ember / PyTorch {mean(ember) / mean(peer):.4f}"
+              + "".join(f", PyTorch run {i + 2} / run 1 {mean(o) / mean(peer):.4f}" for i, o in enumerate(others)))
     print(json.dumps({"plot": args.plot, "ember": ember[-1], "pytorch": peer[-1]}))
 
 

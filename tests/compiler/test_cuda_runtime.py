@@ -26,6 +26,9 @@ def fake_program(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(cu, "cuMemcpyHtoD", lambda *a: (ok, None))
     monkeypatch.setattr(cu, "cuGraphLaunch", lambda exe, stream: (launched.append(exe), (ok, None))[1])
     monkeypatch.setattr(cu, "cuStreamCreate", lambda *a: (ok, 1))
+    # the replay stream is made once per process (lru_cache): a fake one kept there broke every
+    # later real replay on a GPU (tests/frontend's, run after these in one pytest)
+    monkeypatch.setattr(cuda, "_graph_stream", lambda: 1)
     monkeypatch.setattr(cuda, "POOL", cuda._Pool())
 
     def make(outputs: list) -> object:
@@ -138,9 +141,11 @@ def test_programs_give_back_idle_arenas_when_the_gpu_is_full(fake_program, monke
     monkeypatch.setattr(cu, "cuMemFree", lambda p: (held.pop(int(p)), (ok,))[1])
     monkeypatch.setattr(cu, "cuCtxSynchronize", lambda: (ok,))
     monkeypatch.setattr(cu, "cuGraphExecDestroy", lambda exe: (ok,))
-    for p, g in zip(progs, graphs):
+    for p in progs:
         p._temp_ptr = None   # the arena comes from the (fake) driver at the first run
-        monkeypatch.setitem(cuda._programs.programs, tuple(g), p)
+    # only these programs are seen by _release_idle: a real one compiled by an earlier test would
+    # have its blocks freed through the fake driver
+    monkeypatch.setattr(cuda._programs, "programs", {tuple(g): p for p, g in zip(progs, graphs)})
     arrays = cuda.DeviceArray((256, 256), dt.f32)
     for p in [*progs, *progs]:
         del p.run_device({x: arrays})[0]
