@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 from .. import data
 from .. import dtype as dt
 from ..compiler import symbolic as sym
-from ..compiler.loops import LoopPlan
-from ..compiler.lower import Kernel, Stage, free_ranges
+from ..compiler.loops import LoopPlan, Stage
+from ..compiler.lower import Kernel, free_ranges
 
 if TYPE_CHECKING:
     from ..compiler.contraction import Contraction

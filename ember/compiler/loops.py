@@ -7,9 +7,31 @@ merged launches (merge.py, cuda_render.render_merged).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..ir import Node
+
+
+@dataclass(eq=False)
+class Stage:
+    """Copy the values of `load` over the ranges `over` into an array at the start of every
+    iteration of the loop of range `at`; uses of the load then read the array (a TilePlan's:
+    the whole block fills it in shared memory)."""
+    load: Node
+    at: Node | None               # None: once, at the start of the kernel
+    over: tuple[Node, ...]
+    pad: int = 0                  # extra elements per step of the first range (against bank conflicts)
+
+    def strides(self) -> list[int]:
+        out = [math.prod(r.arg[1] for r in self.over[i + 1:]) for i in range(len(self.over))]
+        if out:
+            out[0] += self.pad
+        return out
+
+    @property
+    def size(self) -> int:
+        return self.over[0].arg[1] * self.strides()[0] if self.over else 1
 
 
 @dataclass(frozen=True)
@@ -44,9 +66,10 @@ class RowPlan:
 @dataclass(frozen=True)
 class TilePlan:
     """GPU: a block per tile (output ranges `block`), a thread per sub-tile (`thread`), register
-    lanes inside it; the operands staged in shared memory (Kernel.stages)."""
+    lanes inside it; the loads in `stages` copied through shared memory."""
     block: tuple[Node, ...]
     thread: tuple[Node, ...]
+    stages: tuple[Stage, ...] = ()
 
     def __str__(self) -> str:
         return f"block tile {[r.arg[0] for r in self.block]}, thread tile {[r.arg for r in self.thread]}"

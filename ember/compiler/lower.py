@@ -21,7 +21,7 @@ from .. import dtype as dt
 from ..dtype import DType
 from ..ir import Node, Op, toposort, widening
 from . import symbolic as sym
-from .loops import MergedPlan
+from .loops import MergedPlan, Stage, TilePlan
 from .rewrite import substitute
 
 
@@ -42,27 +42,6 @@ class Buffer:
 
 
 @dataclass(eq=False)
-class Stage:
-    """Copy the values of `load` over the ranges `over` into an array at the start of every
-    iteration of the loop of range `at`; uses of the load then read the array. The CPU fills
-    a local array (a packed tile); the GPU fills shared memory with the whole block."""
-    load: Node
-    at: Node | None               # None: once, at the start of the kernel
-    over: tuple[Node, ...]
-    pad: int = 0                  # extra elements per step of the first range (against bank conflicts)
-
-    def strides(self) -> list[int]:
-        out = [math.prod(r.arg[1] for r in self.over[i + 1:]) for i in range(len(self.over))]
-        if out:
-            out[0] += self.pad
-        return out
-
-    @property
-    def size(self) -> int:
-        return self.over[0].arg[1] * self.strides()[0] if self.over else 1
-
-
-@dataclass(eq=False)
 class Kernel:
     name: str
     out: Buffer
@@ -71,7 +50,6 @@ class Kernel:
     reads: list[Buffer] = field(default_factory=list)
     reduces: dict[Node, Node] = field(default_factory=dict)   # REDUCE scalar -> its tensor node
     lanes: frozenset[Node] = frozenset()   # ranges rendered as innermost register tiles (optimize)
-    stages: list["Stage"] = field(default_factory=list)    # loads copied to a shared array (a TilePlan's)
     problems: set[Node] = field(default_factory=set)       # reductions lowering found need a buffer
     contraction: object | None = None  # its contraction.Contraction (a GpuPlan or PackedPlan tiles it)
     origin: dict[Node, Node] = field(default_factory=dict)  # kernel node -> tensor node (lowering)
@@ -91,6 +69,11 @@ class Kernel:
     @property
     def value(self) -> Node:
         return self.store.srcs[2]
+
+    @property
+    def stages(self) -> tuple[Stage, ...]:
+        """The loads its tile plan copies through shared memory (TilePlan), else none."""
+        return self.plan.stages if isinstance(self.plan, TilePlan) else ()
 
     @property
     def kind(self) -> str:

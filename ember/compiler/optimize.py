@@ -21,8 +21,8 @@ from ..ir import Node, Op, toposort
 from ..target import Target
 from . import attention, contraction, merge, online, plans
 from . import symbolic as sym
-from .loops import LoopPlan, RowPlan, ThreadPlan, TilePlan
-from .lower import Kernel, Stage, enclosing_reduces, free_ranges, index_of, selector
+from .loops import LoopPlan, RowPlan, Stage, ThreadPlan, TilePlan
+from .lower import Kernel, enclosing_reduces, free_ranges, index_of, selector
 from .rewrite import substitute
 from .schedule import Schedule
 
@@ -207,9 +207,9 @@ def gpu_matmul_tile(k: Kernel) -> bool:
     jb, jt, jl = split(k, j, (tile // reg, reg))
     ko, ki = split(k, kr, (GPU_BK,))
     k.ranges = [*outer, ib, jb, it, jt, il, jl]
-    k.plan, k.lanes = TilePlan((*outer, ib, jb), (it, jt)), frozenset([il, jl])
     # each tile laid out so the fill reads global memory along its contiguous axis (k for A, j for B)
-    k.stages = [Stage(_find_load(k, a), ko, (it, il, ki)), Stage(_find_load(k, b), ko, (ki, jt, jl))]
+    stages = (Stage(_find_load(k, a), ko, (it, il, ki)), Stage(_find_load(k, b), ko, (ki, jt, jl)))
+    k.plan, k.lanes = TilePlan((*outer, ib, jb), (it, jt), stages), frozenset([il, jl])
     return True
 
 
@@ -230,8 +230,8 @@ def gpu_transpose_tile(k: Kernel) -> bool:
     ab, at, al = split(k, a, (8, 4))
     bb, bt = split(k, b, (32,))
     k.ranges = [*outer, ab, bb, at, bt, al]
-    k.plan, k.lanes = TilePlan((*outer, ab, bb), (at, bt)), frozenset([al])
-    k.stages = [Stage(_find_load(k, loads[0]), None, (bt, at, al), pad=1)]
+    stages = (Stage(_find_load(k, loads[0]), None, (bt, at, al), pad=1),)
+    k.plan, k.lanes = TilePlan((*outer, ab, bb), (at, bt), stages), frozenset([al])
     return True
 
 
