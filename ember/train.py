@@ -208,7 +208,8 @@ def save(path: Path, model: GPT, opt: optim.AdamW, meta: dict) -> None:
     nn.save_safetensors(tensors, path, {"ember": json.dumps(meta)})
 
 
-def plot(history: dict, path: Path) -> str:
+def plot(history: dict, path: Path, model: str = "byte") -> str:
+    """The run's train and validation losses in a PNG at path (its path, or why there is none)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -220,8 +221,8 @@ def plot(history: dict, path: Path) -> str:
     if history["val"]:
         ax.plot(*zip(*history["val"]), label="validation", marker="o")
     ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats per byte)")
-    ax.set_title("Ember: byte-level GPT")
+    ax.set_ylabel(f"cross-entropy (nats per {'byte' if model == 'byte' else 'token'})")
+    ax.set_title({"byte": "Ember: byte-level GPT", "gpt2": "Ember: GPT-2 (BPE)", "llama": "Ember: LLaMA (BPE)"}[model])
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -536,7 +537,7 @@ class Run:
             self.history["val"].append((step + 1, evaluate(self.model, self.val_data, a.batch, a.block)))
             if distributed.rank() == 0:
                 self.save(step + 1)
-                plot(self.history, self.out / "loss.png")
+                plot(self.history, self.out / "loss.png", a.model)
         val = f"{self.history['val'][-1][1]:.3f}" if self.history["val"] else "-"
         bar.set_postfix_str(f"loss {value:.3f}, val {val}, {tps / 1000:.1f}k tok/s", refresh=False)
         bar.update(1)
