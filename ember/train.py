@@ -13,8 +13,11 @@ import json
 import math
 import os
 import random
+import signal
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -354,8 +357,11 @@ def train(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
     bar = tqdm(total=args.steps, initial=run.start, unit="step", file=sys.stderr, dynamic_ncols=True, disable=not main)
     try:
-        for step in range(run.start, args.steps):
-            run.step(step, bar)
+        with ctrl_c_between_steps(distributed.world_size() == 1) as asked:
+            for step in range(run.start, args.steps):
+                run.step(step, bar)
+                if asked():
+                    raise KeyboardInterrupt
     except KeyboardInterrupt:  # keep what was learned: a checkpoint that resumes here, then one line
         bar.close()
         if main:
@@ -394,6 +400,35 @@ def launch_ranks(args: argparse.Namespace, argv: list[str] | None) -> int:
 def precision(args: argparse.Namespace) -> T.autocast:
     """The autocast context --autocast asks for (off for "none")."""
     return T.autocast({"f16": "float16"}.get(args.autocast, "bfloat16"), enabled=args.autocast != "none")
+
+
+@contextmanager
+def ctrl_c_between_steps(enabled: bool = True) -> Iterator[Callable[[], bool]]:
+    """Ctrl-C as a request that the training loop honours after the step under way (a second
+    Ctrl-C raises at once). Raised where it lands, a KeyboardInterrupt inside one of the weakref
+    callbacks that Ember's graphs run all the time (ir.Node's hash-consing table) is printed and
+    dropped by Python, and the run went on. Off (Ctrl-C raises where it lands) where the process
+    ignores SIGINT, off the main thread, and with several ranks, whose steps must stop together."""
+    asked: list[bool] = []
+
+    def handler(signum: int, frame: object) -> None:
+        if asked:
+            raise KeyboardInterrupt
+        asked.append(True)
+        print("\nember train: stopping after this step (Ctrl-C again to stop now)", file=sys.stderr)
+    old = signal.getsignal(signal.SIGINT)
+    if not enabled or old is not signal.default_int_handler:
+        yield lambda: False
+        return
+    try:
+        signal.signal(signal.SIGINT, handler)
+    except ValueError:   # not the main thread
+        yield lambda: False
+        return
+    try:
+        yield lambda: bool(asked)
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def learning_rate(step: int, steps: int, peak: float, warmup: int, cosine: bool = True) -> float:

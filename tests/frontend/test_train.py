@@ -67,6 +67,37 @@ def test_ctrl_c_saves_a_checkpoint_and_says_one_line(tmp_path: Path) -> None:
     assert history(tmp_path / "r")["train"]  # the checkpoint holds the steps run
 
 
+def test_ctrl_c_inside_a_weakref_callback_still_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # A KeyboardInterrupt raised inside a weakref callback is printed and dropped by Python, and
+    # Ember's graphs run such callbacks all the time (ir.Node's hash-consing table): a Ctrl-C that
+    # landed there was lost and the run went on (a fresh-clone run under load hung 10 minutes).
+    import os
+    import signal
+    import weakref
+
+    from ember import train
+    real = train.Run.step
+
+    def step(self: train.Run, s: int, bar: object) -> None:
+        real(self, s, bar)
+        if s == 1:
+            class Dying:
+                pass
+            x = Dying()
+
+            def callback(_: object) -> None:
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(100):   # bytecodes: Python runs the signal's handler in here
+                    pass
+            ref = weakref.ref(x, callback)  # noqa: F841
+            del x
+    monkeypatch.setattr(train.Run, "step", step)
+    assert main(["train", "--steps", "6", "--out", str(tmp_path / "r"), *TINY]) == 130
+    assert [s for s, _ in history(tmp_path / "r")["train"]] == [1, 2]   # it stopped after that step, and saved it
+    assert "interrupted after step 2" in capsys.readouterr().err
+
+
 def test_steps_zero_reports_no_file_it_did_not_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "--steps", "0", "--out", str(tmp_path / "z"), *TINY]) == 0
     summary = json.loads((tmp_path / "z" / "summary.json").read_text())
