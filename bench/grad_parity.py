@@ -196,15 +196,21 @@ def update_errors(before: dict[str, np.ndarray], after: dict[str, np.ndarray],
     return worst_v, worst_p
 
 
-def torch_grads(config: GPTConfig, weights: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray,
-                device: str, bf16: bool) -> tuple[float, dict[str, np.ndarray]]:
-    dev = torch.device(device)
+def torch_gpt(config: GPTConfig, weights: dict[str, np.ndarray], dev: torch.device) -> TorchGPT:
+    """TorchGPT on dev with Ember's weights (the head tied to the embedding as Ember's is)."""
     tm = TorchGPT(config).to(dev)
     state = {torch_name(n): torch.from_numpy(np.ascontiguousarray(w)) for n, w in weights.items()}
     if config.tied:
         tm.head.weight = tm.tok.weight
         state["head.weight"] = state["tok.weight"]
     tm.load_state_dict({k: v.to(dev) for k, v in state.items()})
+    return tm
+
+
+def torch_grads(config: GPTConfig, weights: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray,
+                device: str, bf16: bool) -> tuple[float, dict[str, np.ndarray]]:
+    dev = torch.device(device)
+    tm = torch_gpt(config, weights, dev)
     xs, ys = (torch.from_numpy(a).long().to(dev) for a in (x, y))
     with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
         logits = tm(xs, sdpa=True)
@@ -256,14 +262,12 @@ def attention_alone(config: GPTConfig, batch: int, sharpen: float, device: str) 
             for n, a, m, p, c in zip(("o", "dq", "dk", "dv"), sdpa, model, peer, truth)]
 
 
-TRACED = ("in", "ln1", "qkv", "y", "attn", "fc", "mlp")   # per block; "in", "y", "attn", "mlp" with gradients
-PROBED = ("in", "y", "attn", "mlp", "final")
-
-
 def ember_trace(config: GPTConfig, weights: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray,
                 device: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Each block's values (TRACED) and the loss's gradient at PROBED points, as Ember computes
-    them under autocast bf16: a zero f32 probe added at a point has that point's gradient (the
+    """Each block's values (its input, ln1, qkv, the attention's output y, the two branches'
+    outputs, fc) and the loss's gradient at the input, y and the branches' outputs, as Ember
+    computes them under autocast bf16 (the attention written out as CausalSelfAttention.forward
+    has it, to reach y): a zero f32 probe added at a point has that point's gradient (the
     values, and so the rest of the graph, are the same). Also the parameters' gradients, to show
     the probed graph still has the error being traced. Returns (values, gradients, params')."""
     T.set_default_device(device)
@@ -309,11 +313,7 @@ def torch_trace(config: GPTConfig, weights: dict[str, np.ndarray], x: np.ndarray
                 device: str, bf16: bool) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """ember_trace's values and gradients from TorchGPT's forward (retain_grad at the points)."""
     dev = torch.device(device)
-    tm = TorchGPT(config).to(dev)
-    state = {torch_name(n): torch.from_numpy(np.ascontiguousarray(w)) for n, w in weights.items()}
-    tm.head.weight = tm.tok.weight
-    state["head.weight"] = state["tok.weight"]
-    tm.load_state_dict({k: v.to(dev) for k, v in state.items()})
+    tm = torch_gpt(config, weights, dev)
     xs, ys = (torch.from_numpy(a).long().to(dev) for a in (x, y))
     b, t, c, nh = x.shape[0], x.shape[1], config.dim, config.n_head
     values, probed = {}, {}

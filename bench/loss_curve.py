@@ -18,6 +18,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -87,7 +88,7 @@ def torch_run(args: argparse.Namespace, out: Path) -> tuple[list[tuple[int, floa
 
 
 def plot(ember: list[tuple[int, float]], peer: list[tuple[int, float]], title: str, path: Path,
-         others: list[list[tuple[int, float]]] = ()) -> None:
+         others: Sequence[list[tuple[int, float]]] = ()) -> None:
     """The curves in a PNG at path, and as JSON beside it (path with .json); others: PyTorch's
     further runs of the same seed."""
     path.parent.mkdir(parents=True, exist_ok=True)

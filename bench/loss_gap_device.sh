@@ -22,10 +22,10 @@ step train python3 -m ember train --model gpt2 --device cuda --steps "${STEPS:-8
   --autocast bf16
 tail -c 400 "$OUT/train.txt"; rm -f "$OUT/gap/loss.png"
 PARTS=" ${PARTS:-update bias} "
-[[ $PARTS != *" update "* ]] || step update python3 bench/grad_parity.py --ckpt "$OUT/gap/ckpt.safetensors" --steps-after 4
-[[ $PARTS != *" update "* ]] || grep -E "^step " "$OUT/update.txt"
-[[ $PARTS != *" bias "* ]] || step bias python3 bench/grad_parity.py --ckpt "$OUT/gap/ckpt.safetensors" --batches 8
-[[ $PARTS != *" bias "* ]] || grep -E "^(tok|pos|blocks\.(0|11)\.|ln)" "$OUT/bias.txt" | cut -c1-150
+[[ $PARTS != *" update "* ]] || { step update python3 bench/grad_parity.py --ckpt "$OUT/gap/ckpt.safetensors" \
+  --steps-after 4; grep -E "^step " "$OUT/update.txt"; }
+[[ $PARTS != *" bias "* ]] || { step bias python3 bench/grad_parity.py --ckpt "$OUT/gap/ckpt.safetensors" --batches 8
+  grep -E "^(tok|pos|blocks\.(0|11)\.|ln)" "$OUT/bias.txt" | cut -c1-150; }
 [[ $PARTS != *" trace "* ]] || { step trace python3 bench/grad_parity.py --ckpt "$OUT/gap/ckpt.safetensors" --trace
   grep -E "^(point|[0-9]+\.|final)" "$OUT/trace.txt"; }
 [[ $PARTS != *" trace-nofuse "* ]] || { step trace_nofuse python3 bench/grad_parity.py --ckpt "$OUT/gap/ckpt.safetensors" \

@@ -15,6 +15,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -416,15 +417,11 @@ def ctrl_c_between_steps(enabled: bool = True) -> Iterator[Callable[[], bool]]:
             raise KeyboardInterrupt
         asked.append(True)
         print("\nember train: stopping after this step (Ctrl-C again to stop now)", file=sys.stderr)
-    old = signal.getsignal(signal.SIGINT)
-    if not enabled or old is not signal.default_int_handler:
+    if not (enabled and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            and threading.current_thread() is threading.main_thread()):
         yield lambda: False
         return
-    try:
-        signal.signal(signal.SIGINT, handler)
-    except ValueError:   # not the main thread
-        yield lambda: False
-        return
+    old = signal.signal(signal.SIGINT, handler)
     try:
         yield lambda: bool(asked)
     finally:
