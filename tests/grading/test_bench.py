@@ -110,6 +110,29 @@ def test_a_median_half_the_graders_clock_is_dishonest(hostile: dict[str, Any]) -
     assert r["status"] == "error" and "dishonest" in r["note"], r
 
 
+def _synthetic_round(ms: float, extra: int, wall: float, cpu: float) -> dict[str, Any]:
+    """One compiler's round as bench_task records it: --bench 5, then --bench 5 + extra taking
+    `wall` more seconds of the grader's clock and `cpu` more of CPU."""
+    runs = [{"n": n, "stdout": f"s = [{v}]\n# bench runs={n} median_ms={ms}\n", "failure": None,
+             "timeout": False, "wall": 0.3 + w, "cpu": 0.2 + c, "median": ms}
+            for n, v, w, c in ((5, 7, 0.0, 0.0), (5 + extra, 9, wall, cpu))]
+    return {"build_error": None, "runs": runs}
+
+
+def test_the_clocks_noise_is_not_counted_as_load(tmp_path: Path) -> None:
+    # the reference's extra runs took 1.35 s for the 1 s it claimed: 0.25 s of that may be the
+    # clock's noise (two processes' start), so the load is 1.1, not 1.35. Counted as load, it let
+    # a single-threaded halver (its extra runs at no load: 2.2 s for 1 s claimed) pass
+    (tmp_path / "sum.eir").write_text(SUM)
+    prog = parse(SUM, str(tmp_path / "sum.eir"))
+    rnd = {"reference": _synthetic_round(0.1, 10_000, 1.35, 1.0), "twin": _synthetic_round(0.1, 10_000, 1.35, 1.0),
+           "halver": _synthetic_round(0.1 / 2.2, 22_000, 2.2, 2.2)}
+    row, info = bench.score_program(prog, ["reference", "twin", "halver"], [rnd], 0.0, 0.25, cpu=True)
+    assert row is not None and isinstance(info, dict) and abs(info["load"] - 1.1) < 1e-9, info
+    assert row["reference"]["status"] == row["twin"]["status"] == "ok", row
+    assert row["halver"]["status"] == "error" and "dishonest" in row["halver"]["note"], row["halver"]
+
+
 def test_reports_of_runs_not_done_are_dishonest(hostile: dict[str, Any]) -> None:
     r = _row(hostile)["skip"]  # right answers, a plausible median, and no timed runs
     assert r["status"] == "error" and "dishonest" in r["note"] and "would take" in r["note"], r
