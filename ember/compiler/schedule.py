@@ -13,7 +13,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from .. import debug
-from ..ir import ELEMENTWISE, Node, Op, toposort
+from ..ir import ELEMENTWISE, Node, Op, toposort, widening
 from ..target import Target
 from . import autodiff, simplify
 from .contraction import gathered_operands
@@ -112,10 +112,17 @@ def summed_products(k: Kernel) -> set[Node]:
     read, as a language model's head over chunks of rows: its gradient adds theirs,
     simplify._sum_of_products): each in a buffer of its own is a contraction for the
     tensor-core paths; together they are one plain reduction."""
-    sums = {t for t in k.reduces.values()
-            if t.op is Op.SUM and t.srcs[0].op is Op.MUL and all(s.op is Op.EXPAND for s in t.srcs[0].srcs)}
+    sums = {t for t in k.reduces.values() if product_sum(t, widened=False)}
     added = {s for n in k.visited if n.op is Op.ADD for s in n.srcs if s in sums}
     return added if len(added) > 1 else set()
+
+
+def product_sum(t: Node, widened: bool = True) -> bool:
+    """Whether t sums a product of broadcasts, a matmul (widened: of operands under widening casts,
+    autocast's bf16 products): a contraction, which the GPU computes in a kernel of its own."""
+    if t.op is not Op.SUM or t.srcs[0].op is not Op.MUL:
+        return False
+    return all((s.srcs[0] if widened and widening(s) else s).op is Op.EXPAND for s in t.srcs[0].srcs)
 
 
 CHAIN_READS = 4   # a value several kernels compute, reading at least this many tensors, gets a buffer
@@ -136,7 +143,9 @@ def shared_chains(order: list[Node], kernels: list[Kernel], realized: dict[Node,
     largest: dict[Node, int] = {}             # the most elements of one of them
     chosen: set[Node] = set()
     for n in order:
-        if n in realized or n.op is Op.PARAM:
+        # a matmul counts as one tensor: its own kernel writes it (before it had a buffer, the
+        # cast of a bf16 matmul's result to f32 looked like a chain, and was copied for its readers)
+        if n in realized or n.op is Op.PARAM or product_sum(n):
             reads[n] = frozenset([n]) if n.numel > 1 else frozenset()
             largest[n] = n.numel
             continue
