@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import math
 import os
 import pstats
@@ -197,16 +198,19 @@ def torch_steps(c: GPTConfig, steps: int, tokens: np.ndarray, bf16: bool,
     nanoGPT's recipe, torch.compile and the fused AdamW."""
     model = torch_model(c) if model is None else model
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=compiled or None)
-    if compiled:
-        model = torch.compile(model)
+
+    def step_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(model(x, sdpa=bf16).reshape(-1, c.vocab).float(), y.reshape(-1))
+    # compiled: the loss inside what is compiled, as nanoGPT's forward returns it (torch.compile
+    # then fuses the head's cross-entropy: no f32 copy of the [B*T, vocab] logits)
+    loss_of = torch.compile(step_loss) if compiled else step_loss
     times = []
     for s in range(steps):
         batch = torch.from_numpy(tokens[s % len(tokens)]).long().cuda()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            logits = model(batch[:, :-1], sdpa=bf16)
-            loss = F.cross_entropy(logits.reshape(-1, c.vocab).float(), batch[:, 1:].reshape(-1))
+            loss = loss_of(batch[:, :-1], batch[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -296,6 +300,8 @@ def main() -> None:
                          "(torch.profiler), by kernel kind in one table")
     ap.add_argument("--compile", action="store_true",
                     help="add PyTorch + SDPA + torch.compile + fused AdamW (nanoGPT's recipe) as a peer; profile it")
+    ap.add_argument("--profile-json", metavar="FILE",
+                    help="with --torch-profile: both profiles, every kernel (ms, launches, kind, name a step), as JSON")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     c = GPTConfig(vocab=args.vocab, block=args.block, dim=args.dim, n_layer=args.layers, n_head=max(1, args.dim // 64),
@@ -343,7 +349,11 @@ def main() -> None:
               f"peak allocated {torch.cuda.max_memory_allocated() / 2 ** 30:5.1f} GiB{first}", flush=True)
     if profiling and torch.cuda.is_available():
         peer = "PyTorch bf16" + (" + torch.compile" if args.compile else "")
-        kind_table([("Ember bf16, jit", *ember_kinds), (peer, *torch_profile(c, tokens, args.compile))])
+        columns = [("Ember bf16, jit", *ember_kinds), (peer, *torch_profile(c, tokens, args.compile))]
+        kind_table(columns)
+        if args.profile_json:
+            with open(args.profile_json, "w") as f:
+                json.dump({name: {"kinds": by, "kernels": sorted(top, reverse=True)} for name, by, top in columns}, f)
 
 
 if __name__ == "__main__":
