@@ -386,10 +386,21 @@ def gathered_operands(k: Kernel) -> set[Node]:
                 continue
             terms, _ = sym.linear(ld.srcs[1])
             if any(term.op is not Op.RANGE for term in terms):
-                found.add(_below_widening(x))
+                found.add(_below_widening(_under_reshapes(x)))
             elif (len(set(terms.values())) < len(terms) or _permuted(x)) and not direct():
                 found.add(_below_widening(x))
     return found
+
+
+def _under_reshapes(x: Node) -> Node:
+    """The value that reshapes alone lead x to, when it is computed (not moved): its buffer is then
+    read through the reshapes in place. A copy of the reshape itself, made while the value was
+    still fused (its index through the reshape is a division), stayed once the value had a buffer
+    of its own: GPT-2's residual gradient in bf16 was copied again for the projection's dx."""
+    y = x
+    while y.op is Op.RESHAPE:
+        y = y.srcs[0]
+    return y if y.op not in MOVEMENT and y.op is not Op.PARAM else x
 
 
 def _below_widening(x: Node) -> Node:
