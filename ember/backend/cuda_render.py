@@ -123,15 +123,20 @@ class CUDARenderer(CLike):
 
     def render_merged(self, k: Kernel, plan: MergedPlan, prefix: str) -> str:
         """The members as device functions, and the kernel that gives each its blocks."""
-        members = "".join(CUDAKernelWriter(self, m, prefix, member=True).write() for m in plan.members)
         written = {m.out.id for m in plan.members}
+        threads = max(block_size(m) for m in plan.members) if plan.rows else 0
+        # a row chain's members read what earlier members wrote: those reads not through the
+        # read-only cache (its lines are not kept coherent with the kernel's own stores)
+        shared = frozenset(written) if plan.rows else frozenset()
+        members = "".join(CUDAKernelWriter(self, m, prefix, member=True, threads=threads, shared=shared).write()
+                          for m in plan.members)
         params = ", ".join(f"{'' if b.id in written else 'const '}{self.stype(b.dtype)}* {self.restrict} b{b.id}"
                            for b in k.args)
-        if plan.together:   # every member in every thread, one after another
-            calls = "".join(f"  {prefix}{m.name}({', '.join(f'b{b.id}' for b in m.args)}, blockIdx.x);\n"
-                            for m in plan.members)
-            return (members + f"extern \"C\" __global__ void __launch_bounds__({BLOCK}) {prefix}{k.name}({params}) "
-                    f"{{\n{calls}}}\n")
+        if plan.together:   # every member in every thread (or block), one after another
+            calls = ("  __syncthreads();\n" if plan.rows else "").join(
+                f"  {prefix}{m.name}({', '.join(f'b{b.id}' for b in m.args)}, blockIdx.x);\n" for m in plan.members)
+            return (members + f"extern \"C\" __global__ void __launch_bounds__({threads or BLOCK}) "
+                    f"{prefix}{k.name}({params}) {{\n{calls}}}\n")
         body = ["  int ember_block = blockIdx.x;"]
         for m in plan.members:
             blocks = launch_config(m, self.gpu)[0][0]
@@ -197,7 +202,8 @@ def launch_config(k: Kernel, gpu: Target) -> tuple[tuple[int, int, int], int, in
         return FAMILIES[type(p)].launch(k, gpu.sms)
     if isinstance(p, MergedPlan):   # the members' blocks (together: each block every member's)
         blocks = [launch_config(m, gpu)[0][0] for m in p.members]
-        return (blocks[0] if p.together else sum(blocks), 1, 1), BLOCK, 0
+        threads = max(block_size(m) for m in p.members) if p.rows else BLOCK
+        return (blocks[0] if p.together else sum(blocks), 1, 1), threads, 0
     if isinstance(p, (RowPlan, TilePlan)):   # a block per row or tile
         return (max(1, math.prod(r.arg[1] for r in p.block)), 1, 1), block_size(k), 0
     return (max(1, -(-merge.threads(k) // BLOCK)), 1, 1), BLOCK, 0
@@ -206,17 +212,24 @@ def launch_config(k: Kernel, gpu: Target) -> tuple[tuple[int, int, int], int, in
 class CUDAKernelWriter(KernelWriter):
     vector_bytes = 16
 
-    def __init__(self, r: CLike, k: Kernel, prefix: str = "", member: bool = False):
-        """member: a merged kernel's member (merge.py), a device function given its block index."""
+    def __init__(self, r: CLike, k: Kernel, prefix: str = "", member: bool = False, threads: int = 0,
+                 shared: frozenset[int] = frozenset()):
+        """member: a merged kernel's member (merge.py), a device function given its block index;
+        threads: a row chain member's block size (the chain's); shared: the buffers the chain's
+        members write (read as ordinary memory)."""
         super().__init__(r, k, prefix)
         self.block_scope: Scope | None = None
-        self.member = member
+        self.member, self.threads, self.shared = member, threads or block_size(k), shared
+        self.known_threads = not member or bool(threads)
         self.unrolled: dict[Node, tuple[int, int]] = {}   # row range -> (steps, threads): cooperative_loop
         self.row_reads: dict[tuple, list] = {}   # a row's part read by unrolled loops -> the reads (finish)
 
     def signature(self) -> str:
         if self.member:
-            return "__device__ static __forceinline__ " + super().signature()[:-1] + ", int ember_block)"
+            k, r = self.k, self.r
+            params = [f"{'' if b is k.out or b.id in self.shared else 'const '}{r.stype(b.dtype)}* "
+                      f"{'' if b.id in self.shared and b is not k.out else r.restrict + ' '}b{b.id}" for b in k.args]
+            return f"__device__ static __forceinline__ void {self.name}({', '.join(params)}, int ember_block)"
         bounds = block_size(self.k)
         return f"extern \"C\" __global__ void __launch_bounds__({bounds}) " + super().signature()[len("void "):]
 
@@ -225,7 +238,7 @@ class CUDAKernelWriter(KernelWriter):
         # every buffer starts a cuMemAlloc allocation (256-byte aligned): with that known, nvcc
         # merges a thread's consecutive loads into 16-byte ones
         for b in [k.out, *k.reads]:
-            typ = ("" if b is k.out else "const ") + self.r.stype(b.dtype)
+            typ = ("" if b is k.out or b.id in self.shared else "const ") + self.r.stype(b.dtype)
             root.put(f"b{b.id} = ({typ}*)__builtin_assume_aligned(b{b.id}, 16);")
         scope = {TilePlan: self.open_tile, RowPlan: self.open_row}.get(type(k.plan), self.open_threads)(root)
         for r in [r for r in k.ranges if r in k.lanes]:   # then the register lanes
@@ -259,7 +272,7 @@ class CUDAKernelWriter(KernelWriter):
         """A block per row: the root scope is the block's; the rest of the outputs strided over
         its threads (a thread's consecutive outputs of the row: its lanes)."""
         rows = self.k.plan.block
-        self.decode(root, "blockIdx.x", list(rows))
+        self.decode(root, "ember_block" if self.member else "blockIdx.x", list(rows))
         root.avail = frozenset(rows)
         scope = self.block_scope = root
         inner = [r for r in self.k.ranges if r not in rows and r not in self.k.lanes]
@@ -275,8 +288,8 @@ class CUDAKernelWriter(KernelWriter):
         most 16 steps, the trip count is a constant and the loop unrolls: a thread's loads of
         the row are in flight together (bf16 softmax had one 16-byte load per thread in flight)."""
         v, t, n = self.range_var(r), r.dtype.c_name, r.arg[1]
-        threads = block_size(self.k)
-        if not self.member and n % threads == 0 and n // threads <= 16:
+        threads = self.threads
+        if self.known_threads and n % threads == 0 and n // threads <= 16:
             self.unrolled[r] = (n // threads, threads)
             return ["#pragma unroll", f"for ({t} {v} = threadIdx.x; {v} < ({t})threadIdx.x + {n}; {v} += {threads})"]
         return [f"for ({t} {v} = threadIdx.x; {v} < {n}; {v} += blockDim.x)"]
@@ -286,8 +299,8 @@ class CUDAKernelWriter(KernelWriter):
         that the loop unrolls and a thread's loads are in flight together (a transpose's 32 x 32
         tile took its four loads one after another)."""
         before, header = super().stage_open(name, ctype, size, count, var)
-        threads = block_size(self.k)
-        if not self.member and count % threads == 0 and count // threads <= 16:
+        threads = self.threads
+        if self.known_threads and count % threads == 0 and count // threads <= 16:
             header = ["#pragma unroll", f"for (int {var} = threadIdx.x; {var} < (int)threadIdx.x + {count}; "
                                         f"{var} += {threads})"]
         return before, header

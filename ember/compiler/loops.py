@@ -79,10 +79,13 @@ class TilePlan:
 class MergedPlan:
     """GPU: kernels run as one launch (merge.py), each member its own thread-per-output kernel:
     block by block (small kernels), or, `together`, each thread running every member in turn
-    on the same elements (a chain of maps over one iteration space: AdamW's update of a tensor)."""
+    on the same elements (a chain of maps over one iteration space: AdamW's update of a tensor);
+    or, `rows`, each a block per row (RowPlan) of the same rows, a block running every member
+    in turn with a barrier between them (a layernorm's mean, variance and normalized row)."""
     members: tuple   # of lower.Kernel
     together: bool = False
+    rows: bool = False
 
     def __str__(self) -> str:
-        how = "in the same threads" if self.together else "in one launch"
+        how = "a block per row" if self.rows else "in the same threads" if self.together else "in one launch"
         return f"{len(self.members)} kernels {how}: {', '.join(m.name for m in self.members)}"

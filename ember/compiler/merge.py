@@ -14,15 +14,25 @@ move to the end of the program, in order; there, each group that does not depend
 becomes one merged kernel (`MergedPlan`; its name: b and the first member's) whose blocks
 run each member's code in turn. The members read and
 write what they did; the pipeline makes the memory plan again for the new order.
+
+Row chains (`merge_rows`): a layernorm forward was a mean kernel, a variance kernel, an rstd
+kernel and the normalizing map, each a pass over the [B, T, C] f32 rows from memory (its mean
+and rstd have readers of their own, the backward's, so they are realized). Consecutive kernels
+with a block per row of the same rows (row reductions, and maps over those rows), each reading
+what an earlier member wrote only in its own row, become one kernel (its name: r and the first
+member's): a block runs the members one after another with a barrier between them, so a row is
+read from memory once and again from the SM's cache. Up to ROW_WINDOW kernels (not counting small ones) that
+cannot join are passed over and run after the chain (none a later member reads).
 """
 from __future__ import annotations
 
 import math
 from typing import Callable
 
-from ..ir import Op, toposort
-from .loops import MergedPlan, ThreadPlan
-from .lower import Kernel
+from ..ir import Node, Op, toposort
+from . import symbolic as sym
+from .loops import MergedPlan, RowPlan, ThreadPlan
+from .lower import Kernel, _unflatten, flat_index
 from .rewrite import substitute
 from .schedule import Schedule
 
@@ -39,12 +49,13 @@ def threads(k: Kernel) -> int:
     return math.prod(r.arg[1] for r in k.ranges if r not in k.lanes)
 
 
-def merge_small(sched: Schedule) -> None:
-    kernels = sched.kernels
+def movable(kernels: list[Kernel]) -> set[int]:
+    """id() of the small kernels that may wait for the end: those whose outputs no large kernel
+    reads (a small kernel whose output a large one reads stays where it is, and so do the small
+    ones it reads)."""
     small = {id(k) for k in kernels if simple(k) and threads(k) <= SMALL_THREADS and
              all(b.kind != "temp" or b.nbytes <= SMALL_TEMP_BYTES for b in k.reads)}
     writer = {k.out.id: k for k in kernels}
-    # a small kernel whose output a large one reads stays where it is (and so do the small ones it reads)
     staying = [k for k in kernels if id(k) not in small]
     needed = [writer[b.id] for k in staying for b in k.reads if b.id in writer]
     while needed:
@@ -52,6 +63,12 @@ def merge_small(sched: Schedule) -> None:
         if id(k) in small:
             small.discard(id(k))
             needed += [writer[b.id] for b in k.reads if b.id in writer]
+    return small
+
+
+def merge_small(sched: Schedule) -> None:
+    kernels = sched.kernels
+    small = movable(kernels)
     moved = [k for k in kernels if id(k) in small]
     if len(moved) < 2:
         return
@@ -66,11 +83,11 @@ def merge_small(sched: Schedule) -> None:
     sched.kernels = [k for k in kernels if id(k) not in small] + merged
 
 
-def _merged(members: list[Kernel], together: bool = False) -> Kernel:
+def _merged(members: list[Kernel], together: bool = False, rows: bool = False) -> Kernel:
     first = members[0]
     reads = {b.id: b for m in members for b in [m.out, *m.reads] if b.id != first.out.id}
-    return Kernel(f"{'c' if together else 'b'}{first.name}", first.out, [], first.store, list(reads.values()),
-                  plan=MergedPlan(tuple(members), together))
+    return Kernel(f"{'r' if rows else 'c' if together else 'b'}{first.name}", first.out, [], first.store,
+                  list(reads.values()), plan=MergedPlan(tuple(members), together or rows, rows))
 
 
 def _map(k: Kernel) -> bool:
@@ -131,4 +148,100 @@ def merge_chains(sched: Schedule) -> None:
             out.append(k)
         elif k is chain[0]:
             out.append(_merged(chain, together=True))
+    sched.kernels = out
+
+
+ROW_WINDOW = 3   # kernels a row chain may pass over (they then run after it)
+
+
+def row_ranges(k: Kernel, n: int, maps: frozenset[int] | None) -> tuple[Node, ...] | None:
+    """The ranges of k that a block per row owns, rows numbering n: a row reduction's block, or
+    a map's (id() in maps) shortest prefix of ranges that counts n; None where k cannot run so."""
+    if k.atomic or k.stages or k.fused or k.contraction or k.members:
+        return None
+    if isinstance(k.plan, RowPlan):
+        return k.plan.block if math.prod(r.arg[1] for r in k.plan.block) == n else None
+    if maps is None or id(k) not in maps or any(x.op is Op.REDUCE for x in toposort([k.store])):
+        return None
+    count = 1
+    for i, r in enumerate(k.ranges):
+        count *= r.arg[1]
+        if r in k.lanes or count > n:
+            return None
+        if count == n:
+            return tuple(k.ranges[:i + 1])
+    return None
+
+
+def _row_of(index: Node, width: int) -> Node:
+    return sym.simplify([sym.idiv(index, width) if width > 1 else index])[0]
+
+
+def _extents(rows: tuple[Node, ...]) -> tuple[int, ...]:
+    return tuple(r.arg[1] for r in rows)
+
+
+def _in_own_row(a: Kernel, rows_a: tuple[Node, ...], b: Kernel, rows_b: tuple[Node, ...]) -> bool:
+    """Whether a writes its output a whole row a block (its block's), and b reads it only in
+    the row its own block owns (b after a, in the same blocks)."""
+    n = math.prod(_extents(rows_a))
+    width = a.out.size // n
+    row = flat_index(rows_a, _extents(rows_a))
+    if width * n != a.out.size or _row_of(a.store.srcs[1], width) is not row:
+        return False
+    same = _extents(rows_a) == _extents(rows_b)
+    rename = dict(zip(rows_b, rows_a if same else sym.simplify(list(_unflatten(row, _extents(rows_b))))))
+    reads = [x for x in toposort([b.store]) if x.op is Op.LOAD and x.srcs[0].arg == a.out.id]
+    return all(_row_of(substitute([x.srcs[1]], rename)[0], width) is row for x in reads)
+
+
+def row_chain(kernels: list[Kernel], start: int, maps: frozenset[int] | None = None) \
+        -> tuple[list[tuple[Kernel, tuple[Node, ...]]], int]:
+    """The row chain that starts at kernels[start] ((each member with its rows, the index after
+    the last member); fewer than two members, or none a row reduction: no chain). Its rows are
+    the first row reduction's (within the window); maps: id() of the maps that may join, with
+    rows of their own ranges (optimize plans them so); None: only kernels planned a block per row."""
+    ahead = [k for k in kernels[start:start + ROW_WINDOW + 2] if isinstance(k.plan, RowPlan) and k.plan.block]
+    if not ahead:
+        return [], start + 1
+    n = math.prod(_extents(ahead[0].plan.block))
+    first = row_ranges(kernels[start], n, maps)
+    if first is None:
+        return [], start + 1
+    members = [(kernels[start], first)]
+    for i in range(start + 1, len(kernels)):
+        k, rows = kernels[i], row_ranges(kernels[i], n, maps)
+        chosen = {id(m) for m, _ in members}
+        passed = [p for p in kernels[start:i] if id(p) not in chosen]
+        if sum(threads(p) > SMALL_THREADS for p in passed) > ROW_WINDOW:   # (small ones move to the end)
+            break
+        passed_ids = {p.out.id for p in passed}
+        if rows is not None and not any(b.id in passed_ids for b in k.reads) and \
+                all(_in_own_row(m, mrows, k, rows) for m, mrows in members if any(b.id == m.out.id for b in k.reads)):
+            members.append((k, rows))
+    # a member that reads no other member's output and is read by none gains nothing (the next
+    # chunk's input of a chunked loss had joined its rows, and the chunk then could not)
+    written = {m.out.id for m, _ in members}
+    members = [(m, rows) for m, rows in members
+               if any(b.id in written and b.id != m.out.id for b in m.reads) or
+               any(any(b.id == m.out.id for b in o.reads) for o, _ in members if o is not m)]
+    if len(members) < 2 or not any(x.op is Op.REDUCE for m, _ in members for x in toposort([m.store])):
+        return [], start + 1
+    return members, kernels.index(members[-1][0]) + 1
+
+
+def merge_rows(sched: Schedule) -> None:
+    """Each row chain (optimize planned its maps a block per row) becomes one kernel
+    (MergedPlan, rows); the kernels it passed over run after it."""
+    kernels, out, i = sched.kernels, [], 0
+    while i < len(kernels):
+        members, end = row_chain(kernels, i)
+        if not members:
+            out.append(kernels[i])
+            i += 1
+            continue
+        chosen = {id(m) for m, _ in members}
+        out.append(_merged([m for m, _ in members], rows=True))
+        out += [k for k in kernels[i:end] if id(k) not in chosen]
+        i = end
     sched.kernels = out

@@ -14,6 +14,7 @@ TILE_WORK iterations: smaller ones run in microseconds, and their unrolled lanes
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from .. import dtype as dt
@@ -305,7 +306,12 @@ def gpu_plan(k: Kernel, gpu: Target, lanes: int | None = None) -> None:
         else:   # a thread's own reduction over a contiguous axis: partial results in lanes, vector loads
             contiguous_reduction_lanes(k, lanes)
         return
-    # each thread keeps `lanes` partial results of a shared reduction over a contiguous axis
+    row_plan(k, rows)
+
+
+def row_plan(k: Kernel, rows: "list[Node] | tuple[Node, ...]") -> None:
+    """A block per row: each thread keeps `lanes` partial results of a shared reduction over a
+    contiguous axis,"""
     k.plan, lanes = RowPlan(tuple(rows)), gpu_lanes(k)
     contiguous_reduction_lanes(k, lanes, 32)
     # and writes `lanes` consecutive outputs of its row (a softmax's): vector loads and stores
@@ -334,6 +340,8 @@ def optimize(sched: Schedule, target: Target) -> None:
 
 def _optimize(sched: Schedule, target: Target) -> None:
     chained = merge.lanes(sched.kernels, gpu_lanes) if target.kind == "cuda" else {}
+    unplanned = {id(k): dataclasses.replace(k, ranges=list(k.ranges)) for k in sched.kernels} \
+        if target.kind == "cuda" else {}
     for k in sched.kernels:
         if k.fused is not None:   # rendered whole (backend/flash.py)
             k.plan = attention.flash_plan(k, target, plans.flash_warp_specialized())
@@ -346,3 +354,23 @@ def _optimize(sched: Schedule, target: Target) -> None:
                 cpu_lanes(k)
             parallel = any(r not in k.lanes for r in k.ranges) and work(k) >= PARALLEL_WORK
             k.plan = LoopPlan(int(parallel), group)
+    if target.kind == "cuda":
+        plan_row_chains(sched, unplanned)
+
+
+def plan_row_chains(sched: Schedule, unplanned: dict[int, Kernel]) -> None:
+    """The maps of row chains (merge.row_chain; merge_rows makes each chain one kernel) planned
+    a block per row of the chain's rows, from their kernels as they were before planning (a
+    thread per output's lanes may split a row range)."""
+    # (not the small maps merge_small moves to the end: an optimizer's updates of biases)
+    staying = {id(unplanned[id(k)]) for k in sched.kernels if isinstance(k.plan, ThreadPlan)} - \
+        {id(unplanned[i]) for i in merge.movable(sched.kernels)}
+    view = [unplanned[id(k)] if isinstance(k.plan, ThreadPlan) else k for k in sched.kernels]
+    i = 0
+    while i < len(view):
+        members, end = merge.row_chain(view, i, frozenset(staying))
+        for m, rows in members:
+            if m.plan is None:
+                row_plan(m, rows)
+                sched.kernels[view.index(m)] = m
+        i = end

@@ -9,8 +9,9 @@
 5. optimization, the one pass that chooses every kernel's plan: its heuristics, the overrides and
    the stored search winners (plans.py): the parallel loop, lanes, contraction tilings, flash
    plans, online reductions (optimize.py);
-6. CUDA: chains of maps over one iteration space run in the same threads, and small kernels
-   move to the end and launch together (merge.py).
+6. CUDA: chains of row kernels over the same rows run in the same blocks, chains of maps over
+   one iteration space in the same threads, and small kernels move to the end and launch
+   together (merge.py).
 
 What follows is the backend's: placement and linearization into C-like text (backend/render.py),
 then its compiler and runtime.
@@ -21,7 +22,7 @@ from .. import debug
 from ..ir import Node
 from ..target import Target
 from . import attention, autodiff, plans, store
-from .merge import merge_chains, merge_small
+from .merge import merge_chains, merge_rows, merge_small
 from .optimize import optimize
 from .schedule import Schedule, plan_memory, schedule
 from .split import accumulate_parts, split_large_reductions
@@ -51,6 +52,7 @@ def _compile(outputs: list[Node], target: Target, nest: int) -> Schedule:
         accumulate_parts(sched)
     optimize(sched, target)
     if target.kind == "cuda":
+        merge_rows(sched)
         merge_chains(sched)
         merge_small(sched)
         sched.slots = plan_memory(sched, in_place=True)   # the new order's (outputs over dead inputs: not in C)

@@ -2,6 +2,7 @@
 NVRTC in CI), so a rendering error fails CI. All programs go into one translation unit."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from ember import dtype as dt
 from ember import ref, runners, text
-from ember.backend import cuda
+from ember.backend import cuda, cuda_render
 from ember.compiler.split import split_large_reductions
 from ember.target import gpu
 
@@ -239,6 +240,36 @@ def test_maps_over_one_iteration_space_run_in_the_same_threads() -> None:
         for k in chained:   # every member as many threads, of as many lanes
             assert len({(cuda.launch_config(m, gpu("sm_90a"))[0], len(m.lanes)) for m in k.members}) == 1
             assert cuda.launch_config(k, gpu("sm_90a")) == cuda.launch_config(k.members[0], gpu("sm_90a"))
+
+
+def test_a_layernorm_runs_as_one_kernel_a_block_per_row(tmp_path: Path) -> None:
+    """A residual add and its layernorm, whose mean and rstd are outputs too: one kernel, a block
+    per row running the members in turn with a barrier between them, so a row is read from
+    memory once (merge_rows). A normalized row that reads another row's statistics (flipped)
+    stays out of the chain; test_gpu_plans runs both. What a member writes, a later member
+    reads as ordinary memory (no const __restrict__: the read-only cache is not kept coherent
+    with the kernel's own stores)."""
+    from ember.compiler.loops import MergedPlan
+
+    from .test_gpu_plans import layernorm_rows
+    for shifted in (False, True):
+        outputs = layernorm_rows(shifted)
+        sched = cuda.prepare(outputs, "sm_90a")
+        (k,) = [k for k in sched.kernels if isinstance(k.plan, MergedPlan) and k.plan.rows]
+        assert len(sched.kernels) == (1 if not shifted else 2)
+        written = {m.out.node for m in k.members}
+        assert set(outputs) <= written if not shifted else outputs[0] not in written and outputs[1] in written
+        grid, threads, _ = cuda.launch_config(k, gpu("sm_90a"))
+        assert grid == (512, 1, 1) and threads == max(cuda_render.block_size(m) for m in k.members)
+        src = cuda.render(dataclasses.replace(sched, kernels=[k]))
+        assert src.split("extern \"C\"")[-1].count("__syncthreads();") == len(k.members) - 1
+        for m in k.members[1:]:
+            signature = next(line for line in src.splitlines() if f"void {m.name}(" in line)
+            for w in k.members:
+                if w is not m and any(b.id == w.out.id for b in m.reads):
+                    assert f"float* b{w.out.id}," in signature and f"__restrict__ b{w.out.id}" not in signature
+        if COMPILER is not None:
+            assert compile_cuda(src, "sm_90a", tmp_path) is None
 
 
 def test_a_row_read_by_three_loops_is_read_once(tmp_path: Path) -> None:

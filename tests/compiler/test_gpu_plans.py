@@ -52,6 +52,27 @@ def adam_chain(flipped: bool = False) -> list[ir.Node]:
     return [m1, v1, ir.binary(Op.SUB, w, ir.binary(Op.MUL, step, c(1e-3)))]
 
 
+def layernorm_rows(shifted: bool = False, rows: int = 512, width: int = 768) -> list[ir.Node]:
+    """A residual add and a layernorm whose mean and rstd are outputs too (the backward's):
+    merge_rows makes them one kernel, a block per row. shifted: the normalized row reads the
+    mean and rstd of another row (flipped), rows other blocks write (it then stays out)."""
+    f = lambda n, s: ir.param(n, dt.f32, s)  # noqa: E731
+    x0, proj, w, b = f("x0", (rows, width)), f("proj", (rows, width)), f("w", (width,)), f("b", (width,))
+    c = lambda v, s: ir.const(v, dt.f32, s)  # noqa: E731
+    x = ir.binary(Op.ADD, x0, proj)
+    mean = ir.binary(Op.MUL, ir.reduce(Op.SUM, x, (1,)), c(1 / width, (rows, 1)))
+    d = ir.binary(Op.SUB, x, ir.expand(mean, x.shape))
+    var = ir.binary(Op.MUL, ir.reduce(Op.SUM, ir.binary(Op.MUL, d, d), (1,)), c(1 / width, (rows, 1)))
+    rstd = ir.binary(Op.DIV, c(1.0, (rows, 1)), ir.unary(Op.SQRT, ir.binary(Op.ADD, var, c(1e-5, (rows, 1)))))
+    m_used, r_used = mean, rstd
+    if shifted:   # row i takes row rows - 1 - i's statistics
+        m_used, r_used = ir.flip(mean, (0,)), ir.flip(rstd, (0,))
+    y = ir.binary(Op.MUL, ir.binary(Op.SUB, x, ir.expand(m_used, x.shape)), ir.expand(r_used, x.shape))
+    y = ir.binary(Op.ADD, ir.binary(Op.MUL, y, ir.expand(ir.reshape(w, (1, width)), x.shape)),
+                  ir.expand(ir.reshape(b, (1, width)), x.shape))
+    return [ir.unary(Op.CAST, y, dt.bf16), mean, rstd, x]
+
+
 def weight_grad(k: int, m: int, n: int) -> ir.Node:
     """sum over k of a[k, m] b[k, n] in bf16: a weight gradient, whose long K split_k parts."""
     a, b = ir.param("a", dt.bf16, (k, m, 1)), ir.param("b", dt.bf16, (k, 1, n))
@@ -79,6 +100,13 @@ def case(name: str) -> list[ir.Node]:
         return small_batches()
     if name in ("adam_chain", "adam_flipped"):   # maps in the same threads (merge.chains)
         return adam_chain(name == "adam_flipped")
+    if name in ("layernorm_rows", "layernorm_shifted"):   # row kernels in the same blocks (merge_rows)
+        return layernorm_rows(name == "layernorm_shifted")
+    if name == "layernorm_backward":   # the backward's row sums and maps, one chain
+        outs = layernorm_rows(rows=256)
+        params = [n for n in ir.toposort(outs) if n.op is Op.PARAM]
+        y = ir.reduce(Op.SUM, ir.binary(Op.MUL, ir.unary(Op.CAST, outs[0], dt.f32), f("dy", (256, 768))), (0, 1))
+        return [ir.grad(y, p) for p in params if p.arg in ("x0", "w")]
     raise KeyError(name)
 
 
@@ -98,7 +126,8 @@ def small_batches() -> list[ir.Node]:
 
 @pytest.mark.parametrize("name", ["transpose", "permute3d", "matmul", "matmul_epilogue", "softmax_long_rows",
                                   "column_sum_two_stage", "embedding_grad", "small_batches",
-                                  "adam_chain", "adam_flipped"])
+                                  "adam_chain", "adam_flipped", "layernorm_rows", "layernorm_shifted",
+                                  "layernorm_backward"])
 def test_gpu_plan_matches_reference(name: str) -> None:
     outputs = case(name)
     rng = np.random.default_rng(0)
