@@ -171,7 +171,7 @@ def block_size(k: Kernel) -> int:
     flight, so a row read again by a later pass of the kernel is still in L2."""
     if isinstance(k.plan, TilePlan):
         return math.prod(r.arg[1] for r in k.plan.thread)
-    if isinstance(k.plan, RowPlan):
+    if isinstance(k.plan, RowPlan) and not k.plan.group:
         reduces = [n for n in toposort([k.store]) if n.op is Op.REDUCE]
         longest = max((math.prod(r.arg[1] for r in n.arg[1]) for n in reduces), default=0)
         if longest >= 8192:
@@ -204,6 +204,8 @@ def launch_config(k: Kernel, gpu: Target) -> tuple[tuple[int, int, int], int, in
         blocks = [launch_config(m, gpu)[0][0] for m in p.members]
         threads = max(block_size(m) for m in p.members) if p.rows else BLOCK
         return (blocks[0] if p.together else sum(blocks), 1, 1), threads, 0
+    if isinstance(p, RowPlan) and p.group:   # groups of a block's threads, a row each
+        return (-(-math.prod(r.arg[1] for r in p.block) // (BLOCK // p.group)), 1, 1), BLOCK, 0
     if isinstance(p, (RowPlan, TilePlan)):   # a block per row or tile
         return (max(1, math.prod(r.arg[1] for r in p.block)), 1, 1), block_size(k), 0
     return (max(1, -(-merge.threads(k) // BLOCK)), 1, 1), BLOCK, 0
@@ -221,6 +223,9 @@ class CUDAKernelWriter(KernelWriter):
         self.block_scope: Scope | None = None
         self.member, self.threads, self.shared = member, threads or block_size(k), shared
         self.known_threads = not member or bool(threads)
+        # a row's threads: the block's, or a group of `group` of a warp's (RowPlan.group)
+        self.group = k.plan.group if isinstance(k.plan, RowPlan) else 0
+        self.sub = f"(int)(threadIdx.x & {self.group - 1})" if self.group else "(int)threadIdx.x"
         self.unrolled: dict[Node, tuple[int, int]] = {}   # row range -> (steps, threads): cooperative_loop
         self.row_reads: dict[tuple, list] = {}   # a row's part read by unrolled loops -> the reads (finish)
 
@@ -272,7 +277,12 @@ class CUDAKernelWriter(KernelWriter):
         """A block per row: the root scope is the block's; the rest of the outputs strided over
         its threads (a thread's consecutive outputs of the row: its lanes)."""
         rows = self.k.plan.block
-        self.decode(root, "ember_block" if self.member else "blockIdx.x", list(rows))
+        if self.group:
+            per, count = BLOCK // self.group, math.prod(r.arg[1] for r in rows)
+            root.put(f"int ember_row = blockIdx.x * {per} + (int)(threadIdx.x / {self.group});")
+            if count % per:
+                root.put(f"if (ember_row >= {count}) return;")   # (no barrier follows: shuffles only)
+        self.decode(root, "ember_row" if self.group else "ember_block" if self.member else "blockIdx.x", list(rows))
         root.avail = frozenset(rows)
         scope = self.block_scope = root
         inner = [r for r in self.k.ranges if r not in rows and r not in self.k.lanes]
@@ -288,11 +298,12 @@ class CUDAKernelWriter(KernelWriter):
         most 16 steps, the trip count is a constant and the loop unrolls: a thread's loads of
         the row are in flight together (bf16 softmax had one 16-byte load per thread in flight)."""
         v, t, n = self.range_var(r), r.dtype.c_name, r.arg[1]
-        threads = self.threads
+        threads = self.group or self.threads
+        sub, first = (self.sub, self.sub) if self.group else ("threadIdx.x", f"({t})threadIdx.x")
         if self.known_threads and n % threads == 0 and n // threads <= 16:
             self.unrolled[r] = (n // threads, threads)
-            return ["#pragma unroll", f"for ({t} {v} = threadIdx.x; {v} < ({t})threadIdx.x + {n}; {v} += {threads})"]
-        return [f"for ({t} {v} = threadIdx.x; {v} < {n}; {v} += blockDim.x)"]
+            return ["#pragma unroll", f"for ({t} {v} = {sub}; {v} < {first} + {n}; {v} += {threads})"]
+        return [f"for ({t} {v} = {sub}; {v} < {n}; {v} += {self.group or 'blockDim.x'})"]
 
     def stage_open(self, name: str, ctype: str, size: int, count: int, var: str) -> tuple[list[str], list[str]]:
         """The block fills a stage with a constant trip count where its threads divide it, so
@@ -313,7 +324,7 @@ class CUDAKernelWriter(KernelWriter):
             trips, threads = self.unrolled[loop]
             row = Node(Op.RANGE, loop.dtype, (), ("row", loop.arg[1]))
             key = (n.srcs[0], trips, threads, vec.count, substitute([vec.base], {loop: row})[0])
-            j = f"(({self.range_var(loop)} - (int)threadIdx.x) / {threads}) * {vec.count}"
+            j = f"(({self.range_var(loop)} - {self.sub}) / {threads}) * {vec.count}"
             # (the declaration line, to be replaced by a read from registers, and its vectors)
             self.row_reads.setdefault(key, []).append((outer, outer.lines[outer.cursor - 2], f"{arr}v", j, vec.type))
         return outer, arr
@@ -343,7 +354,9 @@ class CUDAKernelWriter(KernelWriter):
                 loop.lines[loop.lines.index(line)] = f"const {vtype} {arr}[{count}] = {{{taken}}};"
 
     def store_guard(self, scope: Scope) -> str:
-        return "if (threadIdx.x == 0) " if scope is self.block_scope else ""
+        if scope is not self.block_scope:
+            return ""
+        return f"if ((threadIdx.x & {self.group - 1}) == 0) " if self.group else "if (threadIdx.x == 0) "
 
     def cooperative(self, scope: Scope) -> bool:
         return self.block_scope is not None and scope is self.block_scope
@@ -356,8 +369,10 @@ class CUDAKernelWriter(KernelWriter):
     def reduce_finish(self, n: Node, acc: str, scope: Scope) -> list[str]:
         if not self.cooperative(scope):
             return []
-        t = self.r.acc_ctype(n.arg[0], n.dtype)
-        return [f"{acc} = ember_block_reduce<{t}, {int(n.arg[0] is Op.RMAX)}>({acc});"]
+        t, mx = self.r.acc_ctype(n.arg[0], n.dtype), int(n.arg[0] is Op.RMAX)
+        if self.group:
+            return [f"{acc} = ember_group_reduce<{t}, {mx}, {self.group}>({acc});"]
+        return [f"{acc} = ember_block_reduce<{t}, {mx}>({acc});"]
 
 
 def _bitcast_helpers(pairs: set[tuple[DType, DType]]) -> str:

@@ -56,11 +56,14 @@ class ThreadPlan:
 @dataclass(frozen=True)
 class RowPlan:
     """GPU: a block per value of the output ranges `block` (a row), whose threads share its
-    reductions (ember_block_reduce) and stride over the rest."""
+    reductions (ember_block_reduce) and stride over the rest; group: instead `group` threads
+    of a warp per row (2 to 32: many short rows, each group's loads of its row coalesced, its
+    reductions combined with shuffles, ember_group_reduce)."""
     block: tuple[Node, ...]
+    group: int = 0
 
     def __str__(self) -> str:
-        return f"block per row {[r.arg[0] for r in self.block]}"
+        return f"{f'{self.group} threads' if self.group else 'block'} per row {[r.arg[0] for r in self.block]}"
 
 
 @dataclass(frozen=True)

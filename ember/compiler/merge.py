@@ -160,7 +160,7 @@ def row_ranges(k: Kernel, n: int, maps: frozenset[int] | None) -> tuple[Node, ..
     if k.atomic or k.stages or k.fused or k.contraction or k.members:
         return None
     if isinstance(k.plan, RowPlan):
-        return k.plan.block if math.prod(r.arg[1] for r in k.plan.block) == n else None
+        return k.plan.block if math.prod(r.arg[1] for r in k.plan.block) == n and not k.plan.group else None
     if maps is None or id(k) not in maps or any(x.op is Op.REDUCE for x in toposort([k.store])):
         return None
     count = 1
@@ -201,7 +201,8 @@ def row_chain(kernels: list[Kernel], start: int, maps: frozenset[int] | None = N
     the last member); fewer than two members, or none a row reduction: no chain). Its rows are
     the first row reduction's (within the window); maps: id() of the maps that may join, with
     rows of their own ranges (optimize plans them so); None: only kernels planned a block per row."""
-    ahead = [k for k in kernels[start:start + ROW_WINDOW + 2] if isinstance(k.plan, RowPlan) and k.plan.block]
+    ahead = [k for k in kernels[start:start + ROW_WINDOW + 2]
+             if isinstance(k.plan, RowPlan) and k.plan.block and not k.plan.group]
     if not ahead:
         return [], start + 1
     n = math.prod(_extents(ahead[0].plan.block))

@@ -272,6 +272,30 @@ def test_a_layernorm_runs_as_one_kernel_a_block_per_row(tmp_path: Path) -> None:
             assert compile_cuda(src, "sm_90a", tmp_path) is None
 
 
+def test_many_short_rows_take_a_group_of_a_warps_threads_each(tmp_path: Path) -> None:
+    """More rows of 64 than the GPU has threads (a softmax, a log-sum-exp): 16 threads of a warp
+    per row, each with a 16-byte vector of it, shuffles combining the sums; the last block's
+    missing rows return. A column sum that also reads a per-row mean (its loads along the
+    reduction strided) stays a thread per column. test_gpu_plans runs them."""
+    from ember.compiler.loops import RowPlan, ThreadPlan
+
+    from .test_gpu_plans import short_rows
+    sched = cuda.prepare(short_rows(), "sm_90a")
+    assert len(sched.kernels) == 2
+    for k in sched.kernels:
+        assert isinstance(k.plan, RowPlan) and k.plan.group == 16
+        assert cuda.launch_config(k, gpu("sm_90a")) == ((-(-135171 // 16), 1, 1), 256, 0)
+    src = cuda.render(sched)
+    assert "ember_group_reduce<float, 1, 16>" in src and "ember_group_reduce<float, 0, 16>" in src
+    assert "if (ember_row >= 135171) return;" in src and f"*(const uint4*)(b{sched.kernels[0].reads[0].id} + " in src
+    if COMPILER is not None:
+        assert compile_cuda(src, "sm_86", tmp_path) is None
+    columns = cuda.prepare(text.parse_file(str(Path(__file__).parents[2] / "bench/suite/layernorm_f32.eir")).output_nodes,
+                           "sm_90a")
+    assert any(isinstance(k.plan, ThreadPlan) and k.kind == "reduce" for k in columns.kernels)
+    assert not any(isinstance(k.plan, RowPlan) and k.plan.group for k in columns.kernels)
+
+
 def test_a_row_read_by_three_loops_is_read_once(tmp_path: Path) -> None:
     """softmax's row is read by the max, the sum of exponentials and the output loops of one
     block; unrolled (the block divides the row), the first reads it into registers and the

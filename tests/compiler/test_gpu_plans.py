@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ember import data, ir, ref, runners
 from ember import dtype as dt
-from ember import ir, ref, runners
 from ember.ir import Op
 
 from .randprog import compare
@@ -73,6 +73,15 @@ def layernorm_rows(shifted: bool = False, rows: int = 512, width: int = 768) -> 
     return [ir.unary(Op.CAST, y, dt.bf16), mean, rstd, x]
 
 
+def short_rows(dtype: dt.DType = dt.f32, rows: int = 135171, width: int = 64) -> list[ir.Node]:
+    """Many short rows (more rows than the GPU's threads, a ragged last block): a softmax and
+    a log-sum-exp, each row a group of a warp's threads (RowPlan.group)."""
+    x = ir.param("x", dtype, (rows, width))
+    xf = ir.unary(Op.CAST, x, dt.f32) if dtype is not dt.f32 else x
+    lse = ir.binary(Op.ADD, ir.unary(Op.LOG2, ir.reduce(Op.SUM, ir.unary(Op.EXP2, xf), (1,))), ir.const(0.0, dt.f32, (rows, 1)))
+    return [softmax(xf), lse]
+
+
 def weight_grad(k: int, m: int, n: int) -> ir.Node:
     """sum over k of a[k, m] b[k, n] in bf16: a weight gradient, whose long K split_k parts."""
     a, b = ir.param("a", dt.bf16, (k, m, 1)), ir.param("b", dt.bf16, (k, 1, n))
@@ -100,6 +109,8 @@ def case(name: str) -> list[ir.Node]:
         return small_batches()
     if name in ("adam_chain", "adam_flipped"):   # maps in the same threads (merge.chains)
         return adam_chain(name == "adam_flipped")
+    if name in ("short_rows_f32", "short_rows_bf16"):   # a group of a warp's threads per row
+        return short_rows(dt.f32 if name.endswith("f32") else dt.bf16)
     if name in ("layernorm_rows", "layernorm_shifted"):   # row kernels in the same blocks (merge_rows)
         return layernorm_rows(name == "layernorm_shifted")
     if name == "layernorm_backward":   # the backward's row sums and maps, one chain
@@ -127,12 +138,12 @@ def small_batches() -> list[ir.Node]:
 @pytest.mark.parametrize("name", ["transpose", "permute3d", "matmul", "matmul_epilogue", "softmax_long_rows",
                                   "column_sum_two_stage", "embedding_grad", "small_batches",
                                   "adam_chain", "adam_flipped", "layernorm_rows", "layernorm_shifted",
-                                  "layernorm_backward"])
+                                  "layernorm_backward", "short_rows_f32", "short_rows_bf16"])
 def test_gpu_plan_matches_reference(name: str) -> None:
     outputs = case(name)
     rng = np.random.default_rng(0)
     params = [n for n in ir.toposort(outputs) if n.op is Op.PARAM]
-    inputs = {p: rng.standard_normal(p.shape).astype(np.float32) if p.dtype is dt.f32
+    inputs = {p: data.round_float(rng.standard_normal(p.shape), p.dtype).astype(np.float32) if p.dtype.is_float
               else rng.integers(0, 301, p.shape).astype(np.int32) for p in params}
     got = runners.BACKENDS["cuda"].run(outputs, inputs)
     assert compare(outputs, got, ref.evaluate(outputs, inputs)) is None

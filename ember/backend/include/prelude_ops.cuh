@@ -40,6 +40,11 @@ template <typename T> EMBER_D T ember_max2(T a, T b) { return ember_imax(a, b); 
 EMBER_D float ember_shfl(float v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
 EMBER_D double ember_shfl(double v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
 template <typename T> EMBER_D T ember_shfl(T v, int o) { return (T)__shfl_xor_sync(0xffffffffu, (long long)v, o); }
+/* the reduction of G consecutive lanes of a warp (G threads per row): each of them gets the result */
+template <typename T, int MAX, int G> EMBER_D T ember_group_reduce(T v) {
+  for (int o = G / 2; o > 0; o >>= 1) { T w = ember_shfl(v, o); v = MAX ? ember_max2(v, w) : ember_add(v, w); }
+  return v;
+}
 template <typename T, int MAX> EMBER_D T ember_block_reduce(T v) {
   __shared__ T part[32];
   for (int o = 16; o > 0; o >>= 1) { T w = ember_shfl(v, o); v = MAX ? ember_max2(v, w) : ember_add(v, w); }
