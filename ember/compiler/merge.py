@@ -32,9 +32,9 @@ from typing import Callable
 from ..ir import Node, Op, toposort
 from . import symbolic as sym
 from .loops import MergedPlan, RowPlan, ThreadPlan
-from .lower import Kernel, _unflatten, flat_index
+from .lower import Buffer, Kernel, _unflatten, flat_index
 from .rewrite import substitute
-from .schedule import Schedule
+from .schedule import Schedule, reads_in_place
 
 SMALL_THREADS = 4096           # a kernel of at most this many threads (16 blocks of 256) is small
 SMALL_TEMP_BYTES = 4 << 20     # and it may wait for the end only if the temporaries it reads are small
@@ -186,13 +186,35 @@ def _in_own_row(a: Kernel, rows_a: tuple[Node, ...], b: Kernel, rows_b: tuple[No
     the row its own block owns (b after a, in the same blocks)."""
     n = math.prod(_extents(rows_a))
     width = a.out.size // n
-    row = flat_index(rows_a, _extents(rows_a))
-    if width * n != a.out.size or _row_of(a.store.srcs[1], width) is not row:
+    if width * n != a.out.size or _row_of(a.store.srcs[1], width) is not flat_index(rows_a, _extents(rows_a)):
         return False
-    same = _extents(rows_a) == _extents(rows_b)
-    rename = dict(zip(rows_b, rows_a if same else sym.simplify(list(_unflatten(row, _extents(rows_b))))))
-    reads = [x for x in toposort([b.store]) if x.op is Op.LOAD and x.srcs[0].arg == a.out.id]
-    return all(_row_of(substitute([x.srcs[1]], rename)[0], width) is row for x in reads)
+    return _reads_own_row(b, rows_b, a.out.id, rows_a, width)
+
+
+def _reads_own_row(k: Kernel, rows_k: tuple[Node, ...], buf: int, rows: tuple[Node, ...], width: int) -> bool:
+    """Whether k, a block per row of rows_k, reads buffer buf (rows of `width` elements) only in
+    the row its block owns, as numbered by `rows` (another member's ranges for the same rows)."""
+    row = flat_index(rows, _extents(rows))
+    same = _extents(rows) == _extents(rows_k)
+    named = rows if same else sym.simplify(list(_unflatten(row, _extents(rows_k))))
+    rename = dict(zip(rows_k, named))
+    loads = [x for x in toposort([k.store]) if x.op is Op.LOAD and x.srcs[0].arg == buf]
+    reads = [substitute(list(x.srcs[1:]), rename) for x in loads]
+    return all(_in_row(read[0], read[1] if len(read) > 1 else None, row, width) for read in reads)
+
+
+def _in_row(index: Node, valid: Node | None, row: Node, width: int) -> bool:
+    """Whether a read at index (where valid holds) is in row `row` of rows of `width` elements:
+    its row is row, or index - row * width lies in [0, width) (a gathered column, such as a
+    cross-entropy's target logit, that the load's guard keeps in range)."""
+    if _row_of(index, width) is row:
+        return True
+    terms, k = sym.linear(index)
+    for t, c in sym.linear(row)[0].items():
+        terms[t] = terms.get(t, 0) - c * width
+    k -= sym.linear(row)[1] * width
+    spans = [(c * lo, c * hi) for t, c in terms.items() if c for lo, hi in [sym.limits(t, valid)]]
+    return 0 <= k + sum(min(a) for a in spans) and k + sum(max(a) for a in spans) < width
 
 
 def row_chain(kernels: list[Kernel], start: int, maps: frozenset[int] | None = None) \
@@ -246,3 +268,23 @@ def merge_rows(sched: Schedule) -> None:
         out += [k for k in kernels[i:end] if id(k) not in chosen]
         i = end
     sched.kernels = out
+
+
+def in_place(k: Kernel, out: int, buf: Buffer) -> bool:
+    """Whether kernel k may write its output `out` over buf, which it reads for the last time
+    (plan_memory): a kernel that reads buf only where it stores (schedule.reads_in_place); in a
+    row chain, the member that writes `out` so, when no later member reads buf and earlier ones
+    read it only in their own rows (they are done with a row when the block reaches the writer;
+    other blocks have other rows): a cross-entropy chunk's gradient over its logits."""
+    if not isinstance(k.plan, MergedPlan):
+        return out == k.out.id and reads_in_place(k, buf)
+    if not k.plan.rows:
+        return False
+    members = list(k.members)
+    at = next(i for i, m in enumerate(members) if m.out.id == out)
+    writer = members[at]
+    if not reads_in_place(writer, buf) or any(b.id == buf.id for m in members[at + 1:] for b in m.reads):
+        return False
+    rows = writer.plan.block
+    width = writer.out.size // math.prod(_extents(rows))
+    return all(_reads_own_row(m, m.plan.block, buf.id, rows, width) for m in members[:at])

@@ -22,7 +22,7 @@ from .. import debug
 from ..ir import Node
 from ..target import Target
 from . import attention, autodiff, plans, store
-from .merge import merge_chains, merge_rows, merge_small
+from .merge import in_place, merge_chains, merge_rows, merge_small
 from .optimize import optimize
 from .schedule import Schedule, plan_memory, schedule
 from .split import accumulate_parts, split_large_reductions
@@ -55,6 +55,6 @@ def _compile(outputs: list[Node], target: Target, nest: int) -> Schedule:
         merge_rows(sched)
         merge_chains(sched)
         merge_small(sched)
-        sched.slots = plan_memory(sched, in_place=True)   # the new order's (outputs over dead inputs: not in C)
+        sched.slots = plan_memory(sched, in_place)   # the new order's (outputs over dead inputs: not in C)
     sched.target = target
     return sched

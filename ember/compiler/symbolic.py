@@ -381,20 +381,39 @@ def range_limits(valid: Node) -> dict[Node, tuple[int, int]]:
     linear forms narrow (a < b, a range's coefficient nonzero, the other terms at their bounds)."""
     limits: dict[Node, tuple[int, int]] = {}
     for cond in _conjuncts(valid):
-        if cond.op is not Op.CMPLT or not cond.srcs[0].dtype.is_int:
-            continue
-        terms, k = _minus(*cond.srcs)   # sum(terms) + k <= -1
-        for r, c in terms.items():
-            if r.op is not Op.RANGE:
-                continue
-            rest = k + sum(min(v * bounds(t)[0], v * bounds(t)[1]) for t, v in terms.items() if t is not r)
-            lo, hi = limits.get(r, (0, r.arg[1] - 1))
-            if c > 0:
-                hi = min(hi, (-1 - rest) // c)
-            else:
-                lo = max(lo, -((-1 - rest) // -c))
-            limits[r] = (lo, hi)
+        for r in _compared(cond):
+            if r.op is Op.RANGE:
+                limits[r] = _narrow(cond, r, limits.get(r, (0, r.arg[1] - 1)))
     return limits
+
+
+def limits(n: Node, valid: Node | None) -> tuple[int, int]:
+    """The values the integer term n can take where valid holds: its bounds, narrowed by valid's
+    comparisons (a gathered index that a guard keeps in [0, size))."""
+    lo_hi = bounds(n)
+    for cond in _conjuncts(valid) if valid is not None else []:
+        if n in _compared(cond):
+            lo_hi = _narrow(cond, n, lo_hi)
+    return lo_hi
+
+
+def _compared(cond: Node) -> dict[Node, int]:
+    """The terms of an integer comparison a < b, as a - b's linear form's (else none)."""
+    if cond.op is not Op.CMPLT or not cond.srcs[0].dtype.is_int:
+        return {}
+    return _minus(*cond.srcs)[0]
+
+
+def _narrow(cond: Node, r: Node, lo_hi: tuple[int, int]) -> tuple[int, int]:
+    """r's limits lo_hi narrowed by cond (a < b: sum(terms) + k <= -1, the others at their bounds)."""
+    terms, k = _minus(*cond.srcs)
+    c, (lo, hi) = terms[r], lo_hi
+    rest = k + sum(min(v * bounds(t)[0], v * bounds(t)[1]) for t, v in terms.items() if t is not r)
+    if c > 0:
+        hi = min(hi, (-1 - rest) // c)
+    else:
+        lo = max(lo, -((-1 - rest) // -c))
+    return lo, hi
 
 
 def given(index: Node, valid: Node | None) -> Node:
