@@ -72,8 +72,8 @@ def test_ctrl_c_inside_a_weakref_callback_still_stops_the_run(tmp_path: Path, mo
     # A KeyboardInterrupt raised inside a weakref callback is printed and dropped by Python, and
     # Ember's graphs run such callbacks all the time (ir.Node's hash-consing table): a Ctrl-C that
     # landed there was lost and the run went on (a fresh-clone run under load hung 10 minutes).
-    import os
     import signal
+    import threading
     import weakref
 
     from ember import train
@@ -87,7 +87,10 @@ def test_ctrl_c_inside_a_weakref_callback_still_stops_the_run(tmp_path: Path, mo
             x = Dying()
 
             def callback(_: object) -> None:
-                os.kill(os.getpid(), signal.SIGINT)
+                # to this thread: a signal to the process may land on one of Ember's compile
+                # threads, whose handler then waits for that thread to run (under load, past the
+                # last step: main returned 0)
+                signal.pthread_kill(threading.get_ident(), signal.SIGINT)
                 for _ in range(100):   # bytecodes: Python runs the signal's handler in here
                     pass
             ref = weakref.ref(x, callback)  # noqa: F841
