@@ -21,8 +21,9 @@ and rstd have readers of their own, the backward's, so they are realized). Conse
 with a block per row of the same rows (row reductions, and maps over those rows), each reading
 what an earlier member wrote only in its own row, become one kernel (its name: r and the first
 member's): a block runs the members one after another with a barrier between them, so a row is
-read from memory once and again from the SM's cache. Up to ROW_WINDOW kernels (not counting small ones) that
-cannot join are passed over and run after the chain (none a later member reads).
+read from memory once and again from the SM's cache. Up to ROW_WINDOW kernels (not counting
+small ones) that cannot join are passed over and run after the chain (none a later member
+reads). A member may write over what it reads for the last time (in_place, the memory plan's).
 """
 from __future__ import annotations
 
@@ -209,10 +210,10 @@ def _in_row(index: Node, valid: Node | None, row: Node, width: int) -> bool:
     cross-entropy's target logit, that the load's guard keeps in range)."""
     if _row_of(index, width) is row:
         return True
-    terms, k = sym.linear(index)
-    for t, c in sym.linear(row)[0].items():
+    (terms, k), (row_terms, row_k) = sym.linear(index), sym.linear(row)
+    for t, c in row_terms.items():
         terms[t] = terms.get(t, 0) - c * width
-    k -= sym.linear(row)[1] * width
+    k -= row_k * width
     spans = [(c * lo, c * hi) for t, c in terms.items() if c for lo, hi in [sym.limits(t, valid)]]
     return 0 <= k + sum(min(a) for a in spans) and k + sum(max(a) for a in spans) < width
 
