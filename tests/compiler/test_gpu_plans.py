@@ -73,6 +73,25 @@ def layernorm_rows(shifted: bool = False, rows: int = 512, width: int = 768) -> 
     return [ir.unary(Op.CAST, y, dt.bf16), mean, rstd, x]
 
 
+def cross_entropy_rows(rows: int = 64, classes: int = 5000) -> list[ir.Node]:
+    """A cross-entropy's loss and its gradient over bf16 logits (a chunk of GPT-2's head): the
+    row max, the sum of exponentials and the gradient over the logits, one row chain beside the
+    picked logit (a gather by a target param). The logits are a matmul's, a temporary."""
+    h, w = ir.param("h", dt.bf16, (rows, 64)), ir.param("w", dt.bf16, (64, classes))
+    logits = ir.unary(Op.CAST, matmul(h, w), dt.bf16)
+    x = ir.unary(Op.CAST, logits, dt.f32)
+    target = ir.param("target", dt.i32, (rows, 1))
+    mx = ir.expand(ir.reduce(Op.RMAX, x, (1,)), x.shape)
+    e = ir.unary(Op.EXP2, ir.binary(Op.SUB, x, mx))
+    s = ir.reduce(Op.SUM, e, (1,))
+    hit = ir.binary(Op.CMPEQ, ir.iota(dt.i32, x.shape, 1), ir.expand(target, x.shape))
+    zero = ir.const(0.0, dt.f32, x.shape)
+    picked = ir.reduce(Op.SUM, ir.where(hit, x, zero), (1,))
+    loss = ir.binary(Op.SUB, ir.binary(Op.ADD, ir.unary(Op.LOG2, s), ir.reduce(Op.RMAX, x, (1,))), picked)
+    grad = ir.binary(Op.SUB, ir.binary(Op.DIV, e, ir.expand(s, x.shape)), ir.where(hit, ir.const(1.0, dt.f32, x.shape), zero))
+    return [loss, ir.unary(Op.CAST, grad, dt.bf16)]
+
+
 def short_rows(dtype: dt.DType = dt.f32, rows: int = 135171, width: int = 64) -> list[ir.Node]:
     """Many short rows (more rows than the GPU's threads, a ragged last block): a softmax and
     a log-sum-exp, each row a group of a warp's threads (RowPlan.group)."""
@@ -113,6 +132,10 @@ def case(name: str) -> list[ir.Node]:
         return short_rows(dt.f32 if name.endswith("f32") else dt.bf16)
     if name in ("layernorm_rows", "layernorm_shifted"):   # row kernels in the same blocks (merge_rows)
         return layernorm_rows(name == "layernorm_shifted")
+    if name == "layernorm_odd":   # rows of 1000 (no lanes divide them), 300 of them
+        return layernorm_rows(rows=300, width=1000)
+    if name == "cross_entropy_rows":   # max, sum, the picked logit by a gathered index, the gradient
+        return cross_entropy_rows()
     if name == "layernorm_backward":   # the backward's row sums and maps, one chain
         outs = layernorm_rows(rows=256)
         params = [n for n in ir.toposort(outs) if n.op is Op.PARAM]
@@ -138,7 +161,8 @@ def small_batches() -> list[ir.Node]:
 @pytest.mark.parametrize("name", ["transpose", "permute3d", "matmul", "matmul_epilogue", "softmax_long_rows",
                                   "column_sum_two_stage", "embedding_grad", "small_batches",
                                   "adam_chain", "adam_flipped", "layernorm_rows", "layernorm_shifted",
-                                  "layernorm_backward", "short_rows_f32", "short_rows_bf16"])
+                                  "layernorm_backward", "layernorm_odd", "cross_entropy_rows", "short_rows_f32",
+                                  "short_rows_bf16"])
 def test_gpu_plan_matches_reference(name: str) -> None:
     outputs = case(name)
     rng = np.random.default_rng(0)
