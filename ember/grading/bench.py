@@ -30,7 +30,7 @@ from . import course
 from .cluster import Context, Runner
 from .grade import judge
 from .reports import _cell, _write_csv, _write_json, _write_text, prepare_out
-from .sandbox import Result, Sandbox
+from .sandbox import Result, Sandbox, ember_hidden
 from .submissions import EXPECT_LINE, REFERENCE, Submission
 
 # The floor: no run moves its inputs and outputs faster than the target's peak bandwidth (B/s).
@@ -260,6 +260,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     peak = args.peak_bandwidth or PEAK_BANDWIDTH[runners.default()]
     fresh = lambda p, t: (f"p{secrets.token_hex(8)}.eir", reseed(t, p))  # noqa: E731
     plan = [[(fresh(p, t), fresh(p, t)) for p, t in zip(progs, texts)] for _ in range(args.rounds)]
+    if (hidden := ember_hidden(args.allow_ember)) is not None:
+        return fail(f"ember bench: {hidden}", 2)
     out = prepare_out(out)  # before any submission runs (reports.py says why)
     ctx = Context(tuple(sources), args.ref, args.build_timeout, tuple(str(p) for p in (*hide, out)), args.timeout,
                   allow_ember=args.allow_ember)

@@ -26,7 +26,7 @@ from ..text import EirError, Program, parse_bytes
 from . import course, similarity, week
 from .cluster import Context, Runner
 from .reports import _cell, _write_csv, _write_json, _write_text, prepare_out
-from .sandbox import Result, Sandbox, level
+from .sandbox import Result, Sandbox, ember_hidden, level
 from .submissions import REFERENCE, Submission, run_compiler, without_expects
 
 TOLERANCE = re.compile(r"#\s*tolerance:\s*atol=(\S+)\s+rtol=(\S+)")
@@ -267,6 +267,8 @@ def cmd_grade(args: argparse.Namespace) -> int:
               "not read", file=sys.stderr)
     if not tests:
         return fail(f"ember grade: no tests in {tests_dir} (one subfolder of .eir files per author)", 2)
+    if (hidden := ember_hidden(args.allow_ember)) is not None:
+        return fail(f"ember grade: {hidden}", 2)
     out = prepare_out(out)
     jobs = args.jobs or os.cpu_count() or 1
     ctx = Context(tuple(sources), args.ref, args.build_timeout, tuple(str(p) for p in (tests_dir, *hide, out)),

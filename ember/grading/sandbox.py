@@ -52,6 +52,7 @@ ETC = ("passwd", "group", "nsswitch.conf", "hosts", "host.conf", "gai.conf", "pr
 LIBS = ("lib", "libexec")  # a PREFIX/bin on PATH beside one of these is a toolchain's: PREFIX is in the view
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty", "fd", "stdin", "stdout", "stderr")
 EMBER = Path(__file__).resolve().parents[1]  # the grader's own package
+PRIVATE = ("/tmp", "/var/tmp", "/dev/shm")   # each contained run has its own, empty
 
 
 @dataclass
@@ -271,6 +272,17 @@ def _inside(outer: Path, inner: Path) -> bool:
     return inner == outer or outer in inner.parents
 
 
+def ember_hidden(allow_ember: bool) -> str | None:
+    """Why the runs could not import the grader's own Ember that --allow-ember lets them use: it
+    is installed under a folder that each run's own empty copy hides (a checkout under /tmp made
+    every run fail with "No module named 'ember'"); None where they can."""
+    if not allow_ember or level() != "namespaces":
+        return None
+    under = next((d for d in PRIVATE if _inside(Path(d).resolve(), EMBER)), None)
+    return None if under is None else (f"--allow-ember: this Ember ({EMBER.parent}) is under {under}, which each run "
+                                       f"has an empty one of its own: install it from a checkout elsewhere")
+
+
 class Sandbox:
     """A folder of submissions and runs; `run` executes one command in containment.
     allow_ember: the runs may import the grader's own Ember (a course that lets students use it)."""
@@ -343,7 +355,7 @@ class Sandbox:
                   if any(_inside(q, h) for q in binds)]
         lines.append('mount -t proc proc "$R/proc"')
         lines += [f'mount -t tmpfs -o size={self.limits.tmp},mode=1777,nosuid,nodev ember-tmp "$R"{d}'
-                  for d in ("/tmp", "/var/tmp", "/dev/shm")]
+                  for d in PRIVATE]
         return lines
 
     # ----------------------------------------------------------------------- submissions
@@ -587,7 +599,7 @@ class Sandbox:
                 break
             time.sleep(0.02)
         if self.level == "user":
-            for shared in ("/tmp", "/var/tmp", "/dev/shm"):
+            for shared in PRIVATE:
                 for e in os.scandir(shared) if os.path.isdir(shared) else []:
                     if e.stat(follow_symlinks=False).st_uid == uid:
                         _rmtree(Path(e.path)) if e.is_dir(follow_symlinks=False) else os.unlink(e.path)

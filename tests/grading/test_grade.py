@@ -128,6 +128,26 @@ def test_grade_contains_misbehaving_compilers(course: Path, capsys: pytest.Captu
         assert not [u for u in map(int, uids) if UID_BASE <= u < UID_BASE + BLOCKS * BLOCK_UIDS]
 
 
+def test_an_ember_the_runs_cannot_see_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """--allow-ember with the grader's Ember installed under /tmp: each contained run has an empty
+    /tmp of its own, so every run would fail with "No module named 'ember'" (a fresh clone under
+    /tmp did): one line and status 2 before any submission runs, for grade and bench."""
+    from ember.grading import sandbox
+    monkeypatch.setattr(sandbox, "EMBER", Path("/tmp/clone/ember"))
+    monkeypatch.setattr(sandbox, "level", lambda: "namespaces")
+    (tmp_path / "t" / "a").mkdir(parents=True)
+    (tmp_path / "t" / "a" / "x.eir").write_text("ember 1\nx = param i32[1]\nreturn x\ninput x = [1]\nexpect x = [1]\n")
+    _compiler(tmp_path / "s", "ann", "exit 0")
+    for command in (["grade", "--tests", str(tmp_path / "t")], ["bench", "--suite", str(tmp_path / "t" / "a")]):
+        assert main([*command, "--submissions", str(tmp_path / "s"),
+                     "--out", str(tmp_path / "o"), "--allow-ember"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "/tmp/clone" in err[0] and "install it from a checkout elsewhere" in err[0]
+        assert not (tmp_path / "o").exists()
+    assert sandbox.ember_hidden(False) is None
+
+
 def test_bad_folders_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "t" / "a").mkdir(parents=True)
     (tmp_path / "t" / "a" / "x.eir").write_text("ember 1\nx = param i32[1]\nreturn x\ninput x = [1]\nexpect x = [1]\n")
