@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import protocol, runners
+from .. import data, protocol, runners
 from ..commands import fail
 from ..text import EirError, Program, parse_file, split_comment
 from . import course
@@ -83,10 +83,20 @@ def linear_scores(times: dict[str, float | None], band: float = MIN_BAND) -> dic
 
 # ----------------------------------------------------------------------------------- a task
 
+def output_chars(prog: Program) -> int:
+    """The most characters of output a correct answer to prog needs (its output lines, each value
+    at most data.MAX_ITEM characters, and room for a bench line and stray messages)."""
+    return sum(len(n) + 8 + prog.nodes[n].numel * (data.MAX_ITEM + 2) for n in prog.outputs) + (64 << 10)
+
+
 def bench_task(sandbox: Sandbox, subs: dict[str, Submission], name: str, runs: int,
-               files: tuple[tuple[str, str], tuple[str, str]], timeout: float, noise: float) -> dict[str, Any]:
+               files: tuple[tuple[str, str], tuple[str, str]], timeout: float, noise: float,
+               limit: int) -> dict[str, Any]:
     """One compiler on one program in one round: --bench N1 on the first file, then --bench N2 on
-    the second. Idempotent (fresh folders; the grader chose the seeds), so a cluster may run it again."""
+    the second. Idempotent (fresh folders; the grader chose the seeds), so a cluster may run it again.
+    limit: output_chars of the program; a run that prints more is a failure and its output is not
+    kept (the records live until the report: 63 MiB of output a run, decoded to four bytes a
+    character, held 0.5 GiB a task, 22 GiB a student over a suite)."""
     sub = subs[name]
     if sub.build_error:
         return {"build_error": sub.build_error, "runs": []}
@@ -105,9 +115,11 @@ def bench_task(sandbox: Sandbox, subs: dict[str, Submission], name: str, runs: i
     for i, (fname, text) in enumerate(files):
         for _ in range(3 if i else 1):
             r = run(fname, text, "--bench", str(n))
-            m = None if r.failure() else protocol.bench_median(r.stdout)
-            rec = {"n": n, "stdout": r.stdout, "failure": r.failure(), "timeout": r.killed == "timeout",
-                   "wall": r.wall, "cpu": r.cpu, "median": m}
+            failure = r.failure() or (f"printed {len(r.stdout):,} characters, more than the {limit:,} its "
+                                      "outputs need" if len(r.stdout) > limit else None)
+            m = None if failure else protocol.bench_median(r.stdout)
+            rec = {"n": n, "stdout": "" if failure else r.stdout, "failure": failure,
+                   "timeout": r.killed == "timeout", "wall": r.wall, "cpu": r.cpu, "median": m}
             if i == 0 or m is None or not m > 0 or (n - runs) * m * 1e-3 >= MIN_CLAIM * noise or n - runs >= MAX_RUNS:
                 break
             n = _runs_to_judge(runs, m, noise)   # warmer than its first run: judge it over more runs
@@ -272,7 +284,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         # starting one further along each time, so no compiler always follows the same one
         keys = [(r, p, names[(i + r + p) % len(names)]) for r in range(args.rounds) for p in range(len(progs))
                 for i in range(len(names))]
-        tasks = [(n, args.runs, plan[r][p], args.timeout, args.clock_noise) for r, p, n in keys]
+        limits = [output_chars(prog) for prog in progs]
+        tasks = [(n, args.runs, plan[r][p], args.timeout, args.clock_noise, limits[p]) for r, p, n in keys]
         recs: dict[tuple[int, int, str], Any] = {}
         for i, rec in tqdm(run.map(bench_task, tasks), total=len(tasks), desc="benchmarking", file=sys.stderr):
             recs[keys[i]] = rec

@@ -164,6 +164,28 @@ def test_summary_states_the_band(hostile: dict[str, Any]) -> None:
     assert band >= bench.MIN_BAND and f"| sum.eir | {100 * band:.2g}% |" in hostile["summary"]
 
 
+def test_output_past_what_the_answer_needs_is_a_failure_and_not_kept() -> None:
+    """A run that prints more than its program's outputs can need (63 MiB of bytes that decode to
+    four-byte characters, 0.5 GiB held a task until the report: a student's suite exhausted the
+    grader) is a failure, and its output is dropped at once."""
+    prog = parse(SUM)
+    limit = bench.output_chars(prog)
+    assert limit < 1 << 20   # a few values, a bench line and room for messages
+
+    class Printer:   # a sandbox whose runs print `size` characters and a correct-looking bench line
+        def __init__(self, size: int) -> None:
+            self.size = size
+
+        def run(self, cmd: list[str], **_: Any) -> bench.Result:
+            return bench.Result(0, "\U0001F600" * self.size + f"\n# bench runs={cmd[-1]} median_ms=1\n", "", None, 0.1)
+    sub = {"bloat": Submission("bloat", Path("/nonexistent"))}
+    files = (("a.eir", SUM), ("b.eir", SUM))
+    big = bench.bench_task(Printer(limit), sub, "bloat", 5, files, 60.0, 0.25, limit)   # type: ignore[arg-type]
+    assert len(big["runs"]) == 1 and "more than" in big["runs"][0]["failure"] and big["runs"][0]["stdout"] == ""
+    small = bench.bench_task(Printer(100), sub, "bloat", 5, files, 60.0, 0.25, limit)   # type: ignore[arg-type]
+    assert [r["failure"] for r in small["runs"]] == [None, None] and small["runs"][0]["stdout"]
+
+
 def test_reseed_gives_fresh_seeds_and_keeps_lines() -> None:
     text = SUM.replace("hi=1000", "hi=1000 # seed=7 in a comment stays")
     prog = parse(text)
