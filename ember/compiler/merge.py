@@ -27,6 +27,7 @@ reads). A member may write over what it reads for the last time (in_place, the m
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -174,6 +175,7 @@ def row_ranges(k: Kernel, n: int, maps: frozenset[int] | None) -> tuple[Node, ..
     return None
 
 
+@functools.lru_cache(maxsize=1 << 12)   # (a writer's store index, checked for each of its readers)
 def _row_of(index: Node, width: int) -> Node:
     return sym.simplify([sym.idiv(index, width) if width > 1 else index])[0]
 
