@@ -156,14 +156,14 @@ def merge_chains(sched: Schedule) -> None:
 ROW_WINDOW = 3   # kernels a row chain may pass over (they then run after it)
 
 
-def row_ranges(k: Kernel, n: int, maps: frozenset[int] | None) -> tuple[Node, ...] | None:
+def row_ranges(k: Kernel, n: int, maps: frozenset[int]) -> tuple[Node, ...] | None:
     """The ranges of k that a block per row owns, rows numbering n: a row reduction's block, or
     a map's (id() in maps) shortest prefix of ranges that counts n; None where k cannot run so."""
     if k.atomic or k.stages or k.fused or k.contraction or k.members:
         return None
     if isinstance(k.plan, RowPlan):
         return k.plan.block if math.prod(r.arg[1] for r in k.plan.block) == n and not k.plan.group else None
-    if maps is None or id(k) not in maps or any(x.op is Op.REDUCE for x in toposort([k.store])):
+    if id(k) not in maps or any(x.op is Op.REDUCE for x in toposort([k.store])):
         return None
     count = 1
     for i, r in enumerate(k.ranges):
@@ -220,12 +220,12 @@ def _in_row(index: Node, valid: Node | None, row: Node, width: int) -> bool:
     return 0 <= k + sum(min(a) for a in spans) and k + sum(max(a) for a in spans) < width
 
 
-def row_chain(kernels: list[Kernel], start: int, maps: frozenset[int] | None = None) \
+def row_chain(kernels: list[Kernel], start: int, maps: frozenset[int]) \
         -> tuple[list[tuple[Kernel, tuple[Node, ...]]], int]:
     """The row chain that starts at kernels[start] ((each member with its rows, the index after
     the last member); fewer than two members, or none a row reduction: no chain). Its rows are
     the first row reduction's (within the window); maps: id() of the maps that may join, with
-    rows of their own ranges (optimize plans them so); None: only kernels planned a block per row."""
+    rows of their own ranges (optimize plans them so)."""
     ahead = [k for k in kernels[start:start + ROW_WINDOW + 2]
              if isinstance(k.plan, RowPlan) and k.plan.block and not k.plan.group]
     if not ahead:
@@ -256,19 +256,22 @@ def row_chain(kernels: list[Kernel], start: int, maps: frozenset[int] | None = N
     return members, kernels.index(members[-1][0]) + 1
 
 
-def merge_rows(sched: Schedule) -> None:
-    """Each row chain (optimize planned its maps a block per row) becomes one kernel
-    (MergedPlan, rows); the kernels it passed over run after it."""
-    kernels, out, i = sched.kernels, [], 0
-    while i < len(kernels):
-        members, end = row_chain(kernels, i)
-        if not members:
-            out.append(kernels[i])
+def merge_rows(sched: Schedule, chains: list[list[Kernel]]) -> None:
+    """Each row chain (optimize found it and planned its maps a block per row) becomes one kernel
+    (MergedPlan, rows) where its first member was; the kernels it passed over run after it."""
+    at = {id(k): i for i, k in enumerate(sched.kernels)}
+    first = {at[id(chain[0])]: chain for chain in chains}
+    chosen = {id(m) for chain in chains for m in chain}
+    out, i = [], 0
+    while i < len(sched.kernels):
+        chain = first.get(i)
+        if chain is None:
+            out.append(sched.kernels[i])
             i += 1
             continue
-        chosen = {id(m) for m, _ in members}
-        out.append(_merged([m for m, _ in members], rows=True))
-        out += [k for k in kernels[i:end] if id(k) not in chosen]
+        end = at[id(chain[-1])] + 1
+        out.append(_merged(chain, rows=True))
+        out += [k for k in sched.kernels[i:end] if id(k) not in chosen]
         i = end
     sched.kernels = out
 

@@ -346,13 +346,16 @@ def contiguous_reduction_lanes(k: Kernel, lanes: int, per_thread: int = 1) -> No
             split_range(k, r, lanes)
 
 
-def optimize(sched: Schedule, target: Target) -> None:
-    _optimize(sched, target)
+def optimize(sched: Schedule, target: Target) -> list[list[Kernel]]:
+    """Every kernel's plan; returns the row chains (CUDA) whose maps it planned a block per row,
+    each a list of kernels in sched.kernels, for merge.merge_rows."""
+    chains = _optimize(sched, target)
     from .. import debug
     debug.kernels(3, f"after optimization for {target.arch}", sched.kernels)
+    return chains
 
 
-def _optimize(sched: Schedule, target: Target) -> None:
+def _optimize(sched: Schedule, target: Target) -> list[list[Kernel]]:
     chained = merge.lanes(sched.kernels, gpu_lanes) if target.kind == "cuda" else {}
     unplanned = {id(k): dataclasses.replace(k, ranges=list(k.ranges)) for k in sched.kernels} \
         if target.kind == "cuda" else {}
@@ -368,23 +371,25 @@ def _optimize(sched: Schedule, target: Target) -> None:
                 cpu_lanes(k)
             parallel = any(r not in k.lanes for r in k.ranges) and work(k) >= PARALLEL_WORK
             k.plan = LoopPlan(int(parallel), group)
-    if target.kind == "cuda":
-        plan_row_chains(sched, unplanned)
+    return plan_row_chains(sched, unplanned) if target.kind == "cuda" else []
 
 
-def plan_row_chains(sched: Schedule, unplanned: dict[int, Kernel]) -> None:
-    """The maps of row chains (merge.row_chain; merge_rows makes each chain one kernel) planned
-    a block per row of the chain's rows, from their kernels as they were before planning (a
+def plan_row_chains(sched: Schedule, unplanned: dict[int, Kernel]) -> list[list[Kernel]]:
+    """The row chains (merge.row_chain; merge_rows makes each one kernel), their maps planned a
+    block per row of the chain's rows, from their kernels as they were before planning (a
     thread per output's lanes may split a row range)."""
     # (not the small maps merge_small moves to the end: an optimizer's updates of biases)
     staying = {id(unplanned[id(k)]) for k in sched.kernels if isinstance(k.plan, ThreadPlan)} - \
         {id(unplanned[i]) for i in merge.movable(sched.kernels)}
     view = [unplanned[id(k)] if isinstance(k.plan, ThreadPlan) else k for k in sched.kernels]
-    i = 0
+    chains, i = [], 0
     while i < len(view):
         members, end = merge.row_chain(view, i, frozenset(staying))
         for m, rows in members:
             if m.plan is None:
                 row_plan(m, rows)
                 sched.kernels[view.index(m)] = m
+        if members:
+            chains.append([m for m, _ in members])
         i = end
+    return chains

@@ -50,9 +50,9 @@ def _compile(outputs: list[Node], target: Target, nest: int) -> Schedule:
     sched = schedule(graph, nest=nest)
     if target.kind == "cuda":
         accumulate_parts(sched)
-    optimize(sched, target)
+    chains = optimize(sched, target)
     if target.kind == "cuda":
-        merge_rows(sched)
+        merge_rows(sched, chains)
         merge_chains(sched)
         merge_small(sched)
         sched.slots = plan_memory(sched, in_place)   # the new order's (outputs over dead inputs: not in C)
