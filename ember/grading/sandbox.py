@@ -344,8 +344,8 @@ class Sandbox:
         binds = {p for p in binds if not any(_inside(q, p.parent) for q in binds)}  # not visible through another
         copies = {p for p in copies if not any(_inside(q, p) for q in binds)}
         lines = ['mount -t tmpfs -o size=16m,mode=755 ember-view "$R"',
-                 " ".join(["mkdir -p", *map(_r, [Path("/.old"), Path("/proc"), Path("/tmp"), Path("/var/tmp"),
-                                                 Path("/dev/shm"), *sorted(binds)])])]
+                 " ".join(["mkdir -p", *map(_r, [Path("/.old"), Path("/proc"), *map(Path, PRIVATE),
+                                                 *sorted(binds)])])]
         if copies:
             rel = [_q(p.relative_to("/")) for p in sorted(copies)]  # cp --parents fails on some absolute paths
             lines.append(" ".join(["cd / && cp -a --parents", *rel, '"$R"']))
