@@ -26,11 +26,47 @@ from cpu import chain8, compile_times, layernorm, log_softmax, matmul, reduce_su
 from ember import data, ir  # noqa: E402
 from ember import dtype as dt  # noqa: E402
 from ember.backend import cuda  # noqa: E402
+from ember.ir import Op  # noqa: E402
 
 
 def transpose(n: int) -> tuple[list, list, Callable]:
     x = ir.param("x", dt.f32, (n, n))
     return [x], [ir.permute(x, (1, 0))], lambda x: x.t().contiguous()
+
+
+def logsumexp(n: int, m: int) -> tuple[list, list, Callable]:
+    """log(sum(exp(x - max))) + max along rows of f32 (issue 30's short-row class)."""
+    x = ir.param("x", dt.f32, (n, m))
+    mx = ir.reduce(Op.RMAX, x, (1,))
+    e = ir.unary(Op.EXP2, ir.binary(Op.MUL, ir.binary(Op.SUB, x, ir.expand(mx, (n, m))),
+                                    ir.const(1.4426950408889634, dt.f32, (n, m))))
+    lse = ir.binary(Op.MUL, ir.unary(Op.LOG2, ir.reduce(Op.SUM, e, (1,))), ir.const(0.6931471805599453, dt.f32, (n, 1)))
+    return [x], [ir.binary(Op.ADD, lse, mx)], None
+
+
+def cross_entropy(n: int, classes: int) -> tuple[list, list, Callable]:
+    """Each row's loss and the gradient over bf16 logits, as GPT-2's head computes them in f32:
+    logsumexp minus the target's logit, softmax minus its one-hot (issue 30: one pass)."""
+    logits, target = ir.param("x", dt.bf16, (n, classes)), ir.param("target", dt.i32, (n, 1))
+    x = ir.unary(Op.CAST, logits, dt.f32)
+    mx = ir.expand(ir.reduce(Op.RMAX, x, (1,)), x.shape)
+    e = ir.unary(Op.EXP2, ir.binary(Op.MUL, ir.binary(Op.SUB, x, mx), ir.const(1.4426950408889634, dt.f32, x.shape)))
+    s = ir.reduce(Op.SUM, e, (1,))
+    hit = ir.binary(Op.CMPEQ, ir.iota(dt.i32, x.shape, 1), ir.expand(target, x.shape))
+    zero = ir.const(0.0, dt.f32, x.shape)
+    picked = ir.reduce(Op.SUM, ir.where(hit, x, zero), (1,))
+    lse = ir.binary(Op.ADD, ir.binary(Op.MUL, ir.unary(Op.LOG2, s), ir.const(0.6931471805599453, dt.f32, (n, 1))),
+                    ir.reduce(Op.RMAX, x, (1,)))
+    one_hot = ir.where(hit, ir.const(1.0, dt.f32, x.shape), zero)
+    grad = ir.binary(Op.SUB, ir.binary(Op.DIV, e, ir.expand(s, x.shape)), one_hot)
+    return [logits, target], [ir.binary(Op.SUB, lse, picked), ir.unary(Op.CAST, grad, dt.bf16)], None
+
+
+def torch_cross_entropy(x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    xf = x.float()
+    lse = torch.logsumexp(xf, 1, keepdim=True)
+    grad = torch.exp(xf - lse) - torch.nn.functional.one_hot(target[:, 0].long(), x.shape[1]).float()
+    return lse - xf.gather(1, target.long()), grad.to(torch.bfloat16)
 
 
 def cuda_time(fn: Callable[[], object], reps: int = 20) -> float:
@@ -68,6 +104,8 @@ TORCH = {
     "logsoftmax": lambda x: torch.log_softmax(x, 1),
     "transpose": lambda x: x.t().contiguous(),
     "matmul": lambda a, b: a @ b,
+    "logsumexp": lambda x: torch.logsumexp(x, 1, keepdim=True),
+    "crossentropy": torch_cross_entropy,
 }
 
 
@@ -102,6 +140,10 @@ def main() -> None:
         ("logsoftmax", f"log-softmax rows bf16 {rows}x{cols}", log_softmax(rows, cols, dt.bf16)),
         ("layernorm", f"layernorm rows f32 {rows}x{cols}", layernorm(rows, cols)),
         ("layernorm", f"layernorm rows bf16 {rows}x{cols}", layernorm(rows, cols, dt.bf16)),
+        ("rowsum", f"row sum bf16 {rows // 32}x{cols * 32} (long)", reduce_sum(rows // 32, cols * 32, (1,), dt.bf16)),
+        ("logsumexp", f"logsumexp f32 {rows * 32}x128 (short)", logsumexp(rows * 32, 128)),
+        ("softmax", f"softmax f32 {rows * 32}x64 (short rows)", softmax(rows * 32, 64)),
+        ("crossentropy", f"cross-entropy bf16 {rows // 2}x50304", cross_entropy(rows // 2, 50304)),
         ("transpose", f"transpose f32 {tn}x{tn}", transpose(tn)),
         ("matmul", f"matmul f32 {mm} (TF32 off)", matmul(mm)),
     ]
@@ -115,18 +157,25 @@ def main() -> None:
     for key, name, (params, outputs, _ref) in cases:
         if args.only and args.only not in name:
             continue
-        inputs = {p: data.round_float(rng.standard_normal(p.shape, dtype=np.float32), p.dtype) for p in params}
+        width = params[0].shape[-1]   # an integer param (a target) indexes the first's last axis
+        inputs = {p: rng.integers(0, width, p.shape).astype(np.int32) if p.dtype is dt.i32 else
+                  data.round_float(rng.standard_normal(p.shape, dtype=np.float32), p.dtype) for p in params}
         prog, cold, cached = compile_times(cuda.CUDAProgram, outputs)
         run, fetch = prog.bind({p: data.to_storage(v, p.dtype) for p, v in inputs.items()})
         run()
-        got = fetch()[0]
         low = params[0].dtype is dt.bf16
-        tins = [torch.from_numpy(inputs[p]).cuda().to(torch.bfloat16 if low else torch.float32) for p in params]
-        if low:
-            got = data.from_storage(got, dt.bf16)
-        want = TORCH[key](*tins).float().cpu().numpy().reshape(got.shape)
-        err = float(np.linalg.norm(got.astype(np.float64) - want) / max(np.linalg.norm(want.astype(np.float64)), 1e-30))
-        if not err < (1e-2 if low else 1e-4 if key != "matmul" else 1e-5) or np.isnan(got).any():
+        tins = [torch.from_numpy(inputs[p]).cuda() if p.dtype is dt.i32 else
+                torch.from_numpy(inputs[p]).cuda().to(torch.bfloat16 if low else torch.float32) for p in params]
+        wants = TORCH[key](*tins)
+        wants = wants if isinstance(wants, tuple) else (wants,)
+        errs = []
+        for o, got, want in zip(outputs, fetch(), wants):
+            got = data.from_storage(got, o.dtype) if o.dtype is dt.bf16 else got
+            want = want.float().cpu().numpy().reshape(got.shape)
+            scale = max(float(np.linalg.norm(want.astype(np.float64))), 1e-30)
+            errs.append(np.inf if np.isnan(got).any() else float(np.linalg.norm(got.astype(np.float64) - want)) / scale)
+        err = max(errs)
+        if not err < (1e-2 if low else 1e-4 if key != "matmul" else 1e-5):
             print(f"{name}: WRONG RESULT, relative error {err:.2e}", flush=True)
             prog.free()
             continue

@@ -136,6 +136,8 @@ def case(name: str) -> list[ir.Node]:
         return layernorm_rows(rows=300, width=1000)
     if name == "cross_entropy_rows":   # max, sum, the picked logit by a gathered index, the gradient
         return cross_entropy_rows()
+    if name == "cross_entropy_cached":   # rows of 100 KB, kept in shared memory (merge.row_cache)
+        return cross_entropy_rows(rows=48, classes=50304)
     if name == "layernorm_backward":   # the backward's row sums and maps, one chain
         outs = layernorm_rows(rows=256)
         params = [n for n in ir.toposort(outs) if n.op is Op.PARAM]
@@ -161,7 +163,8 @@ def small_batches() -> list[ir.Node]:
 @pytest.mark.parametrize("name", ["transpose", "permute3d", "matmul", "matmul_epilogue", "softmax_long_rows",
                                   "column_sum_two_stage", "embedding_grad", "small_batches",
                                   "adam_chain", "adam_flipped", "layernorm_rows", "layernorm_shifted",
-                                  "layernorm_backward", "layernorm_odd", "cross_entropy_rows", "short_rows_f32",
+                                  "layernorm_backward", "layernorm_odd", "cross_entropy_rows", "cross_entropy_cached",
+                                  "short_rows_f32",
                                   "short_rows_bf16"])
 def test_gpu_plan_matches_reference(name: str) -> None:
     outputs = case(name)
