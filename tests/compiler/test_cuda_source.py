@@ -314,6 +314,22 @@ def test_a_row_read_by_three_loops_is_read_once(tmp_path: Path) -> None:
             assert compile_cuda(src, "sm_90a", tmp_path) is None
 
 
+def test_a_row_the_block_does_not_divide_is_read_in_unrolled_steps(tmp_path: Path) -> None:
+    """A bf16 softmax over rows of 50304 (6288 vectors for 1024 threads: 7 steps, the last
+    partial): each loop unrolls, its steps counted by a constant, so that a thread's loads of
+    the row are in flight together; the guard that skips the steps past the row's end folds
+    away in the six that every thread takes."""
+    prog = ("ember 1\nx = param bf16[16,50304]\nm = max x axes=[1]\nmb = expand m shape=[16,50304]\n"
+            "d = sub x mb\ne = exp2 d\ns = sum e axes=[1]\nsb = expand s shape=[16,50304]\np = div e sb\nreturn p\n")
+    sched = cuda.prepare(text.parse(prog).output_nodes, "sm_90a")
+    src = cuda.render(sched)
+    assert cuda.launch_config(sched.kernels[0], sched.target)[1] == 1024
+    assert len(re.findall(r"#pragma unroll\n  for \(int (i\d+)s = 0, \1 = threadIdx.x; \1s < 7; \1s\+\+, \1 \+= 1024\)\n"
+                          r"  if \(\1s < 6 \|\| \1 < 6288\)", src)) == 3
+    if COMPILER is not None:
+        assert compile_cuda(src, "sm_90a", tmp_path) is None
+
+
 def test_a_long_row_that_later_members_read_is_kept_in_shared_memory(tmp_path: Path) -> None:
     """A cross-entropy's chain over rows of 50304 bf16 logits (100 KB): the max reads each row
     from memory and keeps it in the block's shared memory, and the sum of exponentials, the
