@@ -55,6 +55,10 @@ class Contraction:
     i_parts: tuple[Node, ...] = ()
     j_parts: tuple[Node, ...] = ()
     k_parts: tuple[Node, ...] = ()
+    # i's and j's parts chain in the operands and the output (each outer part's stride is the
+    # next one's times its size: a [B, T, C] activation's B and T): memory sees one range, so
+    # TMA may read and write the tiles; the parts are decoded for the epilogue only
+    chained: bool = False
     # the output's element strides over i and the batch ranges, where TMA can write its tiles:
     # bf16 or f16, j contiguous and even, the other strides multiples of 16 bytes, offset 0
     out_strides: "dict[Node, int] | None" = None
@@ -203,14 +207,27 @@ def find(k: Kernel, dtypes: tuple[dt.DType, ...] = TENSOR_CORE_DTYPES) -> Contra
     if a is None or b is None:
         return None
     pairs = _pairs(k, j_parts[-1] if j_parts else jb)  # even sizes: a pair never straddles parts
-    out = None if i_parts or j_parts or k.atomic else _out_strides(k, ia, jb, batch)
-    return Contraction(red, ia, jb, kr, batch, a, b, x.dtype, pairs, i_parts, j_parts, k_parts, out)
+    store = sym.linear(k.store.srcs[1])[0]
+    chained = bool(i_parts or j_parts) and _chain(i_parts, fx[0]) and _chain(j_parts, fy[0]) and \
+        _chain(i_parts, store) and _chain(j_parts, store)
+    out = None if (i_parts or j_parts) and not chained or k.atomic else \
+        _out_strides(k, ia, jb, batch, i_parts if chained else (), j_parts if chained else ())
+    return Contraction(red, ia, jb, kr, batch, a, b, x.dtype, pairs, i_parts, j_parts, k_parts, chained, out)
 
 
-def _out_strides(k: Kernel, i: Node, j: Node, batch: tuple[Node, ...]) -> dict[Node, int] | None:
+def _chain(parts: tuple[Node, ...], terms: dict[Node, int]) -> bool:
+    """Whether each part's stride in terms is the next inner one's times that one's size."""
+    return all(terms.get(outer, 0) == terms.get(inner, 0) * inner.arg[1] for outer, inner in zip(parts, parts[1:]))
+
+
+def _out_strides(k: Kernel, i: Node, j: Node, batch: tuple[Node, ...], i_parts: tuple[Node, ...] = (),
+                 j_parts: tuple[Node, ...] = ()) -> dict[Node, int] | None:
     """The store's strides over i and the batch ranges if TMA can write the output tile by tile
-    (Contraction.out_strides), else None."""
+    (Contraction.out_strides), else None; i_parts, j_parts: parts that chain, one range to TMA."""
     terms, const = sym.linear(k.store.srcs[1])
+    for merged, parts in ((i, i_parts), (j, j_parts)):
+        if parts:
+            terms = {r: c for r, c in terms.items() if r not in parts} | {merged: terms.get(parts[-1], 0)}
     chunk = 8   # 2-byte elements in 16 bytes
     if k.out.dtype not in (dt.bf16, dt.f16) or terms.get(j) != 1 or j.arg[1] % 2 or const or \
             set(terms) - {i, j, *batch}:
@@ -291,7 +308,7 @@ def tma_ready(c: Contraction) -> bool:
     """Whether TMA can read both operands: a box per tile of a tensor of at most 5 dimensions
     (its contiguous axis, the other, the batch ranges it moves along) at 16-byte aligned strides;
     not the decoded parts of merged ranges (a convolution's windows)."""
-    return not (c.i_parts or c.j_parts or c.k_parts) and all(
+    return not (c.k_parts or (c.i_parts or c.j_parts) and not c.chained) and all(
         op.aligned and 2 + sum(1 for b in c.batch if op.strides.get(b)) <= 5 for op in (c.a, c.b))
 
 

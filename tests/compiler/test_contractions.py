@@ -94,11 +94,16 @@ def case(name: str) -> tuple[list[Node], tuple[bool, bool]]:
         return [ir.reduce(Op.SUM, prod, (0, 1))], (True, False)
     if name == "rows_64":  # 64 rows, many columns: one warpgroup on Hopper
         return [matmul(p("a", BF16, (64, 96)), p("b", BF16, (96, 320)))], (True, False)
+    if name == "activation_rows":  # x[b, t, :] @ W + bias, as a [B, T, C] activation: M is b and t, chained
+        y = matmul(p("x", BF16, (3, 96, 64)), p("w", BF16, (64, 128)))
+        bias = ir.expand(ir.reshape(p("bias", dt.f32, (128,)), (1, 1, 128)), y.shape)
+        return [ir.unary(Op.CAST, ir.binary(Op.ADD, ir.unary(Op.CAST, y, dt.f32), bias), BF16)], (True, False)
     raise KeyError(name)
 
 
 CASES = ["bf16_aligned", "f16_odd", "bf16_edges", "a_transposed", "b_transposed", "both_transposed", "batched",
-         "batched_wide", "broadcast_batch", "weight_grad", "epilogue", "f32_of_bf16", "conv_like", "rows_64", "k_parts"]
+         "batched_wide", "broadcast_batch", "weight_grad", "epilogue", "f32_of_bf16", "conv_like", "rows_64", "k_parts",
+         "activation_rows"]
 
 
 CPU_CASES = CASES + ["f32", "f64"]
@@ -327,6 +332,10 @@ def test_tma_store_where_the_output_allows() -> None:
     assert p.tma_store and mma._tma_out_box(c) == ([96, 128, 2], [1, 96, 128 * 96], [64, 64, 1])
     for name in ("epilogue", "f16_odd", "conv_like"):   # f32 output; 45 columns; rows n, h, w merged
         assert not plan_of(name)[1].tma_store, name
+    c, p = plan_of("activation_rows")   # [3, 96, 128]: rows b and t chain, one range to TMA (GPT-2's qkv)
+    assert c.chained and [r.arg[1] for r in c.i_parts] == [3, 96] and p.tma and p.tma_store
+    assert mma._tma_box(c, c.a, p) == ([64, 288], [1, 64], [64, p.block_m])
+    assert mma._tma_out_box(c) == ([128, 288], [1, 128], [64, 64])
     a, b = ir.param("a", BF16, (16384, 768)), ir.param("b", BF16, (768, 3072))   # GPT-2's fc
     (k,) = [k for k in _kernels([matmul(a, b)], arch="sm_90a") if k.contraction]
     p = k.plan
