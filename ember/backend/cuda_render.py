@@ -77,6 +77,8 @@ class CUDARenderer(CLike):
             return f"ember_bf16_bits_op{v[len('ember_round_bf16_op'):]}"
         if d is dt.bf16 and _call_of(v, "ember_bf16_fma"):   # a bf16 value already: its upper half
             return f"((unsigned short)(__float_as_uint({v}) >> 16))"
+        if d is dt.bf16 and _call_of(v, "ember_round_bf16f"):   # an f32 cast to bf16: the same bits
+            return f"ember_f32_to_bf16_bits{v[len('ember_round_bf16f'):]}"
         if d is dt.f16 and _call_of(v, "ember_round_f16f"):
             # the same bits converted once: rounding to f16, widening (in software) and converting
             # again cost an f16 matmul's epilogue about 25 instructions an element
