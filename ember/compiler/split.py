@@ -42,7 +42,7 @@ def split_large_reductions(outputs: list[Node], gpu: Target) -> list[Node]:
             # few outputs of many axes (batch norm's statistics over N, H and W: 64 blocks of
             # 65536 elements each; a convolution's weight gradient, 9 tiles of K = 65536): first
             # every value of the outermost reduced axis apart (for a contraction: a split K)
-            return ir.reshape(ir.reduce(n.op, ir.reduce(n.op, x, n.arg[1:]), n.arg[:1]), n.shape)
+            return ir.reshape(_two_stages(n.op, x, n.arg[1:], n.arg[:1]), n.shape)
         elif len(n.arg) == 1 and n.arg[0] < len(x.shape) - 1 and n.numel < 1 << 17 and x.shape[n.arg[0]] >= 1024:
             axis = n.arg[0]  # a strided axis: one thread per output would be too few threads
         else:
@@ -53,11 +53,19 @@ def split_large_reductions(outputs: list[Node], gpu: Target) -> list[Node]:
         if groups is None:
             return None
         parts = ir.reshape(x, x.shape[:axis] + (groups, size // groups) + x.shape[axis + 1:])
-        return ir.reshape(ir.reduce(n.op, ir.reduce(n.op, parts, (axis + 1,)), (axis,)), n.shape)
+        return ir.reshape(_two_stages(n.op, parts, (axis + 1,), (axis,)), n.shape)
 
     rules = [(Pat(Op.SUM, name="n"), pad_operands)] if gpu.mma_sync else []   # before split_k: it keeps the pads
     return rewrite(outputs, RuleSet([*rules, (Pat(Op.SUM, name="n"), lambda n: split_k(n, gpu.sms)),
                                      (Pat(pred=lambda n: n.op in (Op.SUM, Op.RMAX), name="n"), split)]))
+
+
+def _two_stages(op: Op, x: Node, first: tuple[int, ...], then: tuple[int, ...]) -> Node:
+    """op over axes `first` of x, then over `then` of the partial results. A 16-bit sum is summed
+    in f32 and rounded once at the end, as the spec says, not rounded in its partial results."""
+    if op is Op.SUM and x.dtype in (dt.bf16, dt.f16):
+        return ir.unary(Op.CAST, _two_stages(op, ir.unary(Op.CAST, x, dt.f32), first, then), x.dtype)
+    return ir.reduce(op, ir.reduce(op, x, first), then)
 
 
 MIN_SPLIT_K = 1024  # the least K a split part keeps

@@ -76,6 +76,16 @@ def test_long_1d_full_reduction_is_split_across_blocks() -> None:
     np.testing.assert_allclose(ref.evaluate([split], {x: v})[0], ref.evaluate([out], {x: v})[0], rtol=1e-12)
 
 
+def test_a_16_bit_sum_in_two_stages_is_rounded_once() -> None:
+    """A bf16 column sum over 16384 rows (a bias gradient) runs in two stages, partial sums over
+    groups of rows then the groups: the partial sums are f32 and only the total is rounded to
+    bf16, as the spec's 16-bit sum is (bf16 partial sums rounded 257 times)."""
+    for axes, n in (("[0]", 768), ("[0,1]", 1)):
+        prog = f"ember 1\nx = param bf16[16384,768]\ns = sum x axes={axes}\nreturn s\n"
+        first, last = cuda.prepare(text.parse(prog).output_nodes, "sm_90a").kernels
+        assert first.out.dtype is dt.f32 and first.out.size > n and last.out.dtype is dt.bf16 and last.out.size == n
+
+
 def test_embedding_gradient_is_a_scatter() -> None:
     from .test_gpu_plans import embedding_grad
     kernels = cuda.prepare([embedding_grad()], "sm_90a").kernels
