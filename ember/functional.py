@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from . import dtype as dt
-from . import ir
+from . import ir, tensor
 from .tensor import ShapeError, Tensor, _axis_windows, _function, cat, einsum, rand, where
 
 # ---------------------------------------------------------------------------- activations
@@ -81,6 +81,15 @@ def quick_gelu(x: Tensor) -> Tensor:
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:  # noqa: A002
     if input.shape[-1:] != weight.shape[-1:]:
         raise ShapeError(f"linear: input {list(input.shape)} and weight {list(weight.shape)} (out, in) do not fit")
+    low = tensor.context.autocast
+    if bias is not None and low is not None and input.dtype.is_float and input.dtype.bits > low.bits:
+        # as torch.autocast's linear: the bias added in the low precision, and its gradient
+        # the sum of the low-precision gradient that the matmuls read (added after the
+        # rounding, in f32, the gradient was the f32 one, which GPT-2's fc layer recomputed
+        # through GELU' in a kernel of its own)
+        with tensor.autocast(enabled=False):
+            y = input.cast(low) @ weight.cast(low).T + bias.cast(low)
+        return y.cast(input.dtype)
     y = input @ weight.T
     return y + bias if bias is not None else y
 

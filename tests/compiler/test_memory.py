@@ -33,16 +33,21 @@ def test_a_program_without_temporaries_holds_its_inputs_and_outputs() -> None:
 
 def test_a_member_output_that_dies_in_its_merged_kernel_is_freed() -> None:
     """A merged kernel's member output that only later members read dies with the kernel: its
-    memory goes to a later temporary (it was never freed: 48 MiB a GPT-2 layer, 0.5 GiB)."""
-    _, sched, _, _ = gpt_step("cuda")
+    memory goes to later temporaries (it was never freed: 48 MiB a GPT-2 layer, 0.5 GiB). A
+    step with a chunked head has a dozen such outputs (the chunks' row maxima and sums, the
+    layernorms' statistics); best fit gives most of them to later temporaries, and none of
+    them without the fix."""
+    T.manual_seed(0)
+    model = build(GPTConfig(vocab=4096, block=256, dim=64, n_layer=1, n_head=2))
+    outputs, _, _ = step_program(model, optim.AdamW(model.parameters(), lr=1e-3), 8, 256, T.autocast("bfloat16"))
+    sched = cuda.prepare(outputs, "sm_90a")
     size = {b.id: schedule._aligned(b.nbytes) for b in sched.temps}
     first, last = schedule.lifetimes(sched)
     at = sched.slots
     inner = [(i, m.out.id) for i, k in enumerate(sched.kernels) if k.members for m in k.members
              if m.out.id in size and m.out.id != k.out.id and last[m.out.id] == i]
-    assert inner
-    for i, b in inner:
-        assert any(first[c] > i and at[c] < at[b] + size[b] and at[b] < at[c] + size[c] for c in size)
+    reused = [any(first[c] > i and at[c] < at[b] + size[b] and at[b] < at[c] + size[c] for c in size) for i, b in inner]
+    assert len(inner) >= 6 and sum(reused) >= len(inner) // 2
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

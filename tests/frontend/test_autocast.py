@@ -78,3 +78,28 @@ def test_attention_scores_are_not_rounded_to_bf16(form: str) -> None:
                 F.scaled_dot_product_attention(a, b, c, is_causal=True)
     err = np.linalg.norm(o.cast("float32").numpy() - truth) / np.linalg.norm(truth)
     assert err < 3e-3, err
+
+
+def test_a_linear_with_a_bias_is_torch_autocasts() -> None:
+    """nn.Linear under autocast as torch.autocast's: the bias added in bf16 to the bf16 product
+    (torch rounds once, Ember twice: within a bf16 ulp), given back as f32; the bias gradient
+    is the sum of the bf16 gradient that the matmuls read, not of an f32 one."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x, w, b, dy = (rng.standard_normal(s).astype(np.float32) for s in ((48, 64), (96, 64), (96,), (48, 96)))
+    xe, we, be = T.Tensor(x), T.Tensor(w, requires_grad=True), T.Tensor(b, requires_grad=True)
+    with ember.autocast("bfloat16"):
+        y = ember.functional.linear(xe, we, be)
+    assert y.dtype is ember.dtype.f32
+    (y * T.Tensor(dy)).sum().backward()
+    xt, wt, bt = torch.tensor(x), torch.tensor(w, requires_grad=True), torch.tensor(b, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        yt = torch.nn.functional.linear(xt, wt, bt)
+    (yt.float() * torch.tensor(dy)).sum().backward()
+    np.testing.assert_allclose(y.numpy(), yt.float().detach().numpy(), rtol=8e-3, atol=8e-3)
+    for got, want in ((be.grad, bt.grad), (we.grad, wt.grad)):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=8e-3, atol=3e-2)
+    from ember.compiler import autodiff
+    (g,) = autodiff.expand_grads([be.grad.node])   # f32(reshape(sum of the bf16 gradient over rows))
+    assert g.op is ember.ir.Op.CAST and g.srcs[0].srcs[0].op is ember.ir.Op.SUM
+    assert g.srcs[0].srcs[0].srcs[0].dtype is ember.dtype.bf16
