@@ -130,11 +130,8 @@ class CUDARenderer(CLike):
         # a row chain's members read what earlier members wrote: those reads not through the
         # read-only cache (its lines are not kept coherent with the kernel's own stores)
         shared = frozenset(written) if plan.rows else frozenset()
-        offsets, _ = plan.cache_offsets({b.id: b.dtype.itemsize for b in k.args})
-        members = "".join(CUDAKernelWriter(self, m, prefix, member=True, threads=threads, shared=shared,
-                                           cache={b: (offsets[b], width, i == fill) for b, width, fill in plan.cached
-                                                  if i >= fill and any(x.id == b for x in m.reads)}).write()
-                          for i, m in enumerate(plan.members))
+        members = "".join(CUDAKernelWriter(self, m, prefix, member=True, threads=threads, shared=shared).write()
+                          for m in plan.members)
         params = ", ".join(f"{'' if b.id in written else 'const '}{self.stype(b.dtype)}* {self.restrict} b{b.id}"
                            for b in k.args)
         if plan.together:   # every member in every thread (or block), one after another
@@ -208,8 +205,7 @@ def launch_config(k: Kernel, gpu: Target) -> tuple[tuple[int, int, int], int, in
     if isinstance(p, MergedPlan):   # the members' blocks (together: each block every member's)
         blocks = [launch_config(m, gpu)[0][0] for m in p.members]
         threads = max(block_size(m) for m in p.members) if p.rows else BLOCK
-        _, cache = p.cache_offsets({b.id: b.dtype.itemsize for b in k.args})
-        return (blocks[0] if p.together else sum(blocks), 1, 1), threads, cache
+        return (blocks[0] if p.together else sum(blocks), 1, 1), threads, 0
     if isinstance(p, RowPlan) and p.group:   # groups of a block's threads, a row each
         return (-(-math.prod(r.arg[1] for r in p.block) // (BLOCK // p.group)), 1, 1), BLOCK, 0
     if isinstance(p, (RowPlan, TilePlan)):   # a block per row or tile
@@ -221,14 +217,11 @@ class CUDAKernelWriter(KernelWriter):
     vector_bytes = 16
 
     def __init__(self, r: CLike, k: Kernel, prefix: str = "", member: bool = False, threads: int = 0,
-                 shared: frozenset[int] = frozenset(), cache: dict[int, tuple[int, int, bool]] | None = None):
+                 shared: frozenset[int] = frozenset()):
         """member: a merged kernel's member (merge.py), a device function given its block index;
         threads: a row chain member's block size (the chain's); shared: the buffers the chain's
-        members write (read as ordinary memory); cache: the buffers whose row the block keeps in
-        shared memory (MergedPlan.cached), each (its byte offset there, the row's width, whether
-        this member fills it)."""
+        members write (read as ordinary memory)."""
         super().__init__(r, k, prefix)
-        self.cache = cache or {}
         self.block_scope: Scope | None = None
         self.member, self.threads, self.shared = member, threads or block_size(k), shared
         self.known_threads = not member or bool(threads)
@@ -254,11 +247,6 @@ class CUDAKernelWriter(KernelWriter):
         for b in [k.out, *k.reads]:
             typ = ("" if b is k.out or b.id in self.shared else "const ") + self.r.stype(b.dtype)
             root.put(f"b{b.id} = ({typ}*)__builtin_assume_aligned(b{b.id}, 16);")
-        if self.cache:
-            root.put("extern __shared__ __align__(128) unsigned char ember_smem[];")
-        for b, (offset, _, _) in self.cache.items():
-            root.put(f"{self.r.stype(self.buffer(b).dtype)}* c{b} = "
-                     f"({self.r.stype(self.buffer(b).dtype)}*)(ember_smem + {offset});")
         scope = {TilePlan: self.open_tile, RowPlan: self.open_row}.get(type(k.plan), self.open_threads)(root)
         for r in [r for r in k.ranges if r in k.lanes]:   # then the register lanes
             scope = scope.open(frozenset([r]), self.r.loop_header(r, self.range_var(r), True, False))
@@ -337,48 +325,9 @@ class CUDAKernelWriter(KernelWriter):
                                         f"{var} += {threads})"]
         return before, header
 
-    def buffer(self, buf: int) -> Any:
-        return next(b for b in self.k.args if b.id == buf)
-
-    def row_offset(self, n: Node) -> tuple[str, int, Node] | None:
-        """For a load of a buffer whose row the block keeps in shared memory: (the copy, the row's
-        width, where in the row n reads: None past it); None for other loads."""
-        entry = self.cache.get(n.srcs[0].arg)
-        if entry is None:
-            return None
-        _, width, fill = entry
-        if fill:   # the filling member reads its row from memory
-            return None
-        off = merge.row_offset(n, self.k.plan.block, width)
-        return None if off is None else (f"c{n.srcs[0].arg}", width, off)
-
-    def filling(self, n: Node) -> int:
-        """The row's width when n is a load by which this member fills a row cache (0: not)."""
-        entry = self.cache.get(n.srcs[0].arg)
-        return entry[1] if entry is not None and entry[2] and merge.covers_row(n, self.k.plan.block, entry[1]) else 0
-
-    def scalar_load(self, n: Node, args: list[str], scope: Scope) -> str:
-        """A row kept in shared memory is read there; the member filling it also copies it in."""
-        cached = self.row_offset(n)
-        if cached is not None:
-            src, _, off = cached
-            return self.r.load(src, self.ref(self.value(off, scope), off), n.dtype)
-        width = self.filling(n)
-        if width:
-            off = merge.offset_in_row(n.srcs[1], self.k.plan.block, width)
-            scope.put(f"c{n.srcs[0].arg}[{self.ref(self.value(off, scope), off)}] = {args[0]}[{args[1]}];")
-        return super().scalar_load(n, args, scope)
-
     def vector_read(self, n: Node, scope: Scope, vec: Any) -> tuple[Scope, str]:
-        """Reads of a row by a block's unrolled loops are noted for finish (below); a row kept in
-        shared memory is read there, and the member filling it copies each vector in."""
-        cached = self.row_offset(n)
-        if cached is not None:
-            src, width, _ = cached
-            base = merge.offset_in_row(vec.base, self.k.plan.block, width)
-            outer, arr = super().vector_read(n, scope, vec, src, base)
-        else:
-            outer, arr = super().vector_read(n, scope, vec)
+        """Reads of a row by a block's unrolled loops are noted for finish (below)."""
+        outer, arr = super().vector_read(n, scope, vec)
         loop = next(iter(outer.avail - outer.parent.avail), None) if outer.parent is not None else None
         if loop in self.unrolled and len(n.srcs) == 2 and n.srcs[0].arg != self.k.out.id and n.dtype.itemsize >= 4:
             trips, threads = self.unrolled[loop]
@@ -387,12 +336,6 @@ class CUDAKernelWriter(KernelWriter):
             j = f"(({self.range_var(loop)} - {self.sub}) / {threads}) * {vec.count}"
             # (the declaration line, to be replaced by a read from registers, and its vectors)
             self.row_reads.setdefault(key, []).append((outer, outer.lines[outer.cursor - 2], f"{arr}v", j, vec.type))
-        width = self.filling(n)
-        if width:
-            off = merge.offset_in_row(vec.base, self.k.plan.block, width)
-            at = self.ref(self.value(off, outer), off)
-            for c, address in enumerate(vec.addresses(f"c{n.srcs[0].arg}", at)):
-                outer.put(f"*({vec.type}*)({address}) = {arr}v[{c}];")
         return outer, arr
 
     def finish(self, root: Scope) -> None:

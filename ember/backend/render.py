@@ -391,26 +391,19 @@ class KernelWriter:
                 return Vector(lane, base, VECTOR_TYPES[step], step // d.itemsize, nbytes // step)
         return None
 
-    def scalar_load(self, n: Node, args: list[str], scope: Scope) -> str:
-        """A load of one element (args: its buffer, index and guard, rendered)."""
-        return self.r.load(args[0], args[1], n.dtype)
-
     def vector_load(self, n: Node, scope: Scope, vec: "Vector") -> str:
         """The lane's loads of n as vector reads before the lane's loop; n's value at a lane."""
         _, arr = self.vector_read(n, scope, vec)
         return self.r.load(arr, self.range_var(vec.lane), n.dtype)
 
-    def vector_read(self, n: Node, scope: Scope, vec: "Vector", src: str | None = None,
-                    base: Node | None = None) -> tuple[Scope, str]:
+    def vector_read(self, n: Node, scope: Scope, vec: "Vector") -> tuple[Scope, str]:
         """The vector reads of n, declared in the outermost scope its address and guard allow:
-        (that scope, the name of the element view; the vectors are its name + "v"). src, base:
-        read them from there instead (a copy of n's buffer, vec.base's element of it)."""
+        (that scope, the name of the element view; the vectors are its name + "v")."""
         st = self.r.stype(n.dtype)
         chain = scope.chain()
         outer = max((self.target(x, scope) for x in [vec.base, *n.srcs[2:]]), key=chain.index)  # address, guard
-        base = vec.base if base is None else base
-        arr, at = self.var("v"), self.ref(self.value(base, outer), base)
-        buf = self.operand(n.srcs[0], scope) if src is None else src
+        arr, at = self.var("v"), self.ref(self.value(vec.base, outer), vec.base)
+        buf = self.operand(n.srcs[0], scope)
         parts = [f"*(const {vec.type}*)({a})" for a in vec.addresses(buf, at)]
         if len(n.srcs) == 3:   # guarded: zeros where the guard is false, nothing read
             guard = self.ref(self.value(n.srcs[2], outer), n.srcs[2])
@@ -580,7 +573,7 @@ class KernelWriter:
         if vec is not None:
             expr = self.vector_load(n, scope, vec)
         elif op is Op.LOAD:
-            expr = self.scalar_load(n, args, scope)
+            expr = self.r.load(args[0], args[1], n.dtype)
             if len(args) == 3:
                 expr = f"({args[2]} ? {expr} : 0)"
         else:

@@ -84,24 +84,11 @@ class MergedPlan:
     block by block (small kernels), or, `together`, each thread running every member in turn
     on the same elements (a chain of maps over one iteration space: AdamW's update of a tensor);
     or, `rows`, each a block per row (RowPlan) of the same rows, a block running every member
-    in turn with a barrier between them (a layernorm's mean, variance and normalized row);
-    `cached`: the buffers whose row a row chain's block keeps in shared memory (merge.row_cache),
-    each (buffer id, row width in elements, the member that fills it)."""
+    in turn with a barrier between them (a layernorm's mean, variance and normalized row)."""
     members: tuple   # of lower.Kernel
     together: bool = False
     rows: bool = False
-    cached: tuple[tuple[int, int, int], ...] = ()
-
-    def cache_offsets(self, itemsize: dict[int, int]) -> tuple[dict[int, int], int]:
-        """Each cached buffer's byte offset in the block's shared memory, and the bytes in all
-        (rows rounded up to 16-byte vectors); itemsize: each cached buffer's element size."""
-        offsets, used = {}, 0
-        for buf, width, _ in self.cached:
-            offsets[buf] = used
-            used += -(-width * itemsize[buf] // 16) * 16
-        return offsets, used
 
     def __str__(self) -> str:
         how = "a block per row" if self.rows else "in the same threads" if self.together else "in one launch"
-        kept = f"; rows of {', '.join(f'b{b}' for b, _, _ in self.cached)} in shared memory" if self.cached else ""
-        return f"{len(self.members)} kernels {how}: {', '.join(m.name for m in self.members)}{kept}"
+        return f"{len(self.members)} kernels {how}: {', '.join(m.name for m in self.members)}"

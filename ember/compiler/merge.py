@@ -24,13 +24,6 @@ member's): a block runs the members one after another with a barrier between the
 read from memory once and again from the SM's cache. Up to ROW_WINDOW kernels (not counting
 small ones) that cannot join are passed over and run after the chain (none a later member
 reads). A member may write over what it reads for the last time (in_place, the memory plan's).
-
-Row caches (`row_cache`): a cross-entropy chunk's chain reads each 100 KB row of logits three
-times (the max, the sum of exponentials, the gradient); with 264 rows in flight the later reads
-missed L2 and the chain moved 1.65 GB a chunk for 0.82 of work. The first member that reads a
-whole row of an input now also keeps it in the block's shared memory, and later members read
-it there: any read of that buffer inside the block's own row (a gathered target logit too).
-Rows under ROW_CACHE_MIN bytes stay in L1 as they are.
 """
 from __future__ import annotations
 
@@ -92,12 +85,11 @@ def merge_small(sched: Schedule) -> None:
     sched.kernels = [k for k in kernels if id(k) not in small] + merged
 
 
-def _merged(members: list[Kernel], together: bool = False, rows: bool = False,
-            cached: tuple[tuple[int, int, int], ...] = ()) -> Kernel:
+def _merged(members: list[Kernel], together: bool = False, rows: bool = False) -> Kernel:
     first = members[0]
     reads = {b.id: b for m in members for b in [m.out, *m.reads] if b.id != first.out.id}
     return Kernel(f"{'r' if rows else 'c' if together else 'b'}{first.name}", first.out, [], first.store,
-                  list(reads.values()), plan=MergedPlan(tuple(members), together or rows, rows, cached))
+                  list(reads.values()), plan=MergedPlan(tuple(members), together or rows, rows))
 
 
 def _map(k: Kernel) -> bool:
@@ -162,8 +154,6 @@ def merge_chains(sched: Schedule) -> None:
 
 
 ROW_WINDOW = 3   # kernels a row chain may pass over (they then run after it)
-ROW_CACHE_MIN = 16 << 10   # bytes of a row worth keeping in shared memory (shorter ones stay in L1)
-STATIC_SHARED = 1 << 10    # shared memory a row chain's block keeps for its reductions' partials
 
 
 def row_ranges(k: Kernel, n: int, maps: frozenset[int]) -> tuple[Node, ...] | None:
@@ -266,67 +256,9 @@ def row_chain(kernels: list[Kernel], start: int, maps: frozenset[int]) \
     return members, kernels.index(members[-1][0]) + 1
 
 
-def row_offset(load: Node, rows: tuple[Node, ...], width: int) -> Node | None:
-    """Where a load of a buffer of rows of `width` elements, by a block per row of `rows`, reads
-    in its own row (index - row * width; the load's guard keeps a gathered column there), or
-    None where it may read elsewhere."""
-    index, valid = load.srcs[1], load.srcs[2] if len(load.srcs) > 2 else None
-    if not _in_row(index, valid, flat_index(rows, _extents(rows)), width):
-        return None
-    return offset_in_row(index, rows, width)
-
-
-def offset_in_row(index: Node, rows: tuple[Node, ...], width: int) -> Node:
-    """index - row * width: an index into the block's row of rows of `width` elements."""
-    row = flat_index(rows, _extents(rows))
-    return sym.simplify([sym.add(index, sym.mul(row, sym.const(-width, row.dtype)))])[0]
-
-
-def covers_row(load: Node, rows: tuple[Node, ...], width: int) -> bool:
-    """Whether an unguarded load reads row * width + e with e running once over [0, width) as
-    the kernel's other ranges do (each element of the block's row read by one of its threads)."""
-    off = row_offset(load, rows, width) if len(load.srcs) == 2 else None
-    if off is None:
-        return False
-    terms, k = sym.linear(off)
-    stride = 1
-    for t, c in sorted(((t, c) for t, c in terms.items() if c), key=lambda tc: tc[1]):
-        if t.op is not Op.RANGE or t in rows or c != stride:
-            return False
-        stride *= t.arg[1]
-    return k == 0 and stride == width
-
-
-def _loads(k: Kernel, buf: int) -> list[Node]:
-    return [x for x in toposort([k.store]) if x.op is Op.LOAD and x.srcs[0].arg == buf]
-
-
-def row_cache(members: list[Kernel], room: int) -> tuple[tuple[int, int, int], ...]:
-    """The inputs of a row chain whose rows its blocks keep in shared memory (MergedPlan.cached):
-    read by two members or more, the first of them reading the whole row, at least ROW_CACHE_MIN
-    bytes a row, all within room bytes."""
-    written = {m.out.id for m in members}
-    n = math.prod(_extents(members[0].plan.block))
-    cached, used = [], 0
-    for b in dict.fromkeys(b for m in members for b in m.reads):
-        width = b.size // n
-        nbytes = -(-width * b.dtype.itemsize // 16) * 16
-        readers = [m for m in members if any(x.id == b.id for x in m.reads)]
-        if b.id in written or width * n != b.size or nbytes < ROW_CACHE_MIN or used + nbytes > room or \
-                len(readers) < 2:
-            continue
-        fill = readers[0]
-        if any(covers_row(x, fill.plan.block, width) for x in _loads(fill, b.id)) and \
-                any(row_offset(x, m.plan.block, width) is not None for m in readers[1:] for x in _loads(m, b.id)):
-            cached.append((b.id, width, members.index(fill)))
-            used += nbytes
-    return tuple(cached)
-
-
-def merge_rows(sched: Schedule, chains: list[list[Kernel]], smem: int) -> None:
+def merge_rows(sched: Schedule, chains: list[list[Kernel]]) -> None:
     """Each row chain (optimize found it and planned its maps a block per row) becomes one kernel
-    (MergedPlan, rows) where its first member was; the kernels it passed over run after it.
-    smem: the shared memory a block may have (the target's), for row caches."""
+    (MergedPlan, rows) where its first member was; the kernels it passed over run after it."""
     at = {id(k): i for i, k in enumerate(sched.kernels)}
     first = {at[id(chain[0])]: chain for chain in chains}
     chosen = {id(m) for chain in chains for m in chain}
@@ -338,7 +270,7 @@ def merge_rows(sched: Schedule, chains: list[list[Kernel]], smem: int) -> None:
             i += 1
             continue
         end = at[id(chain[-1])] + 1
-        out.append(_merged(chain, rows=True, cached=row_cache(chain, smem - STATIC_SHARED)))
+        out.append(_merged(chain, rows=True))
         out += [k for k in sched.kernels[i:end] if id(k) not in chosen]
         i = end
     sched.kernels = out

@@ -340,28 +340,6 @@ def test_a_row_the_block_does_not_divide_is_read_in_unrolled_steps(tmp_path: Pat
         assert compile_cuda(src, "sm_90a", tmp_path) is None
 
 
-def test_a_long_row_that_later_members_read_is_kept_in_shared_memory(tmp_path: Path) -> None:
-    """A cross-entropy's chain over rows of 50304 bf16 logits (100 KB): the max reads each row
-    from memory and keeps it in the block's shared memory, and the sum of exponentials, the
-    gathered target logit and the gradient read it there (merge.row_cache); the launch asks for
-    the row's bytes. An RTX 3080's block has 99 KB: there the row is read from memory by each."""
-    from ember.compiler.loops import MergedPlan
-
-    from .test_gpu_plans import cross_entropy_rows
-    for arch, kept in (("sm_90a", True), ("sm_86", False)):
-        sched = cuda.prepare(cross_entropy_rows(64, 50304), arch)
-        (k,) = [k for k in sched.kernels if isinstance(k.plan, MergedPlan) and k.plan.rows]
-        logits = next(b for b in k.args if b.dtype is dt.bf16 and b.size == 64 * 50304 and b is not k.members[-1].out)
-        assert k.plan.cached == (((logits.id, 50304, 0),) if kept else ())
-        assert cuda.launch_config(k, gpu(arch))[2] == (50304 * 2 if kept else 0)
-        src = cuda.render(dataclasses.replace(sched, kernels=[k]))
-        reads = src.count(f"*(const uint4*)(b{logits.id} + ")
-        assert reads == (1 if kept else 3) and src.count(f"*(uint4*)(c{logits.id} + ") == int(kept)
-        assert (f"ember_bf16_to_f32(c{logits.id}[" in src) == kept   # the gathered target logit
-        if COMPILER is not None:
-            assert compile_cuda(src, arch, tmp_path) is None
-
-
 EDGES = {   # x and y where a quotient from the reciprocal, or 2^x from MUFU.EX2, could differ
     "bf16": ([1, 6, 2.0**127, 2.0**-130, 1, 0, math.inf, 1, math.nan, -3, 2.0**-126, 100, -130],
              [3, 3, 2.0**127, 2.0**-130, 0, 0, math.inf, math.inf, 1, 7, 2.0**-130, 2.0**-127, 1]),
