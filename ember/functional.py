@@ -81,8 +81,8 @@ def quick_gelu(x: Tensor) -> Tensor:
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:  # noqa: A002
     if input.shape[-1:] != weight.shape[-1:]:
         raise ShapeError(f"linear: input {list(input.shape)} and weight {list(weight.shape)} (out, in) do not fit")
-    low = tensor.context.autocast
-    if bias is not None and low is not None and input.dtype.is_float and input.dtype.bits > low.bits:
+    low = tensor.autocast_dtype(input)
+    if bias is not None and low is not None:
         # as torch.autocast's linear: the bias added in the low precision, and its gradient
         # the sum of the low-precision gradient that the matmuls read (added after the
         # rounding, in f32, the gradient was the f32 one, which GPT-2's fc layer recomputed

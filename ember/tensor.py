@@ -85,6 +85,12 @@ class Context:
 context = Context()
 
 
+def autocast_dtype(x: "Tensor") -> "DType | None":
+    """The low dtype an autocast region runs x's matmuls in (None: x's own)."""
+    low = context.autocast
+    return low if low is not None and x.dtype.is_float and x.dtype.bits > low.bits else None
+
+
 class autocast:
     """`with ember.autocast("bfloat16"):` matmuls of f32 tensors run on bf16 (or f16) inputs,
     like torch.autocast: their products go to tensor cores with f32 accumulation, the result is
@@ -1732,8 +1738,8 @@ class Tensor:
         if a.shape[-1] != b.shape[-2]:
             raise ShapeError(f"matmul: {list(a.shape)} @ {list(b.shape)}: "
                              f"inner dims {a.shape[-1]} and {b.shape[-2]} differ")
-        low = context.autocast
-        if low is not None and a.dtype.is_float and a.dtype.bits > low.bits:
+        low = autocast_dtype(a)
+        if low is not None:
             # a transposed operand is cast before its permute, which stays outermost (below)
             bl = Tensor(b.node.srcs[0]).cast(low).permute(b.node.arg) if b.node.op is Op.PERMUTE else b.cast(low)
             return a.cast(low).matmul(bl).cast(a.dtype)

@@ -305,11 +305,11 @@ class CUDAKernelWriter(KernelWriter):
         threads = self.group or self.threads
         sub, first = (self.sub, self.sub) if self.group else ("threadIdx.x", f"({t})threadIdx.x")
         steps = -(-n // threads)
-        if self.known_threads and steps <= 16 and n % threads == 0:
+        if self.known_threads and steps <= 16:
             self.unrolled[r] = (steps, threads)
-            return ["#pragma unroll", f"for ({t} {v} = {sub}; {v} < {first} + {n}; {v} += {threads})"]
-        if self.known_threads and steps <= 16:   # the guard folds away in the steps every thread takes
-            self.unrolled[r] = (steps, threads)
+            if n % threads == 0:
+                return ["#pragma unroll", f"for ({t} {v} = {sub}; {v} < {first} + {n}; {v} += {threads})"]
+            # the guard folds away in the steps every thread takes
             return ["#pragma unroll", f"for ({t} {v}s = 0, {v} = {sub}; {v}s < {steps}; {v}s++, {v} += {threads})",
                     f"if ({v}s < {n // threads} || {v} < {n})"]
         return [f"for ({t} {v} = {sub}; {v} < {n}; {v} += {self.group or 'blockDim.x'})"]
