@@ -98,12 +98,16 @@ def case(name: str) -> tuple[list[Node], tuple[bool, bool]]:
         y = matmul(p("x", BF16, (3, 96, 64)), p("w", BF16, (64, 128)))
         bias = ir.expand(ir.reshape(p("bias", dt.f32, (128,)), (1, 1, 128)), y.shape)
         return [ir.unary(Op.CAST, ir.binary(Op.ADD, ir.unary(Op.CAST, y, dt.f32), bias), BF16)], (True, False)
+    if name == "activation_rows_odd":  # three chained row parts, 2 x 3 x 97 rows: tiles across the parts
+        return [matmul(p("x", BF16, (2, 3, 97, 64)), p("w", BF16, (64, 128)))], (True, False)
+    if name == "activation_rows_permuted":  # rows that chain in x but not in the output: parts decoded
+        return [matmul(ir.permute(p("x", BF16, (96, 3, 64)), (1, 0, 2)), p("w", BF16, (64, 128)))], (True, False)
     raise KeyError(name)
 
 
 CASES = ["bf16_aligned", "f16_odd", "bf16_edges", "a_transposed", "b_transposed", "both_transposed", "batched",
          "batched_wide", "broadcast_batch", "weight_grad", "epilogue", "f32_of_bf16", "conv_like", "rows_64", "k_parts",
-         "activation_rows"]
+         "activation_rows", "activation_rows_odd", "activation_rows_permuted"]
 
 
 CPU_CASES = CASES + ["f32", "f64"]
@@ -336,6 +340,10 @@ def test_tma_store_where_the_output_allows() -> None:
     assert c.chained and [r.arg[1] for r in c.i_parts] == [3, 96] and p.tma and p.tma_store
     assert mma._tma_box(c, c.a, p) == ([64, 288], [1, 64], [64, p.block_m])
     assert mma._tma_out_box(c) == ([128, 288], [1, 128], [64, 64])
+    c, p = plan_of("activation_rows_odd")   # 582 rows: TMA's boxes stop at the edge
+    assert c.chained and p.tma and p.tma_store and mma._tma_out_box(c)[0] == [128, 582]
+    c, p = plan_of("activation_rows_permuted")   # x's rows chain, the output's do not: cp.async
+    assert c.i_parts and not c.chained and not p.tma and not p.tma_store
     a, b = ir.param("a", BF16, (16384, 768)), ir.param("b", BF16, (768, 3072))   # GPT-2's fc
     (k,) = [k for k in _kernels([matmul(a, b)], arch="sm_90a") if k.contraction]
     p = k.plan
