@@ -106,9 +106,10 @@ def helpers(kernels: list[Kernel], tma_ranks: set[int]) -> str:
     return out
 
 
-def grid(c: Contraction, p: GpuPlan, sms: int) -> tuple[int, int, int]:
-    if p.tma:   # persistent blocks, one per SM at most
-        return min(c.tiles(p.block_m, p.block_n), sms), 1, 1
+def grid(c: Contraction, p: GpuPlan, sms: int, atomic: bool = False) -> tuple[int, int, int]:
+    if p.tma:   # persistent blocks, one per SM at most (atomic: the K-steps shared out, every SM)
+        work = c.tiles(p.block_m, p.block_n) * (-(-c.mnk[2] // p.block_k) if atomic else 1)
+        return min(work, sms), 1, 1
     m, n, _ = c.mnk
     return -(-n // p.block_n), -(-m // p.block_m), c.batch_size
 
@@ -412,7 +413,14 @@ def _render_hopper(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str)
     again, so neither side waits for the other at every step (no __syncthreads in the loop),
     and the copies of a block's next tile start during this tile's epilogue. A warpgroup of
     cp.async copies instead kept up with half the tensor cores' rate (4096^2: 271 TFLOP/s, the
-    all-warps pipeline 560)."""
+    all-warps pipeline 560).
+
+    A kernel whose tiles add into their sum (k.atomic: split_k's parts) shares its last round's
+    tiles out by K-steps (stream-K's tail): block b takes steps [b U / G, (b + 1) U / G) of
+    their U, each run of a tile's steps ending in its atomic adds. A weight gradient's 576
+    tiles on 132 SMs took 5 rounds for 4.36 rounds of work. The whole rounds keep the tile
+    order, so that a round's operands stay in L2 (a stream-K over every tile would have had
+    each block on tiles far apart in the order, and all of K's parts in flight at once)."""
     m, n, kk = c.mnk
     (ar, aw), (br, bw) = _tile_shape(c.a, p.block_m, p), _tile_shape(c.b, p.block_n, p)
     stages, steps = p.stages, -(-kk // p.block_k)
@@ -434,6 +442,23 @@ def _render_hopper(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str)
              f"  return tile / {tn * tm};",
              "};"]
     batch_vars = [x for x in operand_bases(c, "zt", r) if x.startswith("const int z")]
+    tiles = c.tiles(p.block_m, p.block_n)
+    if k.atomic:   # whole tiles round by round, then the last round's tiles shared out by K-steps
+        tile_loop = [f"const int rounds = {tiles} / gridDim.x;",
+                     f"const long long rest = (long long)({tiles} - rounds * gridDim.x) * {steps};",
+                     "long long u = rest * blockIdx.x / gridDim.x;",
+                     "const long long end = rest * (blockIdx.x + 1) / gridDim.x;",
+                     "for (int round = 0; round < rounds || u < end; round++) {",
+                     f"  int tile = round * gridDim.x + blockIdx.x, t0 = 0, t1 = {steps};",
+                     "  if (round >= rounds) {   /* steps t0..t1 of a tile of the last round */",
+                     f"    tile = rounds * gridDim.x + (int)(u / {steps}), t0 = (int)(u % {steps});",
+                     f"    t1 = (int)min((long long){steps}, t0 + (end - u));",
+                     "    u += t1 - t0;",
+                     "  }"]
+        t0, t1 = "t0", "t1"
+    else:
+        tile_loop = [f"for (int tile = blockIdx.x; tile < {tiles}; tile += gridDim.x) {{"]
+        t0, t1 = "0", f"{steps}"
     copies = []
     for op, tile, base, var, mn0 in ((c.a, "sa", ar * aw, "tma_a", "m0"), (c.b, "sb", br * bw, "tma_b", "n0")):
         zs = [f"z{i}" for i, b in enumerate(c.batch) if op.strides.get(b)]
@@ -447,11 +472,11 @@ def _render_hopper(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str)
     lines += ["if (warp < 4) {   /* the producer */",
               f"  ember_setmaxnreg_dec<{PRODUCER_REGS}>();",
               "  if (threadIdx.x != 0) return;",
-              f"  for (int tile = blockIdx.x; tile < {c.tiles(p.block_m, p.block_n)}; tile += gridDim.x) {{",
+              *["  " + x for x in tile_loop],
               "    int m0, n0;",
               "    const int zt = tile_at(tile, m0, n0);",
               *["    " + x for x in batch_vars],
-              f"    for (int t = 0; t < {steps}; t++) {{",
+              f"    for (int t = {t0}; t < {t1}; t++) {{",
               f"      const int k0 = t * {p.block_k};",
               "      ember_mbar_wait(&empty[s], ph ^ 1);",
               f"      ember_mbar_expect(&full[s], {(p.block_m + p.block_n) * p.block_k * 2});",
@@ -462,25 +487,26 @@ def _render_hopper(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str)
     decl[0] = "const int wg = (warp >> 2) - 1;   /* the consumer warpgroup: rows 64 wg.. of the tile */"
     row, col = "m0 + wg * 64 + (warp & 3) * 16", "n0 + y * 8"
     lines += [f"ember_setmaxnreg_inc<{CONSUMER_REGS}>();", *decl[:2],
-              f"for (int tile = blockIdx.x; tile < {c.tiles(p.block_m, p.block_n)}; tile += gridDim.x) {{",
+              *tile_loop,
               "  int m0, n0;",
               "  const int zt = tile_at(tile, m0, n0);",
               *["  " + x for x in batch_vars],
               *["  " + x for x in decl[2:]],
               "  int prev = 0;",
-              f"  for (int t = 0; t < {steps}; t++) {{",
+              f"  for (int t = {t0}; t < {t1}; t++) {{",
               "    ember_mbar_wait(&full[s], ph);",
               f"    const unsigned short* ta = sa + s * {ar * aw};",
               f"    const unsigned short* tb = sb + s * {br * bw};",
               *["    " + x for x in step],
-              "    if (t > 0 && lane == 0) ember_mbar_arrive(&empty[prev]);   /* the previous step's are done */",
+              f"    if (t > {t0} && lane == 0) ember_mbar_arrive(&empty[prev]);"
+              "   /* the previous step's are done */",
               f"    prev = s; if (++s == {stages}) {{ s = 0; ph ^= 1; }}",
               "  }",
               "  ember_wgmma_wait<0>();",
               "  if (lane == 0) ember_mbar_arrive(&empty[prev]);"]
     if p.tma_store:
-        lines += ["  " + x for x in _tma_store_epilogue(r, k, c, p, prefix)] + [
-                  "}", "if ((threadIdx.x & 127) == 0) ember_bulk_wait();   /* the stores read shared memory */"]
+        lines += ["  " + x for x in _tma_store_epilogue(r, k, c, p, prefix)] + ["}"] + [
+                  "if ((threadIdx.x & 127) == 0) ember_bulk_wait();   /* the stores read shared memory */"]
     else:
         lines += [*["  " + x for line in _fragment_stores(r, k, c, p, prefix,
                                                           [f"for (int y = 0; y < {p.block_n // 8}; y++)"],
@@ -528,7 +554,7 @@ def _tma_store_epilogue(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix:
 def launch(k: Kernel, sms: int) -> tuple[tuple[int, int, int], int, int]:
     c, p = k.contraction, k.plan
     assert c is not None and isinstance(p, GpuPlan)
-    return grid(c, p, sms), p.threads, smem_bytes(p)
+    return grid(c, p, sms, k.atomic), p.threads, smem_bytes(p)
 
 
 def render(r: CLike, k: Kernel, prefix: str = "") -> str:

@@ -218,6 +218,10 @@ def test_split_k_parts_add_into_their_sum(arch: str, tmp_path: Path) -> None:
     assert not [k for k in kernels if k.kind == "reduce"]
     src = cuda.render(cuda.prepare([weight_grad(16384, 768, 768)], arch))
     assert src.count("atomicAdd((float2*)") == (arch == "sm_90a") and "atomicAdd(&" in src or arch == "sm_90a"
+    # on sm_90a (576 tiles of 128 x 128 for 132 SMs: 4 whole rounds and 48 tiles) the persistent
+    # kernel shares its last round's tiles out by K-steps, producer and consumers alike
+    assert src.count("const int rounds = 576 / gridDim.x;") == 2 * (arch == "sm_90a")
+    assert cuda.launch_config(c, gpu(arch))[0] == ((132, 1, 1) if arch == "sm_90a" else (6, 6, 16))
     assert compile_cuda(src, arch, tmp_path) is None
 
 
