@@ -36,10 +36,13 @@ PEAK = {"bf16": 989e12, "f16": 989e12, "f32": 67e12}
 TORCH_DT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 
-def contraction(batch: int, m: int, n: int, k: int, dtype: dt.DType, b_transposed: bool = False) -> tuple:
-    """[batch,] m x k @ k x n as expand-mul-sum; B given as n x k when b_transposed (x @ W.T)."""
+def contraction(batch: int, m: int, n: int, k: int, dtype: dt.DType, b_transposed: bool | None = False) -> tuple:
+    """[batch,] m x k @ k x n as expand-mul-sum; B given as n x k when b_transposed (x @ W.T), A given
+    as k x m when b_transposed is None (x.T @ dy: a weight gradient, whose long K is split)."""
     lead = (batch,) if batch > 1 else ()
-    a = ir.param("a", dtype, lead + (m, k))
+    a = ir.param("a", dtype, lead + ((k, m) if b_transposed is None else (m, k)))
+    if b_transposed is None:
+        a = ir.permute(a, tuple(range(len(lead))) + (len(lead) + 1, len(lead)))
     b = ir.param("b", dtype, lead + ((n, k) if b_transposed else (k, n)))
     bk = ir.permute(b, tuple(range(len(lead))) + (len(lead) + 1, len(lead))) if b_transposed else b
     ae = ir.expand(ir.reshape(a, lead + (m, k, 1)), lead + (m, k, n))
@@ -58,6 +61,11 @@ CASES = [  # name, batch, m, n, k, dtype, B transposed
     ("gpt2 proj 16384x768x3072", 1, 16384, 768, 3072, "bf16", False),
     ("gpt2 lm head 16384x50304x768", 1, 16384, 50304, 768, "bf16", False),
     ("x @ W.T bf16 16384x3072x768", 1, 16384, 3072, 768, "bf16", True),
+    # weight gradients x.T @ dy (A given as k x m): K = B*T is split into parts added atomically
+    ("gpt2 fc dW 768x3072 K=16384", 1, 768, 3072, 16384, "bf16", None),
+    ("gpt2 proj dW 3072x768 K=16384", 1, 3072, 768, 16384, "bf16", None),
+    ("gpt2 qkv dW 768x2304 K=16384", 1, 768, 2304, 16384, "bf16", None),
+    ("gpt2 lm head dW 50304x768 K=16384", 1, 50304, 768, 16384, "bf16", None),
     ("bmm bf16 64x(1024x64 @ 64x1024)", 64, 1024, 1024, 64, "bf16", False),
     ("f32 4096 (no TF32)", 1, 4096, 4096, 4096, "f32", False),
     # odd shapes (issue 30): rows not 16-byte aligned (padded copies, timed with the product), tiles
@@ -69,7 +77,7 @@ CASES = [  # name, batch, m, n, k, dtype, B transposed
     ("f32 2000x3000x1000 (no TF32)", 1, 2000, 3000, 1000, "f32", False),
     ("f32 3001x2047x1999 (no TF32)", 1, 3001, 2047, 1999, "f32", False),
 ]
-QUICK = {"bf16 4096", "gpt2 qkv 16384x2304x768", "bmm bf16 64x(1024x64 @ 64x1024)"}
+QUICK = {"bf16 4096", "gpt2 qkv 16384x2304x768", "bmm bf16 64x(1024x64 @ 64x1024)", "gpt2 fc dW 768x3072 K=16384"}
 ODD = {"bf16 4096", "f16 4096", *(c[0] for c in CASES[-6:])}
 
 
@@ -113,10 +121,11 @@ def main() -> None:
         (out,), times = prog.timed(inputs, runs)
         got = torch.from_numpy(np.asarray(data.from_storage(out, outputs[0].dtype), np.float32)).cuda()
         bmat = tb.transpose(-1, -2) if bt else tb
-        want = (ta @ bmat).float()
+        amat = ta.transpose(-1, -2) if bt is None else ta
+        want = (amat @ bmat).float()
         err = ((got - want).norm() / want.norm()).item()
         ember_s = statistics.median(times) / 1e3
-        torch_s = cuda_time(lambda: ta @ bmat)
+        torch_s = cuda_time(lambda: amat @ bmat)
         flops = 2.0 * batch * m * n * k
         ok = "" if err < 2e-2 else f"  WRONG (relative error {err:.2e})"
         print(f"{name:34} {flops / ember_s / 1e12:13.1f} {flops / torch_s / 1e12:8.1f} {torch_s / ember_s:6.2f} "
