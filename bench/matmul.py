@@ -40,15 +40,14 @@ def contraction(batch: int, m: int, n: int, k: int, dtype: dt.DType, b_transpose
     """[batch,] m x k @ k x n as expand-mul-sum; B given as n x k when b_transposed (x @ W.T), A given
     as k x m when b_transposed is None (x.T @ dy: a weight gradient, whose long K is split)."""
     lead = (batch,) if batch > 1 else ()
-    a = ir.param("a", dtype, lead + ((k, m) if b_transposed is None else (m, k)))
-    if b_transposed is None:
-        a = ir.permute(a, tuple(range(len(lead))) + (len(lead) + 1, len(lead)))
+    pa = ir.param("a", dtype, lead + ((k, m) if b_transposed is None else (m, k)))
+    a = pa if b_transposed is not None else ir.permute(pa, tuple(range(len(lead))) + (len(lead) + 1, len(lead)))
     b = ir.param("b", dtype, lead + ((n, k) if b_transposed else (k, n)))
     bk = ir.permute(b, tuple(range(len(lead))) + (len(lead) + 1, len(lead))) if b_transposed else b
     ae = ir.expand(ir.reshape(a, lead + (m, k, 1)), lead + (m, k, n))
     be = ir.expand(ir.reshape(bk, lead + (1, k, n)), lead + (m, k, n))
     out = ir.reshape(ir.reduce(Op.SUM, ir.binary(Op.MUL, ae, be), (len(lead) + 1,)), lead + (m, n))
-    return [a, b], [out]
+    return [pa, b], [out]
 
 
 CASES = [  # name, batch, m, n, k, dtype, B transposed
