@@ -65,6 +65,7 @@ CASES = [  # name, batch, m, n, k, dtype, B transposed
     ("gpt2 proj dW 3072x768 K=16384", 1, 3072, 768, 16384, "bf16", None),
     ("gpt2 qkv dW 768x2304 K=16384", 1, 768, 2304, 16384, "bf16", None),
     ("gpt2 lm head dW 50304x768 K=16384", 1, 50304, 768, 16384, "bf16", None),
+    ("gpt2 lm head dX 4096x768 K=50304", 1, 4096, 768, 50304, "bf16", False),   # a chunk's dlogits @ W
     ("bmm bf16 64x(1024x64 @ 64x1024)", 64, 1024, 1024, 64, "bf16", False),
     ("f32 4096 (no TF32)", 1, 4096, 4096, 4096, "f32", False),
     # odd shapes (issue 30): rows not 16-byte aligned (padded copies, timed with the product), tiles
@@ -87,7 +88,14 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="run the cases whose name contains this")
     ap.add_argument("--plan", default=None, help="force a tensor-core plan, as EMBER_TC_PLAN (docs/debugging.md)")
     ap.add_argument("--search", action="store_true", help="search plans (EMBER_SEARCH=1); cold compile includes it")
+    ap.add_argument("--split-parts", type=int, default=None,
+                    help="split a long K in this many parts where it splits (split._split_cost's choice otherwise)")
     args = ap.parse_args()
+    if args.split_parts:
+        from ember.compiler import split
+        cost = split._split_cost
+        split._split_cost = lambda outputs, size, parts, *rest: -1.0 if parts == args.split_parts else \
+            cost(outputs, size, parts, *rest)
     if args.plan:
         os.environ["EMBER_TC_PLAN"] = args.plan
     if args.search:

@@ -56,7 +56,7 @@ def split_large_reductions(outputs: list[Node], gpu: Target) -> list[Node]:
         return ir.reshape(_two_stages(n.op, parts, (axis + 1,), (axis,)), n.shape)
 
     rules = [(Pat(Op.SUM, name="n"), pad_operands)] if gpu.mma_sync else []   # before split_k: it keeps the pads
-    return rewrite(outputs, RuleSet([*rules, (Pat(Op.SUM, name="n"), lambda n: split_k(n, gpu.sms)),
+    return rewrite(outputs, RuleSet([*rules, (Pat(Op.SUM, name="n"), lambda n: split_k(n, gpu.sms, gpu.wgmma)),
                                      (Pat(pred=lambda n: n.op in (Op.SUM, Op.RMAX), name="n"), split)]))
 
 
@@ -71,22 +71,32 @@ def _two_stages(op: Op, x: Node, first: tuple[int, ...], then: tuple[int, ...]) 
 MIN_SPLIT_K = 1024  # the least K a split part keeps
 
 
-def _split_cost(outputs: int, size: int, parts: int, sms: int) -> float:
-    """The time of a contraction split in parts, in units of one K step of a 128 x 256 tile: its
-    waves of blocks on the SMs, each block's steps plus a pipeline's fill and epilogue (about 256
-    steps' worth), with the tile contraction.plan picks (128 x 128, at 0.59 of the time and 0.85
-    of the rate, when 128 x 256 tiles are fewer than the SMs)."""
+STREAMED_EPILOGUE = 1024   # a streamed part's atomic epilogue and refill, in K elements of a 128 x 256 tile
+
+
+def _split_cost(outputs: int, size: int, parts: int, sms: int, streamed: bool = False) -> float:
+    """The time of a contraction split in parts, in units of one K element of a 128 x 256 tile:
+    its waves of blocks on the SMs, each block's steps plus a pipeline's fill and epilogue (about
+    256 steps' worth), with the tile contraction.plan picks (128 x 128, at 0.59 of the time and
+    0.85 of the rate, when 128 x 256 tiles are fewer than the SMs). streamed: the atomic parts
+    run on persistent blocks that share the last round's tiles out by K-steps (mma._render_hopper's
+    stream-K tail), so the steps are balanced and a round costs its atomic epilogue: the fewest
+    parts that fill the SMs (GPT-2's fc weight gradient: 2, not 8 parts of 128 KB of atomics a
+    tile). Where the tiles do not fill the SMs, every step would be shared out, blocks far apart
+    in K: the waves' model holds."""
     blocks, scale = -(-outputs // (128 * 256)) * parts, 1.0
+    if streamed and parts > 1 and blocks >= sms:
+        return blocks * (size // parts) / sms + -(-blocks // sms) * STREAMED_EPILOGUE
     if blocks < sms:
         blocks, scale = -(-outputs // (128 * 128)) * parts, 0.5 / 0.85
     return -(-blocks // sms) * (size // parts + 256) * scale
 
 
-def split_k(n: Node, sms: int) -> Node | None:
+def split_k(n: Node, sms: int, streamed: bool = False) -> Node | None:
     """A half-precision contraction with few output tiles and a long K (a weight gradient sums
     over all 16384 tokens of a GPT-2 step into [768, 768]: 36 tiles of 128 x 128 for the H200's 132 SMs)
     as S contractions over parts of K, each with its own output tiles, summed after; S as
-    _split_cost estimates best (768 x 3072 over 16384: 8 parts, 576 blocks). The parts are f32
+    _split_cost estimates best (768 x 3072 over 16384: 8 parts of 72 tiles on sm_86, 2 on sm_90a). The parts are f32
     sums (a tensor-core contraction's accumulator, contraction.find), added up, rounded once."""
     prod = n.srcs[0]
     if n.dtype not in (dt.bf16, dt.f16) or len(n.arg) != 1 or prod.op is not Op.MUL or \
@@ -95,7 +105,7 @@ def split_k(n: Node, sms: int) -> Node | None:
     (axis,) = n.arg
     size = prod.shape[axis]
     options = [p for p in (1, 2, 4, 8, 16) if size % p == 0 and (p == 1 or size // p >= MIN_SPLIT_K)]
-    parts = min(options, key=lambda p: _split_cost(n.numel, size, p, sms))
+    parts = min(options, key=lambda p: _split_cost(n.numel, size, p, sms, streamed))
     if parts == 1:
         return None
     def split(shape: tuple[int, ...]) -> tuple[int, ...]:

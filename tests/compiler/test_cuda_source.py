@@ -192,8 +192,15 @@ def test_a_long_contraction_with_few_tiles_is_split_over_k(monkeypatch: pytest.M
         return a, b, ir.reduce(Op.SUM, ir.binary(Op.MUL, ir.expand(a, (k, m, n)), ir.expand(b, (k, m, n))), (0,))
 
     *_, dw = weight_grad(16384, 768, 768)   # GPT-2's attention projection: 18 tiles of 128 x 256
-    (c,) = [k.contraction for k in cuda.prepare([dw], "sm_90a").kernels if k.contraction]
+    (c,) = [k.contraction for k in cuda.prepare([dw], "sm_86").kernels if k.contraction]
     assert c.batch_size == 16 and c.mnk == (768, 768, 1024) and c.dtype is dt.bf16
+    # sm_90a's persistent blocks share the last round out by K-steps: the fewest parts that fill
+    # the SMs, each round an atomic epilogue (split._split_cost)
+    (c,) = [k.contraction for k in cuda.prepare([dw], "sm_90a").kernels if k.contraction]
+    assert c.batch_size == 8 and c.mnk == (768, 768, 2048)
+    *_, fc = weight_grad(16384, 768, 3072)
+    (c,) = [k.contraction for k in cuda.prepare([fc], "sm_90a").kernels if k.contraction]
+    assert c.batch_size == 2 and c.mnk == (768, 3072, 8192)
     monkeypatch.setattr(split, "MIN_SPLIT_K", 64)   # the value, at a size the reference evaluates
     a, b, dw = weight_grad(512, 32, 16)
     parted = split.split_k(dw, 132)
@@ -208,19 +215,20 @@ def test_a_long_contraction_with_few_tiles_is_split_over_k(monkeypatch: pytest.M
 @pytest.mark.skipif(COMPILER is None, reason="neither nvcc nor NVRTC is installed")
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_86"])
 def test_split_k_parts_add_into_their_sum(arch: str, tmp_path: Path) -> None:
-    """GPT-2's attention projection's weight gradient, [768, 768] over 16384 tokens in 16 parts
-    of K: the product adds each part's tiles into the f32 sum (atomically, onto a zeroed output)
+    """GPT-2's attention projection's weight gradient, [768, 768] over 16384 tokens in parts of K
+    (16 on sm_86, 8 on sm_90a): the product adds each part's tiles into the f32 sum (atomically, onto a zeroed output)
     instead of writing [16, 768, 768] partial sums for a reduce kernel (split.accumulate_parts)."""
     from .test_gpu_plans import weight_grad
     kernels = cuda.prepare([weight_grad(16384, 768, 768)], arch).kernels
     (c,) = [k for k in kernels if k.contraction]
-    assert c.atomic and c.out.size == 768 * 768 and c.contraction.batch_size == 16 and c.plan.instruction != "fma"
+    assert c.atomic and c.out.size == 768 * 768 and c.contraction.batch_size == (8 if arch == "sm_90a" else 16) and \
+        c.plan.instruction != "fma"
     assert not [k for k in kernels if k.kind == "reduce"]
     src = cuda.render(cuda.prepare([weight_grad(16384, 768, 768)], arch))
     assert src.count("atomicAdd((float2*)") == (arch == "sm_90a") and "atomicAdd(&" in src or arch == "sm_90a"
-    # on sm_90a (576 tiles of 128 x 128 for 132 SMs: 4 whole rounds and 48 tiles) the persistent
+    # on sm_90a (144 tiles of 128 x 256 for 132 SMs: a whole round and 12 tiles) the persistent
     # kernel shares its last round's tiles out by K-steps, producer and consumers alike
-    assert src.count("const int rounds = 576 / gridDim.x;") == 2 * (arch == "sm_90a")
+    assert src.count("const int rounds = 144 / gridDim.x;") == 2 * (arch == "sm_90a")
     assert cuda.launch_config(c, gpu(arch))[0] == ((132, 1, 1) if arch == "sm_90a" else (6, 6, 16))
     assert compile_cuda(src, arch, tmp_path) is None
 
