@@ -61,12 +61,16 @@ def resource_usage(src: str, arch: str, folder: Path) -> dict[str, tuple[int, in
     return usage
 
 
-def spills(src: str, arch: str, folder: Path) -> dict[str, int]:
-    """Each kernel's bytes of spill stores (registers that did not fit), from ptxas's report."""
+def spills(src: str, arch: str, folder: Path, serialized: set[str] | None = None) -> dict[str, int]:
+    """Each kernel's bytes of spill stores (registers that did not fit), from ptxas's report;
+    serialized, where given, gets the kernels whose wgmma ptxas serialized (C7514: it could not
+    tell that an accumulator read comes after its product was waited for, and waits after each)."""
     out, name = {}, None
     for line in _ptxas_report(src, arch, folder):
         if m := re.search(r"Compiling entry function '(\w+)'", line):
             name = m.group(1)
         elif (m := re.search(r"(\d+) bytes spill stores", line)) and name:
             out[name] = int(m.group(1))
+        elif (m := re.search(r"C7514.*serialized.*function '(\w+)'", line)) and serialized is not None:
+            serialized.add(m.group(1))
     return out
