@@ -71,18 +71,15 @@ class CUDARenderer(CLike):
         return f"ember_round_bf16_op({expr})" if d is dt.bf16 else self.round_to(d, expr)
 
     def store_value(self, v: str, d: DType) -> str:
-        # an op's result rounded where it is stored (a contraction's epilogue): converted once,
-        # not rounded, widened and converted again (the same bits: its NaN is the canonical one)
-        if d is dt.bf16 and _call_of(v, "ember_round_bf16_op"):
-            return f"ember_bf16_bits_op{v[len('ember_round_bf16_op'):]}"
+        # a value rounded where it is stored (an op's result in a contraction's epilogue, an f32
+        # cast to bf16 or f16) is converted once, not rounded, widened and converted again: the
+        # same bits (an op's NaN is the canonical one); for f16 the widening is in software, about
+        # 25 instructions an element of an f16 matmul's epilogue
+        for dtype, rounding, bits in STORED_BITS:
+            if d is dtype and _call_of(v, rounding):
+                return bits + v[len(rounding):]
         if d is dt.bf16 and _call_of(v, "ember_bf16_fma"):   # a bf16 value already: its upper half
             return f"((unsigned short)(__float_as_uint({v}) >> 16))"
-        if d is dt.bf16 and _call_of(v, "ember_round_bf16f"):   # an f32 cast to bf16: the same bits
-            return f"ember_f32_to_bf16_bits{v[len('ember_round_bf16f'):]}"
-        if d is dt.f16 and _call_of(v, "ember_round_f16f"):
-            # the same bits converted once: rounding to f16, widening (in software) and converting
-            # again cost an f16 matmul's epilogue about 25 instructions an element
-            return f"ember_f32_to_f16_bits{v[len('ember_round_f16f'):]}"
         return super().store_value(v, d)
 
     def cast(self, x: str, src: DType, d: DType) -> str:
@@ -151,6 +148,12 @@ class CUDARenderer(CLike):
 
 BF16_FMA = {Op.ADD: "ember_bf16_fma({0}, 1.0f, {1})", Op.SUB: "ember_bf16_fma({1}, -1.0f, {0})",
             Op.MUL: "ember_bf16_fma({0}, {1}, -0.0f)"}
+
+
+# a rounding call whose value a store converts again -> the call that gives its bits at once
+STORED_BITS = ((dt.bf16, "ember_round_bf16_op", "ember_bf16_bits_op"),
+               (dt.bf16, "ember_round_bf16f", "ember_f32_to_bf16_bits"),
+               (dt.f16, "ember_round_f16f", "ember_f32_to_f16_bits"))
 
 
 def _call_of(expr: str, fn: str) -> bool:

@@ -505,8 +505,8 @@ def _render_hopper(r: CLike, k: Kernel, c: Contraction, p: GpuPlan, prefix: str)
               "  ember_wgmma_wait<0>();",
               "  if (lane == 0) ember_mbar_arrive(&empty[prev]);"]
     if p.tma_store:
-        lines += ["  " + x for x in _tma_store_epilogue(r, k, c, p, prefix)] + ["}"] + [
-                  "if ((threadIdx.x & 127) == 0) ember_bulk_wait();   /* the stores read shared memory */"]
+        lines += ["  " + x for x in _tma_store_epilogue(r, k, c, p, prefix)] + [
+                  "}", "if ((threadIdx.x & 127) == 0) ember_bulk_wait();   /* the stores read shared memory */"]
     else:
         lines += [*["  " + x for line in _fragment_stores(r, k, c, p, prefix,
                                                           [f"for (int y = 0; y < {p.block_n // 8}; y++)"],

@@ -583,8 +583,8 @@ class KernelWriter:
                 expr = self.r.round_result(n.dtype, expr)
         name = self.var()
         scope.put(f"{self.r.ctype(n.dtype)} {name} = {expr};")
-        if op not in EXACT and op is not Op.LOAD and vec is None and n.dtype is dt.bf16 or \
-                op is Op.CAST and n.dtype in (dt.bf16, dt.f16) and n.srcs[0].dtype is dt.f32:
+        if (op not in EXACT and op is not Op.LOAD and vec is None and n.dtype is dt.bf16) or \
+                (op is Op.CAST and n.dtype in (dt.bf16, dt.f16) and n.srcs[0].dtype is dt.f32):
             self.rounded[name] = expr   # (a 16-bit result: the one whose store converts it again)
         return name
 

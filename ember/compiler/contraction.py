@@ -347,10 +347,10 @@ def _waves(c: Contraction, tile: tuple[int, int], sms: int) -> float:
     return -(-c.tiles(rows, cols) // sms) * rows * cols / (128 * 256) / (1.0 if cols == 256 else 0.85)
 
 
-def plan(c: Contraction, gpu: Target, streamed: bool = False) -> GpuPlan | None:
-    """Heuristic tiling, or None where tiles do not pay (a matrix-vector product). streamed: an
-    atomic kernel on persistent blocks, whose last round is shared out by K-steps (the rounds'
-    waves do not quantize its time: split._split_cost)."""
+def plan(c: Contraction, gpu: Target, atomic: bool = False) -> GpuPlan | None:
+    """Heuristic tiling, or None where tiles do not pay (a matrix-vector product). atomic: the
+    kernel adds its tiles into their sum (split_k's parts), which wgmma's persistent blocks share
+    out by K-steps in the last round: the rounds' waves do not quantize its time (split._split_cost)."""
     m, n, kk = c.mnk
     if m < 16 or n < 16 or kk < 16:
         return None
@@ -367,7 +367,7 @@ def plan(c: Contraction, gpu: Target, streamed: bool = False) -> GpuPlan | None:
         # channels had 28 tiles of 128 x 256: 0.42-0.57 of cuDNN), or half as wide where its
         # rounds of blocks on the SMs take less time (waves)
         rows, cols = next((t for t in tiles if c.tiles(*t) >= gpu.sms), tiles[-1])
-        if cols == 256 and not streamed and _waves(c, (rows, 128), gpu.sms) < _waves(c, (rows, 256), gpu.sms):
+        if cols == 256 and not atomic and _waves(c, (rows, 128), gpu.sms) < _waves(c, (rows, 256), gpu.sms):
             cols = 128
         return fed(GpuPlan("wgmma", rows, cols, 64, rows // 64, 1, 4), c, gpu)
     if m <= 64 or n <= 64:

@@ -268,7 +268,7 @@ def gpu_contraction(k: Kernel, gpu: Target) -> bool:
     if not gpu.mma_sync:
         return False
     c = contraction.find(k, (dt.f16, dt.bf16, dt.f32))
-    p = None if c is None else contraction.plan(c, gpu, k.atomic and gpu.tma)
+    p = None if c is None else contraction.plan(c, gpu, k.atomic)
     if p is None:
         return False
     stored = plans.stored(c, gpu)   # an override, else a searched winner, else the heuristic's
