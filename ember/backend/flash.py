@@ -124,6 +124,13 @@ def _sizes(k: Kernel) -> tuple[str, int, int, int, int]:
 # the warp-specialized kernels' slots, and which of a kernel's sources it copies once (its block's
 # rows) and which it streams by tiles (their sizes: compiler/attention.py's flash_plan)
 WS_STAGES = 2
+
+
+def ws_stages(kind: str, d: int) -> int:
+    """The forward frees a tile's slot only once the next tile's scores are computed (its p v
+    runs beside them: ember_flash_fwd_ws), so it keeps a third slot to load ahead into where
+    three fit (D <= 128: 225 KB at most)."""
+    return 3 if kind == "attention" and d <= 128 else WS_STAGES
 WS_OWN = {"attention": (0,), "attention_dq": (0, 4), "attention_dkdv": (1, 2)}
 WS_TILED = {"attention": (1, 2), "attention_dq": (1, 2), "attention_dkdv": (0, 4)}
 
@@ -228,7 +235,7 @@ def smem_bytes(k: Kernel) -> int:
         return 4 * tile * d * 4
     own, p = (1 if kind == "attention" else 2) * rows, pitch(d, _wgmma(k))
     if ws_heads(k) is not None:
-        return (own + 2 * WS_STAGES * tile) * p * 2 + 1024
+        return (own + 2 * ws_stages(kind, d) * tile) * p * 2 + 1024
     return (own + 4 * tile) * p * 2 + 1024 * _wgmma(k)
 
 
@@ -427,7 +434,7 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
         return (struct + counter + f"extern \"C\" __global__ void __launch_bounds__({threads}, 1) {signature[:-1]}, "
                 + ", ".join(f"const __grid_constant__ EmberTmap {m}" for m in maps) + ") {\n"
                 "  const int nb = blockIdx.y;\n"
-                f"  {fn}_ws<{d}, {tile}, {WS_STAGES}, {str(bf16).lower()}{flag}>(b{k.out.id}, "
+                f"  {fn}_ws<{d}, {tile}, {ws_stages(kind, d)}, {str(bf16).lower()}{flag}>(b{k.out.id}, "
                 f"{', '.join('&' + m for m in maps)}, {rest}{heads}, {grp}, {kv_heads(k)}, {t_len}, {s_len}{extra}, "
                 f"{sm});\n}}\n")
     flags = flag[2:] if _f32(k) else f"{str(bf16).lower()}, {str(_wgmma(k)).lower()}{flag}"

@@ -311,7 +311,7 @@ def test_head_sizes_compile_without_spills(arch: str, ws: bool, tmp_path: Path,
     """CI: the flash kernels of D = 32, 80, 96 and 256 (bf16, f16 and f32) build for sm_86 and
     sm_90a (warp-specialized, and with EMBER_FLASH_WS=0 the cp.async wgmma ones), and ptxas
     spills no register in any of them (but _spill_allowed's: f16 dk|dv at D = 96 spills 8 bytes,
-    as D = 128's), nor serializes their wgmma (C7514: a product issued under a condition did)."""
+    as D = 128's), nor serializes their wgmma (the forward's pipelined products)."""
     from ember.backend import cuda
     sched = _head_plans(arch, ws, monkeypatch)
     fused = {k.name: k for k in sched.kernels if k.fused is not None}

@@ -206,9 +206,11 @@ EMBER_D bool ember_flash_edge(const SM& sm, int nb, int r0, int r1, int c0, int 
 template <typename SM> EMBER_D int ember_flash_row(int r_lo, int e, int T) {
   return SM::loads ? min(r_lo + (e >> 1) * 8, T - 1) : r_lo + (e >> 1) * 8;
 }
-template <int BN, int NT, typename SM>
+/* DEFER: o is not rescaled but each row's factor left in rs (a product into o is still running:
+   ember_flash_fwd_ws rescales after waiting for it) */
+template <int BN, int NT, typename SM, bool DEFER = false>
 EMBER_D void ember_flash_online(float (*s)[4], float* m, float* l, float (*o)[4], const SM& sm, int nb, int col0,
-                                int r_lo, int T, int S, bool edge) {
+                                int r_lo, int T, int S, bool edge, float* rs = nullptr) {
   const int lane = threadIdx.x & 31;
   if (edge) {
 #pragma unroll
@@ -245,8 +247,12 @@ EMBER_D void ember_flash_online(float (*s)[4], float* m, float* l, float (*o)[4]
         sum += s[n][e];
       }
     l[h] = l[h] * r + sum;
+    if (DEFER) {
+      rs[h] = r;
+    } else {
 #pragma unroll
-    for (int x = 0; x < NT; x++) { o[x][2 * h] *= r; o[x][2 * h + 1] *= r; }
+      for (int x = 0; x < NT; x++) { o[x][2 * h] *= r; o[x][2 * h + 1] *= r; }
+    }
   }
 }
 /* rows r_lo and r_lo + 8 of the forward's output: f32 rows of D + 1 (o / l, then the base-2

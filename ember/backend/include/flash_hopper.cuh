@@ -28,6 +28,11 @@ template <> struct EmberWg<true> {
   static __device__ void acc_issue(float* acc, float (*p)[4], const unsigned short* sb) {
     unsigned a[BK / 16][4];   /* every A fragment packed before the fence (PTX: registers a wgmma
                                  reads are written before wgmma.fence, not between it and the wgmma) */
+    pack<BK, BF16>(a, p);
+    acc_issue_packed<D, BK, BF16>(acc, a, sb);
+  }
+  template <int BK, bool BF16>
+  static __device__ void pack(unsigned (*a)[4], float (*p)[4]) {
 #pragma unroll
     for (int kk = 0; kk < BK / 16; kk++) {
       a[kk][0] = ember_pack2<BF16>(p[2 * kk][0], p[2 * kk][1]);
@@ -35,6 +40,9 @@ template <> struct EmberWg<true> {
       a[kk][2] = ember_pack2<BF16>(p[2 * kk + 1][0], p[2 * kk + 1][1]);
       a[kk][3] = ember_pack2<BF16>(p[2 * kk + 1][2], p[2 * kk + 1][3]);
     }
+  }
+  template <int D, int BK, bool BF16>
+  static __device__ void acc_issue_packed(float* acc, unsigned (*a)[4], const unsigned short* sb) {
     ember_wgmma_fence();   /* a and acc were written by ordinary instructions */
 #pragma unroll
     for (int kk = 0; kk < BK / 16; kk++)
@@ -42,7 +50,6 @@ template <> struct EmberWg<true> {
     ember_wgmma_commit();
   }
 };
-
 /* rows [r0, r0 + ROWS) of batch nb of q, k or v (a [N / heads, heads, rows, D] tensor map) by
    TMA, as ember_hswz<ROWS> lays a tile out: one box per 64-column panel */
 template <int D, int ROWS> EMBER_D void ember_flash_tma_tile(unsigned short* dst, const EmberTmap* map, int r0, int nb,
@@ -119,23 +126,49 @@ EMBER_D void ember_flash_fwd_ws(OUT* out, const EmberTmap* tq, const EmberTmap* 
     for (int x = 0; x < NT; x++) o[x][0] = o[x][1] = o[x][2] = o[x][3] = 0.f;
     const int r_lo = row0 + (warp - 4) * 16 + (lane >> 2);
     if (span.x == tiles && lane == 0) ember_mbar_arrive(qempty);   /* no tile: q is not read */
-    for (int t = span.x; t < tiles; t++, g++) {
-      const int st = g % STAGES, ph = (g / STAGES) & 1;
-      const unsigned short *ck = sk + st * BN * P, *cv = sv + st * BN * P;
-      ember_mbar_wait(&full[st], ph);
+    /* a turn issues this tile's scores and the last tile's p v (FlashAttention-3's pipelining
+       within a warpgroup): the softmax of tile t runs while the tensor cores do the product of
+       t - 1 and the other warpgroup's; o is rescaled once that product is waited for. The first
+       tile and the last product are peeled off the loop: with a product issued under a condition,
+       ptxas could not tell which accumulators were ready and serialized every wgmma. */
+    unsigned pa[BN / 16][4];   /* the last tile's p, as wgmma's A fragments */
+    int last = g % STAGES;     /* the last tile's slot */
+    if (span.x < tiles) {
+      ember_mbar_wait(&full[last], (g / STAGES) & 1);
       float s[BN / 8][4];
       ember_bar_sync(1 + wg, 256);   /* my turn */
-      EmberWg<true>::template scores_issue<D, BN, BF16>(&s[0][0], myq, BM, ck);
+      EmberWg<true>::template scores_issue<D, BN, BF16>(&s[0][0], myq, BM, sk + last * BN * P);
       ember_bar_arrive(2 - wg, 256);   /* the other's turn */
       ember_wgmma_wait<0>();
-      if (t + 1 == tiles && lane == 0) ember_mbar_arrive(qempty);   /* q (and item) read for the last time */
-      const bool edge = ember_flash_edge<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, t * BN, S);
-      ember_flash_online<BN, NT>(s, m, l, o, sm, nb, t * BN, r_lo, T, S, edge);
-      ember_bar_sync(1 + wg, 256);
-      EmberWg<true>::template acc_issue<8 * NT, BN, BF16>(&o[0][0], s, cv);
+      if (span.x + 1 == tiles && lane == 0) ember_mbar_arrive(qempty);   /* q (and item) read for the last time */
+      const bool edge = ember_flash_edge<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, span.x * BN, S);
+      ember_flash_online<BN, NT>(s, m, l, o, sm, nb, span.x * BN, r_lo, T, S, edge);
+      EmberWg<true>::template pack<BN, BF16>(pa, s);
+      g++;
+      for (int t = span.x + 1; t < tiles; t++, g++) {
+        const int st = g % STAGES, ph = (g / STAGES) & 1;
+        ember_mbar_wait(&full[st], ph);
+        float s[BN / 8][4], r[2];
+        ember_bar_sync(1 + wg, 256);
+        EmberWg<true>::template scores_issue<D, BN, BF16>(&s[0][0], myq, BM, sk + st * BN * P);
+        EmberWg<true>::template acc_issue_packed<8 * NT, BN, BF16>(&o[0][0], pa, sv + last * BN * P);
+        ember_bar_arrive(2 - wg, 256);
+        ember_wgmma_wait<1>();   /* the scores (committed first) */
+        if (t + 1 == tiles && lane == 0) ember_mbar_arrive(qempty);
+        const bool edge = ember_flash_edge<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, t * BN, S);
+        ember_flash_online<BN, NT, SM, true>(s, m, l, o, sm, nb, t * BN, r_lo, T, S, edge, r);
+        ember_wgmma_wait<0>();   /* the last tile's p v */
+        if (lane == 0) ember_mbar_arrive(&empty[last]);
+#pragma unroll
+        for (int x = 0; x < NT; x++) { o[x][0] *= r[0]; o[x][1] *= r[0]; o[x][2] *= r[1]; o[x][3] *= r[1]; }
+        EmberWg<true>::template pack<BN, BF16>(pa, s);
+        last = st;
+      }
+      ember_bar_sync(1 + wg, 256);   /* the last tile's p v */
+      EmberWg<true>::template acc_issue_packed<8 * NT, BN, BF16>(&o[0][0], pa, sv + last * BN * P);
       ember_bar_arrive(2 - wg, 256);
       ember_wgmma_wait<0>();
-      if (lane == 0) ember_mbar_arrive(&empty[st]);
+      if (lane == 0) ember_mbar_arrive(&empty[last]);
     }
     ember_flash_out<D, BF16>(out + (size_t)nb * T * ember_flash_width<D, OUT>(), o, m, l, r_lo, T);
   }
