@@ -1,7 +1,7 @@
 """Attention on the GPU: Ember's flash kernels, derived from the primitive graph (expand-mul-sum,
 iota mask, max, exp2, sum, div, expand-mul-sum), beside PyTorch's SDPA flash in the same run.
 
-    PYTHONPATH=. python3 bench/attention_gpu.py [--quick | --f32-memory | --variants] [--dims 32,80,96,256]
+    PYTHONPATH=. python3 bench/attention_gpu.py [--quick | --f32-memory | --variants | --kernels] [--dims 32,80,96,256]
 
 bf16, 16k tokens a batch (batch = 16384 / S) and a model width of 2048 (heads = 2048 / D, rounded
 down), as FlashAttention's own benchmarks; --dims picks the head sizes (64 and 128 unless given).
@@ -81,6 +81,9 @@ def main() -> None:
                     help="only f32 attention's device memory and time at S = 1024, 2048, 4096 (issue 9: not S^2)")
     ap.add_argument("--variants", action="store_true", help="the score forms of issue 30 (masks, biases, softcap)")
     ap.add_argument("--flex", default=".", help="--variants: those this regular expression finds get FlexAttention")
+    ap.add_argument("--kernels", action="store_true",
+                    help="each flash kernel of GPT-2's attention (B16 H12 T1024 D64 causal) alone, as the forward "
+                         "without and with a gradient, q, k, v as params or as views of one qkv")
     ap.add_argument("--dims", default="64,128", help="the head sizes of the main table, e.g. 32,80,96,256")
     args = ap.parse_args()
     if args.f32_memory:
@@ -88,6 +91,9 @@ def main() -> None:
         return
     if args.variants:
         variants(args.only, args.flex)
+        return
+    if args.kernels:
+        kernels()
         return
     print(f"{'case':28} {'pass':8} {'Ember TFLOP/s':>13} {'(kernel)':>9} {'SDPA':>7} {'ratio':>6} {'% peak':>7} "
           f"{'ms':>7} {'compile':>8}")
@@ -97,6 +103,43 @@ def main() -> None:
                 continue
             for causal in (False, True):
                 run_case(d, s, causal, args.only)
+
+
+def kernels() -> None:
+    """The flash kernels of GPT-2's attention one at a time (cuda.time_kernel: one launch on zeroed
+    buffers), as the forward alone (o in bf16) and inside a training step's graph (the forward
+    writes o and the logsumexp in f32 for the backward), with q, k and v as [B, H, T, D] params
+    or as views of one qkv [B, T, 3 C] (GPT-2's layout: rows 3 C apart)."""
+    b, h, t, d = 16, 12, 1024, 64
+    flops = {"attention": 2.0, "attention_dq": 3.0, "attention_dkdv": 4.0}   # products a kernel does, x 2 B H T^2 D / 2
+    gpu = cuda.device_target()
+    print(f"{'layout':8} {'graph':9} {'kernel':16} {'out':22} {'us':>8} {'TFLOP/s':>8} {'GB/s out':>9}")
+    for layout in ("params", "qkv"):
+        if layout == "params":
+            q, k, v = (ir.param(n, dt.bf16, (b, h, t, d)) for n in "qkv")
+            wrt = [q, k, v]
+        else:
+            qkv = ir.param("qkv", dt.bf16, (b, t, 3 * h * d))
+            heads = ir.permute(ir.reshape(qkv, (b, t, 3, h, d)), (2, 0, 3, 1, 4))
+            q, k, v = (ir.reshape(ir.shrink(heads, (i, 0, 0, 0, 0), (i + 1, b, h, t, d)), (b, h, t, d))
+                       for i in range(3))
+            wrt = [qkv]
+        o = attention(q, k, v, True)
+        w = ir.param("w", dt.bf16, (b, h, t, d))
+        loss = ir.reduce(Op.SUM, ir.binary(Op.MUL, ir.unary(Op.CAST, o, dt.f32), ir.unary(Op.CAST, w, dt.f32)),
+                         (0, 1, 2, 3))
+        for graph, outputs in (("forward", [o]), ("training", [o] + [ir.grad(loss, x) for x in wrt])):
+            prog = cuda.CUDAProgram(outputs)
+            for kern in prog.sched.kernels:
+                if kern.fused is None:
+                    continue
+                secs = cuda.time_kernel(kern, gpu)
+                kind = kern.fused[0].arg[0]
+                work = flops[kind] * b * h * t * t * d   # causal: half of 2 B H T^2 D a product
+                out = f"{kern.out.node.dtype}{list(kern.out.node.shape)}"
+                print(f"{layout:8} {graph:9} {kind:16} {out:22} {secs * 1e6:8.1f} {work / secs / 1e12:8.1f} "
+                      f"{kern.out.nbytes / secs / 1e9:9.1f}", flush=True)
+            prog.free()
 
 
 def f32_memory() -> None:
