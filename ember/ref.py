@@ -158,8 +158,9 @@ def _attention(node: Node, srcs: list[np.ndarray], rnd: Callable = _float) -> np
     """The flash-attention kernels the CUDA pipeline puts in a graph (compiler/attention.py), in
     f64: tests evaluate a rewritten graph here against the graph it came from. The score graph
     (node.arg[1]) maps q k^T to base-2 scores; "attention" returns o beside the logsumexp of each
-    row, [N, T, D + 1] (or o alone, [N, T, D]); "attention_dq" dq; "attention_dkdv" dk beside dv,
-    [N, S, 2 D], with dS = dP's part times the score graph's derivative."""
+    row, [N, T, D + 2] with its f32 bits in two 16-bit columns ([N, T, D + 1] in f32; or o alone,
+    [N, T, D]); "attention_dq" dq; "attention_dkdv" dk beside dv, [N, S, 2 D], with dS = dP's
+    part times the score graph's derivative."""
     from .compiler.attention import FIXED, placeholders, score_derivative
     kind, score = node.arg
     q, k, v = (a.astype(np.float64) for a in srcs[:3])
@@ -173,8 +174,14 @@ def _attention(node: Node, srcs: list[np.ndarray], rnd: Callable = _float) -> np
     lse = m + np.log2(np.exp2(s - m).sum(-1, keepdims=True))
     p = np.exp2(s - lse)
     if kind == "attention":   # o beside the logsumexp, or o alone (a forward with no gradient)
-        o = np.concatenate([p @ v, lse], -1) if node.shape[-1] > q.shape[-1] else p @ v
-        return rnd(o.reshape(node.shape), node.dtype)
+        o = p @ v
+        if node.shape[-1] == q.shape[-1]:
+            return rnd(o.reshape(node.shape), node.dtype)
+        if node.dtype is dt.f32:
+            return rnd(np.concatenate([o, lse], -1).reshape(node.shape), node.dtype)
+        # 16-bit: the logsumexp's f32 bits in the last two columns, low half first, as the kernel stores it
+        halves = data.from_storage(lse.astype(np.float32).view(np.uint16), node.dtype)
+        return np.concatenate([rnd(o, node.dtype), halves], -1).reshape(node.shape)
     dg = score_derivative(score)
     _fill([dg], inputs, values, True)
     do, di = srcs[4].astype(np.float64), srcs[5].astype(np.float64)[..., None]

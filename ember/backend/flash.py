@@ -11,7 +11,8 @@ Three kernels on `mma.sync.m16n8k16` (sm_80 and later; f16 or bf16 operands, f32
   iota masks keep a score of (`ember_flash_span`: past a causal diagonal or outside a window,
   none is loaded), and only edge tiles (masks not full, the bounds) apply the masks per
   element. It writes o / l and the base-2 logsumexp m + log2(l) of every
-  row, [N, T, D + 1] in f32, or (no gradient in the graph) o / l alone in the operand dtype.
+  row: [N, T, D + 2] in the operand dtype, the logsumexp's f32 in the last two columns (f32
+  operands: [N, T, D + 1]), or (no gradient in the graph) o / l alone, [N, T, D].
 - dq: a block per 64 query rows; per key tile it recomputes p = exp2(score - lse), dp = do v^T
   and ds = p (dp - rowsum(do o)) (times the score's derivative where it is no constant), and
   adds ds k. Both backward kernels write their gradients in
@@ -419,7 +420,10 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
         extra = f", {1.0 if dgrad else dconst!r}f"
     fn = {"attention": "fwd", "attention_dq": "dq", "attention_dkdv": "dkdv"}[kind]
     fn = f"ember_flash32_{fn}" if _f32(k) else f"ember_flash_{fn}"
-    flag = "" if kind == "attention" else f", {str(dgrad).lower()}"
+    if kind == "attention":   # 16-bit: whether the logsumexp follows o (a gradient is taken)
+        flag = "" if _f32(k) else f", {str(node.shape[-1] != d).lower()}"
+    else:
+        flag = f", {str(dgrad).lower()}"
     if kind == "attention_dkdv" and not _f32(k) and _columns(k) != d:   # the columns a block adds up
         flag += f", {_columns(k)}"
     rows, tile, threads = _plan(k)

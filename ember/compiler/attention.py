@@ -13,7 +13,8 @@ with casts anywhere along the way (autocast rounds q, k, p and v to bf16 and the
 f32) and reshapes or permutes that only move axes. `fuse` matches that graph from the second
 contraction down, labelling the axes it meets (batch, i, j, d), and replaces the contraction by
 a FUSED node: one kernel that runs the online softmax over tiles of keys on tensor cores and
-returns o beside the base-2 logsumexp of each row, [N, T, D + 1] in f32 (N: the batch axes).
+returns o beside the base-2 logsumexp of each row (N: the batch axes): [N, T, D + 2] in the
+operand dtype, the logsumexp's f32 bits in the last two columns ([N, T, D + 1] for f32).
 Where no gradient is taken in the graph, an f16 or bf16 forward returns o alone, [N, T, D] in
 the operand dtype: nothing would read the logsumexp, and no kernel has to convert o. Its
 gradient (`vjp`, called by autodiff) is two more FUSED kernels, FlashAttention-2 style: the
@@ -442,8 +443,11 @@ def _match_scores(o_sum: Node, lab: Labels, v_op: Node, o_only: bool, wrt: froze
     if o_only and axes == tuple(range(len(axes))):   # o in the layout asked for: the kernel's output as is
         o = Node(Op.FUSED, q.dtype, srcs, arg, o_sum.shape)
     else:
+        # with a gradient: o beside the logsumexp's f32, its bits in two more columns of 16-bit
+        # operands (flash.cuh's ember_flash_out)
         o = Node(Op.FUSED, q.dtype, srcs, arg, (n, t_len, d)) if o_only else \
-            ir.shrink(Node(Op.FUSED, dt.f32, srcs, arg, (n, t_len, d + 1)), (0, 0, 0), (n, t_len, d))
+            ir.shrink(Node(Op.FUSED, q.dtype, srcs, arg, (n, t_len, d + (1 if q.dtype is dt.f32 else 2))),
+                      (0, 0, 0), (n, t_len, d))
         o = ir.permute(ir.reshape(o, tuple(size[b] for b in batch) + (t_len, d)), axes)
         o = ir.reshape(o, o_sum.shape)
     return o if o.dtype is o_sum.dtype else ir.unary(Op.CAST, o, o_sum.dtype)
@@ -473,7 +477,7 @@ def group(n: Node) -> int:
 
 
 def vjp(n: Node, g: Node) -> list[tuple[Node, Node]]:
-    """The gradients of q, k and v from the gradient g of the packed [N, T, D + 1] output (the
+    """The gradients of q, k and v from the gradient g of the packed [N, T, D + 2] output (the
     score graph's sources get none: fuse leaves a graph that asks for one alone). Where k and v
     are shared by groups of q heads, the dk|dv kernel writes each q head's share in f32 and a sum
     over the group follows, rounded once (simpler than a kernel looping over the group's heads,
@@ -485,8 +489,9 @@ def vjp(n: Node, g: Node) -> list[tuple[Node, Node]]:
     s_len, grp = k.shape[1], group(n)
     do = ir.shrink(g, (0, 0, 0), (size, t_len, d))
     o = ir.shrink(n, (0, 0, 0), (size, t_len, d))
-    di = ir.reshape(ir.reduce(Op.SUM, ir.binary(Op.MUL, do, o), (2,)), (size, t_len))   # rowsum(dO * O)
-    srcs = (q, k, v, n, do if q.dtype is dt.f32 else ir.unary(Op.CAST, do, q.dtype), di, *extra)
+    wide = [x if x.dtype is dt.f32 else ir.unary(Op.CAST, x, dt.f32) for x in (do, o)]
+    di = ir.reshape(ir.reduce(Op.SUM, ir.binary(Op.MUL, *wide), (2,)), (size, t_len))   # rowsum(dO * O), f32
+    srcs = (q, k, v, n, do if do.dtype is q.dtype else ir.unary(Op.CAST, do, q.dtype), di, *extra)
     # in the operands' dtype, rounded once from the f32 accumulators as a cast would: half the
     # bytes to write, and to read where they are put back together (GPT-2's qkv gradient)
     dq = Node(Op.FUSED, q.dtype, srcs, ("attention_dq", score), (size, t_len, d))

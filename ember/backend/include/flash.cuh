@@ -255,12 +255,15 @@ EMBER_D void ember_flash_online(float (*s)[4], float* m, float* l, float (*o)[4]
     }
   }
 }
-/* rows r_lo and r_lo + 8 of the forward's output: f32 rows of D + 1 (o / l, then the base-2
-   logsumexp m + log2(l)), or o / l alone rounded once to the operand dtype (OUT 16-bit: a
-   forward with no gradient taken; nothing reads the logsumexp, no kernel converts o after) */
-template <int D, typename OUT> EMBER_D constexpr int ember_flash_width() { return sizeof(OUT) == 4 ? D + 1 : D; }
-template <int D, bool BF16, typename OUT>
-EMBER_D void ember_flash_out(OUT* out, float (*o)[4], float* m, float* l, int r_lo, int T) {
+/* rows r_lo and r_lo + 8 of the forward's output, o / l rounded once to the operand dtype: rows
+   of D, or (LSE: a gradient is taken) rows of D + 2 whose last two hold the base-2 logsumexp
+   m + log2(l) as an f32 (4-byte aligned: D is even), which the backward kernels read (ember_lse) */
+template <int D, bool LSE> EMBER_D constexpr int ember_flash_width() { return LSE ? D + 2 : D; }
+template <int D> EMBER_D const float* ember_lse(const unsigned short* packed) {
+  return reinterpret_cast<const float*>(packed + D);
+}
+template <int D, bool BF16, bool LSE>
+EMBER_D void ember_flash_out(unsigned short* out, float (*o)[4], float* m, float* l, int r_lo, int T) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int h = 0; h < 2; h++) {
@@ -269,18 +272,11 @@ EMBER_D void ember_flash_out(OUT* out, float (*o)[4], float* m, float* l, int r_
     const int row = r_lo + h * 8;
     if (row >= T) continue;
     const float inv = 1.f / l[h];
-    OUT* dst = out + (size_t)row * ember_flash_width<D, OUT>();
+    unsigned short* dst = out + (size_t)row * ember_flash_width<D, LSE>();
 #pragma unroll
-    for (int x = 0; x < D / 8; x++) {
-      if constexpr (sizeof(OUT) == 4) {   /* odd rows: no pairs */
-        dst[x * 8 + (lane & 3) * 2] = o[x][2 * h] * inv;
-        dst[x * 8 + (lane & 3) * 2 + 1] = o[x][2 * h + 1] * inv;
-      } else {
-        ember_store2<BF16>(dst + x * 8 + (lane & 3) * 2, o[x][2 * h] * inv, o[x][2 * h + 1] * inv);
-      }
-    }
-    if constexpr (sizeof(OUT) == 4)
-      if ((lane & 3) == 0) dst[D] = m[h] + log2f(l[h]);
+    for (int x = 0; x < D / 8; x++)
+      ember_store2<BF16>(dst + x * 8 + (lane & 3) * 2, o[x][2 * h] * inv, o[x][2 * h + 1] * inv);
+    if (LSE && (lane & 3) == 0) *reinterpret_cast<float*>(dst + D) = m[h] + log2f(l[h]);
   }
 }
 
@@ -289,8 +285,8 @@ EMBER_D void ember_flash_out(OUT* out, float (*o)[4], float* m, float* l, int r_
    warpgroups of 64 rows (warp w: rows 16 w.. of the block, in the fragment layout of mma.sync's
    accumulators); s = q k^T is wgmma from shared memory, and p stays in registers as the A
    operand of o += p v, whose B (v, contiguous along D) is read transposed. */
-template <int D, int ROWS, int TILE, bool BF16, bool HOPPER = false, typename OUT, typename SM>
-EMBER_D void ember_flash_fwd(OUT* out, const unsigned short* q, const unsigned short* k,
+template <int D, int ROWS, int TILE, bool BF16, bool HOPPER, bool LSE, typename SM>
+EMBER_D void ember_flash_fwd(unsigned short* out, const unsigned short* q, const unsigned short* k,
                              const unsigned short* v, int ldq, int ldk, int ldv, int T, int S, const SM& sm) {
   constexpr int BM = ROWS, BN = TILE, WM = HOPPER ? 1 : ROWS / 64, NT = ember_cols<D, HOPPER>() / 8;
   constexpr int P = ember_pitch<D, HOPPER>();
@@ -326,7 +322,7 @@ EMBER_D void ember_flash_fwd(OUT* out, const unsigned short* q, const unsigned s
   }
 #pragma unroll
   for (int w = 0; w < WM; w++)
-    ember_flash_out<D, BF16>(out + (size_t)nb * T * ember_flash_width<D, OUT>(), o[w], m[w], l[w], r_lo + 16 * w, T);
+    ember_flash_out<D, BF16, LSE>(out + (size_t)nb * T * ember_flash_width<D, LSE>(), o[w], m[w], l[w], r_lo + 16 * w, T);
 }
 
 /* rows r_lo and r_lo + 8 (those below nrows) of a gradient whose rows are ld apart, times
@@ -384,7 +380,7 @@ EMBER_D void ember_flash_ds(float (*s)[4], float (*dp)[4], const SM& sm, int nb,
 
 template <int D, int ROWS, int TILE, bool BF16, bool HOPPER, bool DGRAD, typename OUT, typename SM>
 EMBER_D void ember_flash_dq(OUT* out, const unsigned short* q, const unsigned short* k, const unsigned short* v,
-                            const float* packed, const unsigned short* dout, const float* di, int ldq, int ldk,
+                            const unsigned short* packed, const unsigned short* dout, const float* di, int ldq, int ldk,
                             int ldv, int T, int S, float cs, const SM& sm) {
   constexpr int BM = ROWS, BN = TILE, NT = ember_cols<D, HOPPER>() / 8, P = ember_pitch<D, HOPPER>();
   unsigned short *sq = ember_flash_tiles<HOPPER>(), *sdo = sq + BM * P, *sk = sdo + BM * P, *sv = sk + 2 * BN * P;
@@ -408,7 +404,7 @@ EMBER_D void ember_flash_dq(OUT* out, const unsigned short* q, const unsigned sh
     ember_scores_any<D, BN, 1, BF16, HOPPER>(dp, sdo, BM, cv);
     const bool edge = ember_flash_past<BM>(row0 + BM - 1, T) ||
                       ember_flash_edge<BN, false>(sm, nb, row0, row0 + BM - 1, t * BN, S);
-    ember_flash_ds<BN, BM, false, DGRAD>(s[0], dp[0], sm, nb, r_lo, t * BN, T, S, packed + D, D + 1, di, edge);
+    ember_flash_ds<BN, BM, false, DGRAD>(s[0], dp[0], sm, nb, r_lo, t * BN, T, S, ember_lse<D>(packed), D / 2 + 1, di, edge);
     ember_acc_any<D, BN, NT, BF16, HOPPER>(acc, dp[0], ck);
     __syncthreads();
   }
@@ -419,7 +415,7 @@ EMBER_D void ember_flash_dq(OUT* out, const unsigned short* q, const unsigned sh
    block, each computing the scores again, or 256 accumulators a thread would not fit) */
 template <int D, int ROWS, int TILE, bool BF16, bool HOPPER, bool DGRAD, int DC = D, typename OUT, typename SM>
 EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned short* k, const unsigned short* v,
-                              const float* packed, const unsigned short* dout, const float* di, int ldq, int ldk,
+                              const unsigned short* packed, const unsigned short* dout, const float* di, int ldq, int ldk,
                               int ldv, int T, int S, float cs, const SM& sm) {
   constexpr int BN = ROWS, BM = TILE, NT = ember_cols<DC, HOPPER>() / 8, P = ember_pitch<D, HOPPER>();
   unsigned short *sk = ember_flash_tiles<HOPPER>(), *sv = sk + BN * P, *sq = sv + BN * P, *sdo = sq + 2 * BM * P;
@@ -446,7 +442,7 @@ EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned 
     ember_scores_any<D, BM, 1, BF16, HOPPER>(dp, sv, BN, cdo);   /* dp^T = v do^T */
     const bool edge = ember_flash_past<BN>(key0 + BN - 1, S) ||
                       ember_flash_edge<BM, true>(sm, nb, key0, key0 + BN - 1, t * BM, T);
-    ember_flash_ds<BM, BN, true, DGRAD>(s[0], dp[0], sm, nb, r_lo, t * BM, T, S, packed + D, D + 1, di, edge);
+    ember_flash_ds<BM, BN, true, DGRAD>(s[0], dp[0], sm, nb, r_lo, t * BM, T, S, ember_lse<D>(packed), D / 2 + 1, di, edge);
     ember_acc_any<D, BM, NT, BF16, HOPPER>(dv, s[0], cdo, c0);
     ember_acc_any<D, BM, NT, BF16, HOPPER>(dk, dp[0], cq, c0);
     __syncthreads();

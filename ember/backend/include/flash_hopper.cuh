@@ -70,8 +70,8 @@ template <int D, int ROWS> EMBER_D void ember_flash_tma_tile(unsigned short* dst
    write this item's rows. Warpgroups 1 and 2 own 64 rows each and take turns at issuing their
    products (named barriers 1 and 2): while one computes its softmax, the tensor cores run the
    other's products. The element code is ember_flash_fwd's. */
-template <int D, int TILE, int STAGES, bool BF16, typename OUT, typename SM>
-EMBER_D void ember_flash_fwd_ws(OUT* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
+template <int D, int TILE, int STAGES, bool BF16, bool LSE, typename SM>
+EMBER_D void ember_flash_fwd_ws(unsigned short* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
                                 int n, int heads, int group, int kv_heads, int T, int S, unsigned* next, const SM& sm) {
   constexpr int BM = 128, BN = TILE, NT = ember_cols<D, true>() / 8, P = ember_pitch<D, true>();
   unsigned short *sq = ember_flash_tiles<true>(), *sk = sq + BM * P, *sv = sk + STAGES * BN * P;
@@ -170,7 +170,7 @@ EMBER_D void ember_flash_fwd_ws(OUT* out, const EmberTmap* tq, const EmberTmap* 
       ember_wgmma_wait<0>();
       if (lane == 0) ember_mbar_arrive(&empty[last]);
     }
-    ember_flash_out<D, BF16>(out + (size_t)nb * T * ember_flash_width<D, OUT>(), o, m, l, r_lo, T);
+    ember_flash_out<D, BF16, LSE>(out + (size_t)nb * T * ember_flash_width<D, LSE>(), o, m, l, r_lo, T);
   }
   if (wg == 0) ember_bar_sync(1, 256);   /* warpgroup 1's last turn-passing, never taken */
 }
@@ -205,7 +205,7 @@ EMBER_D void ember_flash_produce(unsigned short* sa, const EmberTmap* ta, unsign
    together) and its last ones. */
 template <int D, int TILE, int STAGES, bool BF16, bool DGRAD, typename OUT, typename SM>
 EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
-                               const EmberTmap* tdo, const float* packed, const float* di, int heads, int group,
+                               const EmberTmap* tdo, const unsigned short* packed, const float* di, int heads, int group,
                                int kv_heads, int T, int S, float cs, const SM& sm) {
   constexpr int BM = 128, BN = TILE, NT = ember_cols<D, true>() / 8, P = ember_pitch<D, true>();
   unsigned short *sq = ember_flash_tiles<true>(), *sdo = sq + BM * P, *sk = sdo + BM * P, *sv = sk + STAGES * BN * P;
@@ -248,7 +248,7 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
     ember_wgmma_wait<0>();
     const bool edge = ember_flash_past<BM>(row0 + BM - 1, T) ||
                       ember_flash_edge<BN, false>(sm, nb, row0, row0 + BM - 1, t * BN, S);
-    ember_flash_ds<BN, BM, false, DGRAD>(s, dp, sm, nb, r_lo, t * BN, T, S, packed + D, D + 1, di, edge);
+    ember_flash_ds<BN, BM, false, DGRAD>(s, dp, sm, nb, r_lo, t * BN, T, S, ember_lse<D>(packed), D / 2 + 1, di, edge);
     ember_bar_sync(1 + wg, 256);
     EmberWg<true>::template acc_issue<8 * NT, BN, BF16>(&acc[0][0], dp, ck);
     if (wg == 0 || t + 1 < tiles) ember_bar_arrive(2 - wg, 256);
@@ -260,7 +260,7 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
 
 template <int D, int TILE, int STAGES, bool BF16, bool DGRAD, int DC = D, typename OUT, typename SM>
 EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap* tk, const EmberTmap* tv,
-                                 const EmberTmap* tdo, const float* packed, const float* di, int heads, int group,
+                                 const EmberTmap* tdo, const unsigned short* packed, const float* di, int heads, int group,
                                  int kv_heads, int T, int S, float cs, const SM& sm) {
   constexpr int BN = 128, BM = TILE, NT = ember_cols<DC, true>() / 8, P = ember_pitch<D, true>();
   unsigned short *sk = ember_flash_tiles<true>(), *sv = sk + BN * P, *sq = sv + BN * P, *sdo = sq + STAGES * BM * P;
@@ -306,7 +306,7 @@ EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap*
     ember_wgmma_wait<0>();
     const bool edge = ember_flash_past<BN>(key0 + BN - 1, S) ||
                       ember_flash_edge<BM, true>(sm, nb, key0, key0 + BN - 1, t * BM, T);
-    ember_flash_ds<BM, BN, true, DGRAD>(s, dp, sm, nb, r_lo, t * BM, T, S, packed + D, D + 1, di, edge);
+    ember_flash_ds<BM, BN, true, DGRAD>(s, dp, sm, nb, r_lo, t * BM, T, S, ember_lse<D>(packed), D / 2 + 1, di, edge);
     ember_bar_sync(1 + wg, 256);
     EmberWg<true>::template acc_issue<8 * NT, BM, BF16>(&dv[0][0], s, cdo + c0 / 64 * BM * 64);
     EmberWg<true>::template acc_issue<8 * NT, BM, BF16>(&dk[0][0], dp, cq + c0 / 64 * BM * 64);
