@@ -337,6 +337,11 @@ def lower_kernel(name: str, root: Node, out: Buffer, realized: dict[Node, Buffer
             views.append(found[1] if found else None)
             if found is None:   # realize what q, k or v is a view of, if anything, else the source itself
                 base = strided_view(s, realized, assume=True) if i < 3 else None
+                below = _under_copies(s, realized)
+                if base is None and below is not s and below not in realized and _product(below):
+                    # a product stored through permutes and casts would lose its tensor cores
+                    # (attention's do, the projection's dx by heads): the product first, then a copy
+                    base = (below, None)
                 missing.add(base[0] if base else s)
                 visited |= {*_movements(s), base[0]} if base else set()   # lowered again once it is realized
         reads = list({b.id: b for b in bufs if b is not None}.values())
@@ -440,6 +445,18 @@ def _regroup(axes: list[list[tuple[int, int]]], shape: tuple[int, ...]) -> list[
                 merged.append((s, st))
         out.append(merged)
     return None if parts else out
+
+
+def _under_copies(t: Node, realized: dict[Node, Buffer]) -> Node:
+    """The node below t's movements, pads and casts (what a copy kernel would read), down to a realized one."""
+    while t not in realized and t.op in (Op.RESHAPE, Op.PERMUTE, Op.SHRINK, Op.PAD, Op.CAST):
+        t = t.srcs[0]
+    return t
+
+
+def _product(t: Node) -> bool:
+    """t is a sum of products (a contraction)."""
+    return t.op is Op.SUM and t.srcs[0].op in (Op.MUL, Op.CAST)
 
 
 def _through_reshapes(t: Node, realized: dict[Node, Buffer]) -> Node:
