@@ -21,7 +21,7 @@ from __future__ import annotations
 from .. import debug
 from ..ir import Node
 from ..target import Target
-from . import attention, autodiff, plans, store
+from . import attention, autodiff, plans, store, symbolic
 from .merge import in_place, merge_chains, merge_rows, merge_small
 from .optimize import optimize
 from .schedule import Schedule, plan_memory, schedule
@@ -35,7 +35,8 @@ def compile_schedule(outputs: list[Node], target: Target, nest: int = 0) -> Sche
     k = store.key(outputs, target, nest, plans.choice_key(target))   # overrides, stored plans
     sched = store.load(k)
     if sched is None:
-        sched = _compile(outputs, target, nest)
+        with symbolic.remembered():
+            sched = _compile(outputs, target, nest)
         store.save(k, sched)
     debug.plans(2, f"for {target.arch}", sched.kernels)
     return sched

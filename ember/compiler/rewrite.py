@@ -83,10 +83,11 @@ class RuleSet:
             else:
                 for op in ops:
                     self.by_op.setdefault(op, []).append(rule)
+        self.by_op = {op: found + self.generic for op, found in self.by_op.items()}   # in the rules' order
 
     def apply(self, node: Node) -> Node | None:
         """The first rule's replacement for node, or None when no rule fires."""
-        for pat, fn in self.by_op.get(node.op, []) + self.generic:
+        for pat, fn in self.by_op.get(node.op, self.generic):
             binds: dict[str, Node] = {}
             if pat.match(node, binds):
                 out = fn(**binds)
@@ -95,9 +96,11 @@ class RuleSet:
         return None
 
 
-def rewrite(roots: list[Node], rules: RuleSet, max_steps: int = 1_000_000) -> list[Node]:
-    """Rewrite the graph of roots bottom-up with rules until no rule fires anywhere."""
-    done: dict[Node, Node] = {}
+def rewrite(roots: list[Node], rules: RuleSet, max_steps: int = 1_000_000,
+            done: dict[Node, Node] | None = None) -> list[Node]:
+    """Rewrite the graph of roots bottom-up with rules until no rule fires anywhere. done: the
+    normal forms of nodes rewritten before with the same rules, added to as this call finds more."""
+    done = {} if done is None else done
     redirect: dict[Node, Node] = {}
     steps = 0
     stack = list(roots)

@@ -9,7 +9,10 @@ the div/mod rules only fire where the dividend is known to be >= 0.
 from __future__ import annotations
 
 import math
+import threading
+from contextlib import contextmanager
 from functools import reduce
+from typing import Iterator
 from weakref import WeakKeyDictionary
 
 from .. import dtype as dt
@@ -368,8 +371,22 @@ RULES = RuleSet([
 ])
 
 
+_memo = threading.local()   # this thread's compilation's normal forms (remembered)
+
+
 def simplify(exprs: list[Node]) -> list[Node]:
-    return rewrite(exprs, RULES)
+    return rewrite(exprs, RULES, done=getattr(_memo, "done", None))
+
+
+@contextmanager
+def remembered() -> Iterator[None]:
+    """simplify's normal forms kept for the duration (one compilation: its kernels' index
+    expressions share half their terms; GPT-2's step simplified 150k nodes, 2.0 -> 1.1 s)."""
+    _memo.done = {}
+    try:
+        yield
+    finally:
+        del _memo.done
 
 
 def _conjuncts(c: Node) -> list[Node]:

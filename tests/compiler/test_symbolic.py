@@ -173,3 +173,21 @@ def test_given_keeps_the_address_wherever_the_guard_holds() -> None:
         assert divisions[1] <= divisions[0]
         fewer += divisions[1] < divisions[0]
     assert fewer > 100, fewer
+
+
+def test_remembered_normal_forms_are_the_same_and_reused(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Within one compilation (sym.remembered) simplify keeps the normal forms it found: the same
+    results as without, a repeated expression costs no rule application, and none is kept after."""
+    rng = random.Random(11)
+    ranges = [sym.rng(f"m{i}", 5) for i in range(3)]
+    exprs = [random_expr(rng, ranges, 4) for _ in range(200)]
+    plain = [sym.simplify([e])[0] for e in exprs]
+    applied: list[Node] = []
+    real = sym.RULES.apply
+    monkeypatch.setattr(sym.RULES, "apply", lambda n: applied.append(n) or real(n))
+    with sym.remembered():
+        assert [sym.simplify([e])[0] for e in exprs] == plain
+        first = len(applied)
+        assert [sym.simplify([e])[0] for e in exprs] == plain and len(applied) == first
+    sym.simplify(exprs[:1])
+    assert len(applied) > first
