@@ -122,9 +122,10 @@ def _sizes(k: Kernel) -> tuple[str, int, int, int, int]:
     return node.arg[0], n, t_len, node.srcs[1].shape[1], d
 
 
-# the warp-specialized kernels' slots, and which of a kernel's sources it copies once (its block's
-# rows) and which it streams by tiles (their sizes: compiler/attention.py's flash_plan)
+# the warp-specialized kernels' slots, and which of a kernel's sources each copies once (its
+# block's rows; the others it streams by tiles: compiler/attention.py's flash_plan sizes them)
 WS_STAGES = 2
+WS_OWN = {"attention": (0,), "attention_dq": (0, 4), "attention_dkdv": (1, 2)}
 
 
 def ws_stages(kind: str, d: int) -> int:
@@ -132,8 +133,6 @@ def ws_stages(kind: str, d: int) -> int:
     runs beside them: ember_flash_fwd_ws), so it keeps a third slot to load ahead into where
     three fit (D <= 128: 225 KB at most)."""
     return 3 if kind == "attention" and d <= 128 else WS_STAGES
-WS_OWN = {"attention": (0,), "attention_dq": (0, 4), "attention_dkdv": (1, 2)}
-WS_TILED = {"attention": (1, 2), "attention_dq": (1, 2), "attention_dkdv": (0, 4)}
 
 
 def pitch(d: int, hopper: bool) -> int:
