@@ -338,7 +338,7 @@ def lower_kernel(name: str, root: Node, out: Buffer, realized: dict[Node, Buffer
             if found is None:   # realize what q, k or v is a view of, if anything, else the source itself
                 base = strided_view(s, realized, assume=True) if i < 3 else None
                 below = _under_copies(s, realized)
-                if base is None and below is not s and below not in realized and _product(below):
+                if base is None and below is not s and below not in realized and product_sum(below):
                     # a product stored through permutes and casts would lose its tensor cores
                     # (attention's do, the projection's dx by heads): the product first, then a copy
                     base = (below, None)
@@ -454,9 +454,12 @@ def _under_copies(t: Node, realized: dict[Node, Buffer]) -> Node:
     return t
 
 
-def _product(t: Node) -> bool:
-    """t is a sum of products (a contraction)."""
-    return t.op is Op.SUM and t.srcs[0].op in (Op.MUL, Op.CAST)
+def product_sum(t: Node, widened: bool = True) -> bool:
+    """Whether t sums a product of broadcasts, a matmul (widened: of operands under widening casts,
+    autocast's bf16 products): a contraction, which the GPU computes in a kernel of its own."""
+    if t.op is not Op.SUM or t.srcs[0].op is not Op.MUL:
+        return False
+    return all((s.srcs[0] if widened and widening(s) else s).op is Op.EXPAND for s in t.srcs[0].srcs)
 
 
 def _through_reshapes(t: Node, realized: dict[Node, Buffer]) -> Node:

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .. import debug
-from ..ir import ELEMENTWISE, Node, Op, toposort, widening
+from ..ir import ELEMENTWISE, Node, Op, toposort
 from ..target import Target
 from . import autodiff, simplify
 from .contraction import gathered_operands
-from .lower import Buffer, Kernel, lower_kernel, recompute_problems, recomputed_operands
+from .lower import Buffer, Kernel, lower_kernel, product_sum, recompute_problems, recomputed_operands
 
 LANES = 64  # with nesting on, values recomputed along an output range this short are left to lanes
 
@@ -116,14 +116,6 @@ def summed_products(k: Kernel) -> set[Node]:
     sums = {t for t in k.reduces.values() if product_sum(t, widened=False)}
     added = {s for n in k.visited if n.op is Op.ADD for s in n.srcs if s in sums}
     return added if len(added) > 1 else set()
-
-
-def product_sum(t: Node, widened: bool = True) -> bool:
-    """Whether t sums a product of broadcasts, a matmul (widened: of operands under widening casts,
-    autocast's bf16 products): a contraction, which the GPU computes in a kernel of its own."""
-    if t.op is not Op.SUM or t.srcs[0].op is not Op.MUL:
-        return False
-    return all((s.srcs[0] if widened and widening(s) else s).op is Op.EXPAND for s in t.srcs[0].srcs)
 
 
 CHAIN_READS = 4   # a value several kernels compute, reading at least this many tensors, gets a buffer
