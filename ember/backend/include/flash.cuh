@@ -262,6 +262,7 @@ template <int D, bool LSE> EMBER_D constexpr int ember_flash_width() { return LS
 template <int D> EMBER_D const float* ember_lse(const unsigned short* packed) {
   return reinterpret_cast<const float*>(packed + D);
 }
+template <int D> EMBER_D constexpr int ember_lse_ld() { return ember_flash_width<D, true>() / 2; }   /* in floats */
 template <int D, bool BF16, bool LSE>
 EMBER_D void ember_flash_out(unsigned short* out, float (*o)[4], float* m, float* l, int r_lo, int T) {
   const int lane = threadIdx.x & 31;
@@ -404,7 +405,7 @@ EMBER_D void ember_flash_dq(OUT* out, const unsigned short* q, const unsigned sh
     ember_scores_any<D, BN, 1, BF16, HOPPER>(dp, sdo, BM, cv);
     const bool edge = ember_flash_past<BM>(row0 + BM - 1, T) ||
                       ember_flash_edge<BN, false>(sm, nb, row0, row0 + BM - 1, t * BN, S);
-    ember_flash_ds<BN, BM, false, DGRAD>(s[0], dp[0], sm, nb, r_lo, t * BN, T, S, ember_lse<D>(packed), D / 2 + 1, di, edge);
+    ember_flash_ds<BN, BM, false, DGRAD>(s[0], dp[0], sm, nb, r_lo, t * BN, T, S, ember_lse<D>(packed), ember_lse_ld<D>(), di, edge);
     ember_acc_any<D, BN, NT, BF16, HOPPER>(acc, dp[0], ck);
     __syncthreads();
   }
@@ -442,7 +443,7 @@ EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned 
     ember_scores_any<D, BM, 1, BF16, HOPPER>(dp, sv, BN, cdo);   /* dp^T = v do^T */
     const bool edge = ember_flash_past<BN>(key0 + BN - 1, S) ||
                       ember_flash_edge<BM, true>(sm, nb, key0, key0 + BN - 1, t * BM, T);
-    ember_flash_ds<BM, BN, true, DGRAD>(s[0], dp[0], sm, nb, r_lo, t * BM, T, S, ember_lse<D>(packed), D / 2 + 1, di, edge);
+    ember_flash_ds<BM, BN, true, DGRAD>(s[0], dp[0], sm, nb, r_lo, t * BM, T, S, ember_lse<D>(packed), ember_lse_ld<D>(), di, edge);
     ember_acc_any<D, BM, NT, BF16, HOPPER>(dv, s[0], cdo, c0);
     ember_acc_any<D, BM, NT, BF16, HOPPER>(dk, dp[0], cq, c0);
     __syncthreads();

@@ -248,7 +248,7 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
     ember_wgmma_wait<0>();
     const bool edge = ember_flash_past<BM>(row0 + BM - 1, T) ||
                       ember_flash_edge<BN, false>(sm, nb, row0, row0 + BM - 1, t * BN, S);
-    ember_flash_ds<BN, BM, false, DGRAD>(s, dp, sm, nb, r_lo, t * BN, T, S, ember_lse<D>(packed), D / 2 + 1, di, edge);
+    ember_flash_ds<BN, BM, false, DGRAD>(s, dp, sm, nb, r_lo, t * BN, T, S, ember_lse<D>(packed), ember_lse_ld<D>(), di, edge);
     ember_bar_sync(1 + wg, 256);
     EmberWg<true>::template acc_issue<8 * NT, BN, BF16>(&acc[0][0], dp, ck);
     if (wg == 0 || t + 1 < tiles) ember_bar_arrive(2 - wg, 256);
@@ -306,7 +306,7 @@ EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap*
     ember_wgmma_wait<0>();
     const bool edge = ember_flash_past<BN>(key0 + BN - 1, S) ||
                       ember_flash_edge<BM, true>(sm, nb, key0, key0 + BN - 1, t * BM, T);
-    ember_flash_ds<BM, BN, true, DGRAD>(s, dp, sm, nb, r_lo, t * BM, T, S, ember_lse<D>(packed), D / 2 + 1, di, edge);
+    ember_flash_ds<BM, BN, true, DGRAD>(s, dp, sm, nb, r_lo, t * BM, T, S, ember_lse<D>(packed), ember_lse_ld<D>(), di, edge);
     ember_bar_sync(1 + wg, 256);
     EmberWg<true>::template acc_issue<8 * NT, BM, BF16>(&dv[0][0], s, cdo + c0 / 64 * BM * 64);
     EmberWg<true>::template acc_issue<8 * NT, BM, BF16>(&dk[0][0], dp, cq + c0 / 64 * BM * 64);
