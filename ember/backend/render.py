@@ -318,7 +318,7 @@ class KernelWriter:
         self.online = k.plan.online if isinstance(k.plan, LoopPlan) else None   # (online.py)
         self.name = prefix + k.name
         self.staged: dict[Node, tuple[str, Stage]] = {}  # load -> (its array, the stage)
-        self.deps = free_ranges(k.store)
+        self.deps = dict(free_ranges(k.store))   # added to below: not the remembered one
         self.names: dict[Node, str] = {}
         self.memo: dict[tuple[Node, int], str | LaneArray] = {}
         self.rounded: dict[str, str] = {}   # a temp holding an op's rounded result -> that expression

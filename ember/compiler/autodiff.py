@@ -107,36 +107,52 @@ def vjp(n: Node, g: Node) -> list[tuple[Node, Node]]:
 
 def derivative(y: Node, x: Node) -> Node:
     """d(sum of all elements of y)/dx as ordinary ops (zeros if y does not depend on x)."""
+    return gradients(y, {x})[x]
+
+
+def gradients(y: Node, xs: set[Node]) -> dict[Node, Node]:
+    """derivative(y, x) for each x in xs, from one reverse sweep over y's graph: the gradient
+    reaching a node is the sum of its users' contributions whichever x it depends on, so the
+    sweep for many (a model's parameters) builds the same nodes as one for each, once."""
     order = toposort([y])
     depends: set[Node] = set()
     for n in order:
-        if n is x or any(s in depends for s in n.srcs):
+        if n in xs or any(s in depends for s in n.srcs):
             depends.add(n)
+    out = {x: full(0.0, x) for x in xs}
     if y not in depends or not y.dtype.is_float:
-        return full(0.0, x)
+        return out
     pending: dict[Node, list[Node]] = {y: [full(1.0, y)]}
     for n in reversed(order):
-        if n not in pending or n is x:
+        if n not in pending:
             continue
         parts = pending.pop(n)
         g = parts[0]
         for p in parts[1:]:
             g = ir.binary(Op.ADD, g, p)
+        if n in xs:
+            out[n] = g
+        if not any(s in depends for s in n.srcs):
+            continue
         for src, gs in vjp(n, g):
             if src in depends and src.dtype.is_float:
                 pending.setdefault(src, []).append(gs)
-    parts = pending.get(x, [full(0.0, x)])
-    g = parts[0]
-    for p in parts[1:]:
-        g = ir.binary(Op.ADD, g, p)
-    return g
-
-
-RULES = RuleSet([(P(Op.GRAD, P(name="y"), P(name="x")), derivative)])
+    return out
 
 
 def expand_grads(outputs: list[Node]) -> list[Node]:
-    """The graph with every grad node replaced by the ops that compute it."""
-    if not any(n.op is Op.GRAD for n in toposort(outputs)):
+    """The graph with every grad node replaced by the ops that compute it; the grads of one y
+    (a loss and its parameters) share one sweep."""
+    wanted: dict[Node, set[Node]] = {}
+    for n in toposort(outputs):
+        if n.op is Op.GRAD:
+            wanted.setdefault(n.srcs[0], set()).add(n.srcs[1])
+    if not wanted:
         return outputs
-    return rewrite(outputs, RULES)
+    swept: dict[Node, dict[Node, Node]] = {}
+
+    def expand(y: Node, x: Node) -> Node:
+        if x not in swept.get(y, {}):   # y or x changed by an inner grad's rewrite: sweep again
+            swept[y] = gradients(y, wanted.get(y, set()) | set(swept.get(y, {})) | {x})
+        return swept[y][x]
+    return rewrite(outputs, RuleSet([(P(Op.GRAD, P(name="y"), P(name="x")), expand)]))

@@ -14,6 +14,7 @@ Kernel-level nodes (all scalars, shape ()):
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -472,8 +473,10 @@ def _through_reshapes(t: Node, realized: dict[Node, Buffer]) -> Node:
 
 # ------------------------------------------------------------------------------- loop facts
 
+@functools.lru_cache(maxsize=256)
 def free_ranges(kernel_value: Node) -> dict[Node, frozenset[Node]]:
-    """For every node of a kernel expression, the ranges it depends on (REDUCE binds its own)."""
+    """For every node of a kernel expression, the ranges it depends on (REDUCE binds its own).
+    Remembered (a kernel's facts ask it again and again): the caller must not change the dict."""
     deps: dict[Node, frozenset[Node]] = {}
     for n in toposort([kernel_value]):
         if n.op is Op.RANGE:

@@ -69,6 +69,7 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
                                  for n in order if n.op is Op.FUSED and n not in out_bufs}
     position = {n: i for i, n in enumerate(order)}
     lowered: dict[Node, Kernel] = {}  # target -> its kernel, kept while no node it fused is realized
+    asks: dict[Node, set[Node]] = {}  # target -> what its kernel wants realized (a kernel's own facts)
     while True:
         realized = {**out_bufs, **temps, **inputs}
         # a param returned as is still gets a kernel: it copies the input to the output buffer
@@ -76,13 +77,13 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
         kernels = []
         for t in targets:
             if t not in lowered:  # named by graph position: a name that no later realization changes
-                lowered[t] = lower_kernel(f"k{position[t]}", t, out_bufs.get(t) or temps[t], realized, nest)
+                k = lowered[t] = lower_kernel(f"k{position[t]}", t, out_bufs.get(t) or temps[t], realized, nest)
+                asks[t] = k.problems | recompute_problems(k, nest) | recomputed_operands(k, nest and LANES) \
+                    | gathered_operands(k)
             kernels.append(lowered[t])
-        more: set[Node] = set()
+        more: set[Node] = set().union(*(asks[t] for t in targets))
         users: dict[Node, int] = {}
         for k in kernels:
-            more |= k.problems | recompute_problems(k, nest) | recomputed_operands(k, nest and LANES)
-            more |= gathered_operands(k)
             for t in set(k.reduces.values()):
                 users[t] = users.get(t, 0) + 1
         more |= {t for t, n in users.items() if n > 1}

@@ -59,3 +59,20 @@ def test_second_derivative_of_cube() -> None:
     xs = np.array([0.5, -1.0, 2.0, 3.0])
     (got,) = runners.BACKENDS["c"].run([ir.grad(ir.grad(cube, x), x)], {x: xs})
     assert np.allclose(got, 6 * xs)
+
+
+def test_grads_of_one_loss_share_one_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model's parameter gradients come from one reverse sweep over the loss, not one sweep
+    each: a sweep per parameter made a 12-layer GPT-2 step's expand_grads take 1.7 s (0.05 s
+    shared), since vjp ran once per (parameter, node below it)."""
+    from ember.compiler import autodiff
+    calls = []
+    real = autodiff.vjp
+    monkeypatch.setattr(autodiff, "vjp", lambda n, g: calls.append(n) or real(n, g))
+    h = ir.param("x", dt.f32, (4,))
+    ws = [ir.param(f"w{i}", dt.f32, (4,)) for i in range(12)]
+    for w in ws:
+        h = ir.unary(Op.SIN, ir.binary(Op.MUL, w, h))
+    grads = expand_grads([ir.grad(h, w) for w in ws])
+    assert all(n.op is not Op.GRAD for n in ir.toposort(grads))
+    assert len(calls) == len(set(calls)), "a node's vjp was taken more than once"
