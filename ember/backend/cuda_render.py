@@ -127,20 +127,29 @@ class CUDARenderer(CLike):
         # a row chain's members read what earlier members wrote: those reads not through the
         # read-only cache (its lines are not kept coherent with the kernel's own stores)
         shared = frozenset(written) if plan.rows else frozenset()
-        members = "".join(CUDAKernelWriter(self, m, prefix, member=True, threads=threads, shared=shared).write()
-                          for m in plan.members)
+        # members equal up to their names and buffers (a bias gradient's last stage, one a layer)
+        # are one function, called with each member's buffers; not inlined, or NVRTC still
+        # compiles every copy (GPT-2's 98 in one launch: 3.2 s, and 0.16 s as 3 functions)
+        kinds: dict[str, list[tuple[Kernel, str]]] = {}
+        for m in plan.members:
+            body = CUDAKernelWriter(self, m, prefix, member=True, threads=threads, shared=shared).write()
+            kinds.setdefault(_canonical(m, body), []).append((m, body))
+        called = {m.name: same[0][0].name for same in kinds.values() for m, _ in same}
+        members = "".join(same[0][1] if len(same) == 1 else same[0][1].replace("__forceinline__", "__noinline__", 1)
+                          for same in kinds.values())
         params = ", ".join(f"{'' if b.id in written else 'const '}{self.stype(b.dtype)}* {self.restrict} b{b.id}"
                            for b in k.args)
         if plan.together:   # every member in every thread (or block), one after another
             calls = ("  __syncthreads();\n" if plan.rows else "").join(
-                f"  {prefix}{m.name}({', '.join(f'b{b.id}' for b in m.args)}, blockIdx.x);\n" for m in plan.members)
+                f"  {prefix}{called[m.name]}({', '.join(f'b{b.id}' for b in m.args)}, blockIdx.x);\n"
+                for m in plan.members)
             return (members + f"extern \"C\" __global__ void __launch_bounds__({threads or BLOCK}) "
                     f"{prefix}{k.name}({params}) {{\n{calls}}}\n")
         body = ["  int ember_block = blockIdx.x;"]
         for m in plan.members:
             blocks = launch_config(m, self.gpu)[0][0]
             args = ", ".join(f"b{b.id}" for b in m.args)
-            body += [f"  if (ember_block < {blocks}) {{ {prefix}{m.name}({args}, ember_block); return; }}",
+            body += [f"  if (ember_block < {blocks}) {{ {prefix}{called[m.name]}({args}, ember_block); return; }}",
                      f"  ember_block -= {blocks};"]
         return (members + f"extern \"C\" __global__ void __launch_bounds__({BLOCK}) {prefix}{k.name}({params}) {{\n"
                 + "\n".join(body[:-1]) + "\n}\n")
@@ -410,6 +419,17 @@ def render(sched: Schedule, prefix: str = "") -> str:
     return _source(sched.kernels, sched.target, prefix)
 
 
+def _canonical(k: Kernel, text: str) -> str:
+    """The kernel's text up to the names it chooses: its buffers by their place among its
+    arguments, and the names it defines (its own, its members', and those the renderers derive
+    from them: EmberScore_k12, k12_next) by their order. Only the kernel's own name had been
+    replaced: each layer's flash kernels and row chains were compiled again (GPT-2's step had 185
+    kinds to compile, 65 now)."""
+    own = [k.name] + [m.name for m in k.plan.members] if isinstance(k.plan, MergedPlan) else [k.name]
+    names = {f"b{b.id}": f"a{i}" for i, b in enumerate(k.args)} | {n: f"K{i}" for i, n in enumerate(own)}
+    return re.sub(r"(?<![A-Za-z0-9])[a-z]+\d+(?![A-Za-z0-9])", lambda m: names.get(m.group(0), m.group(0)), text)
+
+
 def render_units(kernels: list[Kernel], gpu: Target) -> list[tuple[str, dict[str, str]]]:
     """The kernels as independent sources (each with the prelude and the helpers it uses), one
     per core but at least 8 kernels each, to compile in parallel; and for each unit, which of its
@@ -421,10 +441,8 @@ def render_units(kernels: list[Kernel], gpu: Target) -> list[tuple[str, dict[str
     runs: dict[str, str] = {}       # kernel name -> the function it launches
     body: dict[str, str] = {}
     for k in kernels:
-        names = {f"b{b.id}": f"a{i}" for i, b in enumerate(k.args)}
         body[k.name] = r.render_kernel(k)
-        text = re.sub(r"\bb\d+\b", lambda m: names.get(m.group(0), m.group(0)), body[k.name])
-        runs[k.name] = first.setdefault(re.sub(rf"\b{k.name}(?!\d)", "K", text), k).name
+        runs[k.name] = first.setdefault(_canonical(k, body[k.name]), k).name
     # heavy kernels (flash, tensor-core tiles) dealt out in turn, so that no unit gets them all
     unique = sorted(first.values(), key=lambda k: k.kind not in ("attention", "contraction"))
     parts = max(1, min(os.cpu_count() or 1, len(unique) // 8))

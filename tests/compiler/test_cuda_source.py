@@ -132,6 +132,34 @@ def test_kernels_that_differ_only_in_buffers_compile_once() -> None:
         assert (runs[k.name] == k.name) == bool(re.search(rf"\b{k.name}\(", source))
 
 
+def test_a_models_layers_compile_once() -> None:
+    """A 3-layer GPT step: each layer's flash kernels and row chains launch their kind's one
+    function (the functor and counter named after each flash kernel, and each chain's member
+    functions, had made every layer a kind of its own: GPT-2's step compiled 185 kinds, 65 now),
+    and the bias gradients' last stages, merged in one launch, are a function for each of their
+    few kinds, called with each member's buffers."""
+    from ember import optim
+    from ember import tensor as T
+    from ember.compiler.loops import MergedPlan
+    from ember.models.gpt import GPTConfig, build
+    from ember.train import step_program
+    T.manual_seed(0)
+    model = build(GPTConfig(vocab=256, block=1024, dim=768, n_layer=3, n_head=12))   # GPT-2's layer
+    outputs, _, _ = step_program(model, optim.AdamW(model.parameters(), lr=1e-3), 2, 1024, T.autocast("bfloat16"))
+    kernels = cuda.prepare(outputs, "sm_90a").kernels
+    runs = {name: f for _, r in cuda.render_units(kernels, gpu("sm_90a")) for name, f in r.items()}
+    flash = [k for k in kernels if k.fused is not None]
+    chains = [k for k in kernels if isinstance(k.plan, MergedPlan) and k.plan.rows]
+    assert len(flash) == 9 and len({runs[k.name] for k in flash}) == 3
+    assert len(chains) >= 12 and len({runs[k.name] for k in chains}) <= len(chains) - 6
+    merged = max((k for k in kernels if isinstance(k.plan, MergedPlan)), key=lambda k: len(k.plan.members))
+    source = cuda.CUDARenderer(gpu("sm_90a")).render_kernel(merged)
+    functions = re.findall(r"__device__ static __(?:force|no)inline__ void (\w+)\(", source)
+    assert len(merged.plan.members) >= 9 and len(functions) <= len(merged.plan.members) // 3
+    for m in merged.plan.members:   # each member is called with its own buffers
+        assert re.search(rf"\b\w+\({', '.join(f'b{b.id}' for b in m.args)}, ember_block\)", source)
+
+
 def test_few_outputs_of_long_reductions_are_split() -> None:
     """A bias gradient (sum of [B, T, C] over B and T) and batch norm's statistics (over N, H,
     W) reduce in two stages: one block per output left the H200 mostly idle (3.3 ms for C =
