@@ -37,7 +37,7 @@ from ..dtype import DType
 from ..ir import Node, Op, toposort
 from . import cached, packed
 from . import run_values as shared_run_values
-from .render import HALF_HELPERS, CLike
+from .render import HALF_HELPERS, CLike, canonical
 
 PRELUDE = r"""
 #include <math.h>
@@ -143,10 +143,14 @@ class CSource:
 def render(sched: Schedule) -> CSource:
     """The whole program: prelude, one function per kernel, and `ember_run(void** buffers)`."""
     r = CRenderer()
-    kernels = [r.render_kernel(k) for k in sched.kernels]
-    entry = ["void ember_run(void** b) {"]
+    first: dict[str, str] = {}   # canonical text -> the function compiled for it (a model's layers share)
+    kernels, entry = [], ["void ember_run(void** b) {"]
     for k in sched.kernels:
-        entry.append(f"  {k.name}({', '.join(f'b[{b.id}]' for b in k.args)});")
+        text = r.render_kernel(k)
+        fn = first.setdefault(canonical(k, text), k.name)
+        if fn == k.name:
+            kernels.append(text)
+        entry.append(f"  {fn}({', '.join(f'b[{b.id}]' for b in k.args)});")
     entry.append("}")
     return CSource(PRELUDE + packed.helpers(sched.kernels) + _bitcast_helpers(r.bitcasts), kernels,
                    "\n".join(entry) + "\n")

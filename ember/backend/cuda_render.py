@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from typing import Any
 
 from .. import dtype as dt
@@ -36,7 +35,7 @@ from ..dtype import DType
 from ..ir import Node, Op, toposort
 from ..target import Target
 from . import flash, mma
-from .render import HALF_HELPERS, CLike, KernelWriter, Scope, include
+from .render import HALF_HELPERS, CLike, KernelWriter, Scope, canonical, include
 
 BLOCK = 256
 # the plan families rendered whole, by their plan's type: the module of each (render, launch,
@@ -133,7 +132,7 @@ class CUDARenderer(CLike):
         kinds: dict[str, list[tuple[Kernel, str]]] = {}
         for m in plan.members:
             body = CUDAKernelWriter(self, m, prefix, member=True, threads=threads, shared=shared).write()
-            kinds.setdefault(_canonical(m, body), []).append((m, body))
+            kinds.setdefault(canonical(m, body), []).append((m, body))
         called = {m.name: same[0][0].name for same in kinds.values() for m, _ in same}
         members = "".join(same[0][1] if len(same) == 1 else same[0][1].replace("__forceinline__", "__noinline__", 1)
                           for same in kinds.values())
@@ -419,17 +418,6 @@ def render(sched: Schedule, prefix: str = "") -> str:
     return _source(sched.kernels, sched.target, prefix)
 
 
-def _canonical(k: Kernel, text: str) -> str:
-    """The kernel's text up to the names it chooses: its buffers by their place among its
-    arguments, and the names it defines (its own, its members', and those the renderers derive
-    from them: EmberScore_k12, k12_next) by their order. Only the kernel's own name had been
-    replaced: each layer's flash kernels and row chains were compiled again (GPT-2's step had 185
-    kinds to compile, 65 now)."""
-    own = [k.name] + [m.name for m in k.plan.members] if isinstance(k.plan, MergedPlan) else [k.name]
-    names = {f"b{b.id}": f"a{i}" for i, b in enumerate(k.args)} | {n: f"K{i}" for i, n in enumerate(own)}
-    return re.sub(r"(?<![A-Za-z0-9])[a-z]+\d+(?![A-Za-z0-9])", lambda m: names.get(m.group(0), m.group(0)), text)
-
-
 def render_units(kernels: list[Kernel], gpu: Target) -> list[tuple[str, dict[str, str]]]:
     """The kernels as independent sources (each with the prelude and the helpers it uses), one
     per core but at least 8 kernels each, to compile in parallel; and for each unit, which of its
@@ -442,7 +430,7 @@ def render_units(kernels: list[Kernel], gpu: Target) -> list[tuple[str, dict[str
     body: dict[str, str] = {}
     for k in kernels:
         body[k.name] = r.render_kernel(k)
-        runs[k.name] = first.setdefault(_canonical(k, body[k.name]), k).name
+        runs[k.name] = first.setdefault(canonical(k, body[k.name]), k).name
     # heavy kernels (flash, tensor-core tiles) dealt out in turn, so that no unit gets them all
     unique = sorted(first.values(), key=lambda k: k.kind not in ("attention", "contraction"))
     parts = max(1, min(os.cpu_count() or 1, len(unique) // 8))

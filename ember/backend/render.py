@@ -13,6 +13,7 @@ its body reopens the lane loops inside the reduction loop: for a matmul tiled 4x
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 from .. import data
 from .. import dtype as dt
 from ..compiler import symbolic as sym
-from ..compiler.loops import LoopPlan, Stage
+from ..compiler.loops import LoopPlan, MergedPlan, Stage
 from ..compiler.lower import Kernel, free_ranges
 
 if TYPE_CHECKING:
@@ -72,6 +73,17 @@ HALF_HELPERS = include("half.h")
 
 # ops whose f16/bf16 result needs no rounding: it is one of the operands, a bool, or already rounded
 EXACT = {Op.CMPLT, Op.CMPEQ, Op.CMPNE, Op.WHERE, Op.MAX, Op.CAST, Op.BITCAST, Op.NEG}
+
+
+def canonical(k: Kernel, text: str) -> str:
+    """The kernel's text up to the names it chooses: its buffers by their place among its
+    arguments, and the names it defines (its own, its members', and those the renderers derive
+    from them: EmberScore_k12, k12_next) by their order. Kernels with the same canonical text
+    (a model's layers) are compiled once and called with their own buffers: GPT-2's CUDA step
+    has 65 kinds of 539 kernels."""
+    own = [k.name] + [m.name for m in k.plan.members] if isinstance(k.plan, MergedPlan) else [k.name]
+    names = {f"b{b.id}": f"a{i}" for i, b in enumerate(k.args)} | {n: f"K{i}" for i, n in enumerate(own)}
+    return re.sub(r"(?<![A-Za-z0-9])[a-z]+\d+(?![A-Za-z0-9])", lambda m: names.get(m.group(0), m.group(0)), text)
 
 
 @dataclass

@@ -114,3 +114,30 @@ def test_values_of_2_to_the_31_elements_index_in_64_bits(tmp_path: Path) -> None
         code = cuda.source(prog.output_nodes, "sm_90a")
         assert "long long t" in code[code.index('extern "C"'):]  # the flat index in 64 bits
         assert compile_cuda(code, "sm_90a", tmp_path) is None
+
+
+def test_layers_of_one_shape_are_one_function_each_called_with_its_buffers() -> None:
+    """Five layers of one shape (a matmul, a relu): each kind of kernel is one C function,
+    called once a layer with that layer's buffers (GCC compiled every layer's copy: `ember
+    train`'s default model 4.9 -> 2.6 s of cc), and the values are the reference's."""
+    import re
+
+    from ember import ref, text
+    lines = ["ember 1", "h0 = param f32[8,32]"]
+    for i in range(5):
+        lines += [f"w{i} = param f32[32,32]", f"xr{i} = reshape h{i} shape=[8,32,1]",
+                  f"xe{i} = expand xr{i} shape=[8,32,32]", f"wr{i} = reshape w{i} shape=[1,32,32]",
+                  f"we{i} = expand wr{i} shape=[8,32,32]", f"p{i} = mul xe{i} we{i}",
+                  f"s{i} = sum p{i} axes=[1]", f"r{i} = reshape s{i} shape=[8,32]",
+                  f"z{i} = const 0 f32[8,32]", f"h{i + 1} = max r{i} z{i}"]
+    program = text.parse("\n".join(lines + ["return h5"]) + "\n")
+    sched = c.prepare(program.output_nodes)
+    src = c.render(sched)
+    calls = re.findall(r"^  (k\d+)\(", src.entry, re.M)
+    assert len(calls) == len(sched.kernels) >= 3 and len(src.kernels) == len(set(calls)) < len(calls)
+    rng = np.random.default_rng(0)
+    inputs = {program.nodes[p]: (rng.standard_normal(program.nodes[p].shape) / 4).astype(np.float32)
+              for p in program.params}
+    got = c.run_values(program.output_nodes, inputs)
+    want = ref.evaluate(program.output_nodes, inputs)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
