@@ -129,10 +129,10 @@ WS_OWN = {"attention": (0,), "attention_dq": (0, 4), "attention_dkdv": (1, 2)}
 
 
 def ws_stages(kind: str, d: int) -> int:
-    """The forward frees a tile's slot only once the next tile's scores are computed (its p v
-    runs beside them: ember_flash_fwd_ws), so it keeps a third slot to load ahead into where
-    three fit (D <= 128: 225 KB at most)."""
-    return 3 if kind == "attention" and d <= 128 else WS_STAGES
+    """The pipelined kernels free a tile's slot only once the next tile's first products are
+    computed (its last ones run beside them: ember_flash_fwd_ws, ember_flash_dq_ws), so they keep
+    a third slot to load ahead into where three fit (D <= 128: 225 KB at most)."""
+    return 3 if d <= 128 else WS_STAGES
 
 
 def pitch(d: int, hopper: bool) -> int:

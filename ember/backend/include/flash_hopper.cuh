@@ -234,26 +234,52 @@ EMBER_D void ember_flash_dq_ws(OUT* out, const EmberTmap* tq, const EmberTmap* t
   float acc[NT][4];
 #pragma unroll
   for (int x = 0; x < NT; x++) acc[x][0] = acc[x][1] = acc[x][2] = acc[x][3] = 0.f;
-  ember_mbar_wait(own, 0);
-  if (wg == 1 && first < tiles) ember_bar_arrive(1, 256);
-  for (int t = first; t < tiles; t++) {
-    const int st = (t - first) % STAGES, ph = ((t - first) / STAGES) & 1;
-    const unsigned short *ck = sk + st * BN * P, *cv = sv + st * BN * P;
-    ember_mbar_wait(&full[st], ph);
-    float s[BN / 8][4], dp[BN / 8][4];
-    ember_bar_sync(1 + wg, 256);
-    EmberWg<true>::template scores_issue<D, BN, BF16>(&s[0][0], sq + wg * 64 * 64, BM, ck);
-    EmberWg<true>::template scores_issue<D, BN, BF16>(&dp[0][0], sdo + wg * 64 * 64, BM, cv);
-    ember_bar_arrive(2 - wg, 256);
-    ember_wgmma_wait<0>();
+  const unsigned short *myq = sq + wg * 64 * 64, *mydo = sdo + wg * 64 * 64;
+  auto ds = [&](float (*s)[4], float (*dp)[4], int t) {
     const bool edge = ember_flash_past<BM>(row0 + BM - 1, T) ||
                       ember_flash_edge<BN, false>(sm, nb, row0, row0 + BM - 1, t * BN, S);
     ember_flash_ds<BN, BM, false, DGRAD>(s, dp, sm, nb, r_lo, t * BN, T, S, ember_lse<D>(packed), ember_lse_ld<D>(), di, edge);
-    ember_bar_sync(1 + wg, 256);
-    EmberWg<true>::template acc_issue<8 * NT, BN, BF16>(&acc[0][0], dp, ck);
-    if (wg == 0 || t + 1 < tiles) ember_bar_arrive(2 - wg, 256);
+  };
+  ember_mbar_wait(own, 0);
+  if (first < tiles) {
+    if (wg == 1) ember_bar_arrive(1, 256);   /* warpgroup 0 issues first */
+    /* a turn issues tile t's scores and dp and tile t - 1's ds k (the forward's pipelining): ds
+       of t is computed while the tensor cores do the product of t - 1. The first tile's scores
+       and the last tile's product take turns of their own (no product under a condition: C7514) */
+    unsigned pa[BN / 16][4];   /* the last tile's ds, as wgmma's A fragments */
+    int last = 0;              /* its slot */
+    {
+      float s[BN / 8][4], dp[BN / 8][4];
+      ember_mbar_wait(&full[0], 0);
+      ember_bar_sync(1 + wg, 256);
+      EmberWg<true>::template scores_issue<D, BN, BF16>(&s[0][0], myq, BM, sk);
+      EmberWg<true>::template scores_issue<D, BN, BF16>(&dp[0][0], mydo, BM, sv);
+      ember_bar_arrive(2 - wg, 256);
+      ember_wgmma_wait<0>();
+      ds(s, dp, first);
+      EmberWg<true>::template pack<BN, BF16>(pa, dp);
+    }
+    for (int t = first + 1; t < tiles; t++) {
+      const int st = (t - first) % STAGES, ph = ((t - first) / STAGES) & 1;
+      float s[BN / 8][4], dp[BN / 8][4];
+      ember_mbar_wait(&full[st], ph);
+      ember_bar_sync(1 + wg, 256);
+      EmberWg<true>::template scores_issue<D, BN, BF16>(&s[0][0], myq, BM, sk + st * BN * P);
+      EmberWg<true>::template scores_issue<D, BN, BF16>(&dp[0][0], mydo, BM, sv + st * BN * P);
+      EmberWg<true>::template acc_issue_packed<8 * NT, BN, BF16>(&acc[0][0], pa, sk + last * BN * P);
+      ember_bar_arrive(2 - wg, 256);
+      ember_wgmma_wait<1>();   /* the scores and dp (committed first) */
+      ds(s, dp, t);
+      ember_wgmma_wait<0>();   /* the last tile's ds k */
+      if (lane == 0) ember_mbar_arrive(&empty[last]);
+      EmberWg<true>::template pack<BN, BF16>(pa, dp);
+      last = st;
+    }
+    ember_bar_sync(1 + wg, 256);   /* the last tile's ds k */
+    EmberWg<true>::template acc_issue_packed<8 * NT, BN, BF16>(&acc[0][0], pa, sk + last * BN * P);
+    if (wg == 0) ember_bar_arrive(2, 256);   /* warpgroup 1 has no turn left to pass on */
     ember_wgmma_wait<0>();
-    if (lane == 0) ember_mbar_arrive(&empty[st]);
+    if (lane == 0) ember_mbar_arrive(&empty[last]);
   }
   ember_flash_rows_out<D, BF16>(out + (size_t)nb * T * D, acc, r_lo, T, D, cs);
 }
@@ -292,27 +318,78 @@ EMBER_D void ember_flash_dkdv_ws(OUT* out, const EmberTmap* tq, const EmberTmap*
   for (int x = 0; x < NT; x++)
 #pragma unroll
     for (int e = 0; e < 4; e++) dk[x][e] = dv[x][e] = 0.f;
-  ember_mbar_wait(own, 0);
-  if (wg == 1 && first < tiles) ember_bar_arrive(1, 256);
-  for (int t = first; t < tiles; t++) {
-    const int st = (t - first) % STAGES, ph = ((t - first) / STAGES) & 1;
-    const unsigned short *cq = sq + st * BM * P, *cdo = sdo + st * BM * P;
-    ember_mbar_wait(&full[st], ph);
-    float s[BM / 8][4], dp[BM / 8][4];
-    ember_bar_sync(1 + wg, 256);
-    EmberWg<true>::template scores_issue<D, BM, BF16>(&s[0][0], sk + wg * 64 * 64, BN, cq);    /* s^T */
-    EmberWg<true>::template scores_issue<D, BM, BF16>(&dp[0][0], sv + wg * 64 * 64, BN, cdo);  /* dp^T */
-    ember_bar_arrive(2 - wg, 256);
-    ember_wgmma_wait<0>();
+  const unsigned short *myk = sk + wg * 64 * 64, *myv = sv + wg * 64 * 64;
+  auto ds = [&](float (*s)[4], float (*dp)[4], int t) {
     const bool edge = ember_flash_past<BN>(key0 + BN - 1, S) ||
                       ember_flash_edge<BM, true>(sm, nb, key0, key0 + BN - 1, t * BM, T);
     ember_flash_ds<BM, BN, true, DGRAD>(s, dp, sm, nb, r_lo, t * BM, T, S, ember_lse<D>(packed), ember_lse_ld<D>(), di, edge);
-    ember_bar_sync(1 + wg, 256);
-    EmberWg<true>::template acc_issue<8 * NT, BM, BF16>(&dv[0][0], s, cdo + c0 / 64 * BM * 64);
-    EmberWg<true>::template acc_issue<8 * NT, BM, BF16>(&dk[0][0], dp, cq + c0 / 64 * BM * 64);
-    if (wg == 0 || t + 1 < tiles) ember_bar_arrive(2 - wg, 256);
-    ember_wgmma_wait<0>();
-    if (lane == 0) ember_mbar_arrive(&empty[st]);
+  };
+  ember_mbar_wait(own, 0);
+  if (first < tiles) {
+    if (wg == 1) ember_bar_arrive(1, 256);   /* warpgroup 0 issues first */
+    if constexpr (NT * 8 <= 64) {
+      /* pipelined as ember_flash_dq_ws: a turn issues tile t's s^T and dp^T and tile t - 1's
+         p^T do and ds^T q. Not with 128 columns of accumulators: two tiles' operands beside
+         them spilled (f16, D = 96: 144 bytes) */
+      unsigned pp[BM / 16][4], pd[BM / 16][4];   /* the last tile's p^T and ds^T */
+      int last = 0;
+      {
+        float s[BM / 8][4], dp[BM / 8][4];
+        ember_mbar_wait(&full[0], 0);
+        ember_bar_sync(1 + wg, 256);
+        EmberWg<true>::template scores_issue<D, BM, BF16>(&s[0][0], myk, BN, sq);
+        EmberWg<true>::template scores_issue<D, BM, BF16>(&dp[0][0], myv, BN, sdo);
+        ember_bar_arrive(2 - wg, 256);
+        ember_wgmma_wait<0>();
+        ds(s, dp, first);
+        EmberWg<true>::template pack<BM, BF16>(pp, s);
+        EmberWg<true>::template pack<BM, BF16>(pd, dp);
+      }
+      for (int t = first + 1; t < tiles; t++) {
+        const int st = (t - first) % STAGES, ph = ((t - first) / STAGES) & 1;
+        const unsigned short *lq = sq + last * BM * P + c0 / 64 * BM * 64, *ldo = sdo + last * BM * P + c0 / 64 * BM * 64;
+        float s[BM / 8][4], dp[BM / 8][4];
+        ember_mbar_wait(&full[st], ph);
+        ember_bar_sync(1 + wg, 256);
+        EmberWg<true>::template scores_issue<D, BM, BF16>(&s[0][0], myk, BN, sq + st * BM * P);
+        EmberWg<true>::template scores_issue<D, BM, BF16>(&dp[0][0], myv, BN, sdo + st * BM * P);
+        EmberWg<true>::template acc_issue_packed<8 * NT, BM, BF16>(&dv[0][0], pp, ldo);
+        EmberWg<true>::template acc_issue_packed<8 * NT, BM, BF16>(&dk[0][0], pd, lq);
+        ember_bar_arrive(2 - wg, 256);
+        ember_wgmma_wait<2>();   /* s^T and dp^T (committed first) */
+        ds(s, dp, t);
+        ember_wgmma_wait<0>();   /* the last tile's products */
+        if (lane == 0) ember_mbar_arrive(&empty[last]);
+        EmberWg<true>::template pack<BM, BF16>(pp, s);
+        EmberWg<true>::template pack<BM, BF16>(pd, dp);
+        last = st;
+      }
+      ember_bar_sync(1 + wg, 256);   /* the last tile's products */
+      EmberWg<true>::template acc_issue_packed<8 * NT, BM, BF16>(&dv[0][0], pp, sdo + last * BM * P + c0 / 64 * BM * 64);
+      EmberWg<true>::template acc_issue_packed<8 * NT, BM, BF16>(&dk[0][0], pd, sq + last * BM * P + c0 / 64 * BM * 64);
+      if (wg == 0) ember_bar_arrive(2, 256);   /* warpgroup 1 has no turn left to pass on */
+      ember_wgmma_wait<0>();
+      if (lane == 0) ember_mbar_arrive(&empty[last]);
+    } else {
+      for (int t = first; t < tiles; t++) {
+        const int st = (t - first) % STAGES, ph = ((t - first) / STAGES) & 1;
+        const unsigned short *cq = sq + st * BM * P, *cdo = sdo + st * BM * P;
+        float s[BM / 8][4], dp[BM / 8][4];
+        ember_mbar_wait(&full[st], ph);
+        ember_bar_sync(1 + wg, 256);
+        EmberWg<true>::template scores_issue<D, BM, BF16>(&s[0][0], myk, BN, cq);    /* s^T */
+        EmberWg<true>::template scores_issue<D, BM, BF16>(&dp[0][0], myv, BN, cdo);  /* dp^T */
+        ember_bar_arrive(2 - wg, 256);
+        ember_wgmma_wait<0>();
+        ds(s, dp, t);
+        ember_bar_sync(1 + wg, 256);
+        EmberWg<true>::template acc_issue<8 * NT, BM, BF16>(&dv[0][0], s, cdo + c0 / 64 * BM * 64);
+        EmberWg<true>::template acc_issue<8 * NT, BM, BF16>(&dk[0][0], dp, cq + c0 / 64 * BM * 64);
+        if (wg == 0 || t + 1 < tiles) ember_bar_arrive(2 - wg, 256);
+        ember_wgmma_wait<0>();
+        if (lane == 0) ember_mbar_arrive(&empty[st]);
+      }
+    }
   }
   ember_flash_rows_out<DC, BF16>(out + (size_t)nb * S * 2 * D + c0, dk, r_lo, S, 2 * D, cs);
   ember_flash_rows_out<DC, BF16>(out + (size_t)nb * S * 2 * D + D + c0, dv, r_lo, S, 2 * D, 1.f);
