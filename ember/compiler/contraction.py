@@ -347,6 +347,15 @@ def _waves(c: Contraction, tile: tuple[int, int], sms: int) -> float:
     return -(-c.tiles(rows, cols) // sms) * rows * cols / (128 * 256) / (1.0 if cols == 256 else 0.85)
 
 
+def one_round(m: int, n: int, sms: int) -> bool:
+    """Whether tiles of 128 x 192 fill the SMs in one round (90% of them at least) where those of
+    128 x 256 leave some idle: wgmma then takes 192 columns and K is not split (split_k). GPT-2's
+    lm head dX, 4096 x 768 over K = 50304: 96 tiles of 128 x 256, K split in 2 and streamed, ran at
+    0.77 of cuBLAS; 128 tiles of 128 x 192 in one round at 1.08 (an H100, bench/matmul.py)."""
+    rows = -(-m // 128)
+    return rows * -(-n // 256) < sms and rows * -(-n // 192) <= sms and m * n >= 0.9 * sms * 128 * 192
+
+
 def plan(c: Contraction, gpu: Target, atomic: bool = False) -> GpuPlan | None:
     """Heuristic tiling, or None where tiles do not pay (a matrix-vector product). atomic: the
     kernel adds its tiles into their sum (split_k's parts), which wgmma's persistent blocks share
@@ -359,6 +368,8 @@ def plan(c: Contraction, gpu: Target, atomic: bool = False) -> GpuPlan | None:
     if c.dtype is dt.f32:  # FMA: 8x8 outputs per thread (TF32 tensor cores would round the operands);
         # 128 x 128 in 4 stages on the H200: its searched winner at 4096 (plans.json)
         return GpuPlan("fma", 64, 64, 8, 1, 1, 3) if m <= 64 or n <= 64 else GpuPlan("fma", 128, 128, 8, 1, 1, stages)
+    if gpu.wgmma and m > 64 and not atomic and one_round(m, n, gpu.sms):
+        return fed(GpuPlan("wgmma", 128, 192, 64, 2, 1, 4), c, gpu)
     if gpu.wgmma and (m > 64 or n > 128):  # Hopper: warpgroups of 64 rows reading shared memory
         rows = 128 if m > 64 else 64   # one warpgroup for 64 rows (a convolution's 64 output channels)
         tiles = [(r, cols) for r, cols in ((rows, 256), (rows, 128), (64, 256), (64, 128))

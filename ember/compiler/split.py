@@ -10,7 +10,7 @@ from .. import ir
 from ..ir import Node, Op, toposort
 from ..target import Target
 from . import symbolic as sym
-from .contraction import find
+from .contraction import find, one_round
 from .lower import Buffer
 from .rewrite import Pat, RuleSet, rewrite, substitute
 
@@ -104,6 +104,8 @@ def split_k(n: Node, sms: int, streamed: bool = False) -> Node | None:
         return None
     (axis,) = n.arg
     size = prod.shape[axis]
+    if streamed and one_round(n.numel // n.shape[-1], n.shape[-1], sms):   # the output's last axis is N
+        return None
     options = [p for p in (1, 2, 4, 8, 16) if size % p == 0 and (p == 1 or size // p >= MIN_SPLIT_K)]
     parts = min(options, key=lambda p: _split_cost(n.numel, size, p, sms, streamed))
     if parts == 1:

@@ -393,6 +393,19 @@ def test_odd_shapes_take_padded_copies_and_fitting_tiles(name: str, arch: str, p
     assert len(small) == 1 and not small[0].contraction.a.aligned
 
 
+def test_tiles_that_fill_the_sms_in_one_round_keep_k_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPT-2's lm head dX, dlogits [4096, 50304] @ W [50304, 768]: 128 tiles of 128 x 192 fill
+    the H200's 132 SMs in one round, one kernel; 128 x 256 tiles were 96, and K was split in 2
+    (0.77 of cuBLAS against 1.08). A product whose 128 x 256 tiles fill the SMs keeps them (and
+    its split)."""
+    monkeypatch.setenv("EMBER_CACHE", str(tmp_path))
+    dlogits, w = ir.param("g", BF16, (4096, 50304)), ir.param("w", BF16, (50304, 768))
+    (k,) = pipeline.compile_schedule([matmul(dlogits, w)], gpu("sm_90a")).kernels
+    assert "block 128x192x64" in str(k.plan) and not k.atomic, str(k.plan)
+    wide = pipeline.compile_schedule([matmul(ir.param("x", BF16, (8192, 50304)), w)], gpu("sm_90a")).kernels
+    assert ["block 128x256x64" in str(k.plan) for k in wide if k.contraction] == [True]
+
+
 @pytest.mark.skipif(COMPILER is None, reason="neither nvcc nor NVRTC is installed")
 @pytest.mark.parametrize("arch", ["sm_86", "sm_90a"])
 def test_odd_shapes_compile(arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
