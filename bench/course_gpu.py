@@ -2,7 +2,7 @@
 (mma.sync and cp.async only, at most 99 KB of shared memory a block, tiles for 68 SMs) compiled
 for and run on this GPU, beside the limits of that path here.
 
-    PYTHONPATH=. python3 bench/course_gpu.py [--quick]
+    PYTHONPATH=. python3 bench/course_gpu.py [--quick] [--plans default mma.sync,128,256,32,2,4,3 ...]
 
 The limits printed beside each figure:
 - the H200's own mma.sync peak, from the microbenchmark below (every warp of 4 blocks an SM
@@ -16,6 +16,7 @@ Every result is checked against PyTorch before it is timed.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -159,14 +160,21 @@ def attention_case(d: int, s: int, causal: bool, peak: float) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="two matmuls and D = 64, S = 4096")
+    ap.add_argument("--plans", nargs="+", metavar="PLAN",
+                    help="the matmuls alone, once for each of these EMBER_TC_PLAN tilings (mma.sync,128,256,32,2,4,3; "
+                         "'default' for the heuristic's)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     peak = mma_sync_peak()
     gpu = cuda.device_target()
     print(f"{gpu.name}: mma.sync m16n8k16 bf16 peak {peak / 1e12:.0f} TFLOP/s "
           f"({CHAINS} chains x {WARPS} warps x {BLOCKS_PER_SM} blocks an SM; wgmma's dense peak: 989)")
-    matmuls(peak, args.quick)
-    attentions(peak, args.quick)
+    for plan in args.plans or []:
+        os.environ["EMBER_TC_PLAN"] = "" if plan == "default" else plan
+        matmuls(peak, args.quick)
+    if not args.plans:
+        matmuls(peak, args.quick)
+        attentions(peak, args.quick)
 
 
 if __name__ == "__main__":
