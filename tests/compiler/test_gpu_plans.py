@@ -199,4 +199,4 @@ def test_split_k_parts_add_into_their_sum(monkeypatch: pytest.MonkeyPatch, block
     a, b = (inputs[p] for p in sorted(inputs, key=lambda p: p.arg))   # "a" [k, m, 1], "b" [k, 1, n]
     # numpy's product, not the reference evaluator's 2^29 broadcast products (a minute of the test)
     want = a[:, :, 0].astype(np.float64).T @ b[:, 0, :].astype(np.float64)
-    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=2e-2, atol=0.5)
+    np.testing.assert_allclose(np.asarray(got, np.float32).reshape(want.shape), want, rtol=2e-2, atol=0.5)  # [1, m, n]
