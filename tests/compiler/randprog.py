@@ -210,6 +210,20 @@ def program_text(seed: int, steps: int = 8) -> str:
     return "\n".join(lines) + "\n"
 
 
+def layers_text(layers: int, rows: int, width: int) -> str:
+    """A program of `layers` layers of one shape, h = relu(h @ w), as text: the kernels of its
+    layers are equal up to their buffers (test_c_backend, test_cuda_source)."""
+    lines = ["ember 1", f"h0 = param f32[{rows},{width}]"]
+    for i in range(layers):
+        lines += [f"w{i} = param f32[{width},{width}]", f"xr{i} = reshape h{i} shape=[{rows},{width},1]",
+                  f"xe{i} = expand xr{i} shape=[{rows},{width},{width}]",
+                  f"wr{i} = reshape w{i} shape=[1,{width},{width}]",
+                  f"we{i} = expand wr{i} shape=[{rows},{width},{width}]", f"p{i} = mul xe{i} we{i}",
+                  f"s{i} = sum p{i} axes=[1]", f"r{i} = reshape s{i} shape=[{rows},{width}]",
+                  f"z{i} = const 0 f32[{rows},{width}]", f"h{i + 1} = max r{i} z{i}"]
+    return "\n".join(lines + [f"return h{layers}"]) + "\n"
+
+
 def tolerance(node: Node) -> tuple[float, float]:
     """Floats: sums run in any order, and libm's transcendental functions are not the reference's."""
     if node.dtype in (dt.f16, dt.bf16):

@@ -123,14 +123,9 @@ def test_layers_of_one_shape_are_one_function_each_called_with_its_buffers() -> 
     import re
 
     from ember import ref, text
-    lines = ["ember 1", "h0 = param f32[8,32]"]
-    for i in range(5):
-        lines += [f"w{i} = param f32[32,32]", f"xr{i} = reshape h{i} shape=[8,32,1]",
-                  f"xe{i} = expand xr{i} shape=[8,32,32]", f"wr{i} = reshape w{i} shape=[1,32,32]",
-                  f"we{i} = expand wr{i} shape=[8,32,32]", f"p{i} = mul xe{i} we{i}",
-                  f"s{i} = sum p{i} axes=[1]", f"r{i} = reshape s{i} shape=[8,32]",
-                  f"z{i} = const 0 f32[8,32]", f"h{i + 1} = max r{i} z{i}"]
-    program = text.parse("\n".join(lines + ["return h5"]) + "\n")
+
+    from .randprog import layers_text
+    program = text.parse(layers_text(5, 8, 32))
     sched = c.prepare(program.output_nodes)
     src = c.render(sched)
     calls = re.findall(r"^  (k\d+)\(", src.entry, re.M)

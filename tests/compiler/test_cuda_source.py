@@ -17,7 +17,7 @@ from ember.compiler.split import split_large_reductions
 from ember.target import gpu
 
 from .cuda_compile import COMPILER, compile_cuda
-from .randprog import compare, random_program
+from .randprog import compare, layers_text, random_program
 
 CORPUS = sorted((Path(__file__).parents[1] / "eir").rglob("*.eir"))
 
@@ -114,14 +114,7 @@ def test_program_units_compile_on_their_own(tmp_path: Path, monkeypatch: pytest.
 def test_kernels_that_differ_only_in_buffers_compile_once() -> None:
     """Three layers of one shape: each kind of kernel is compiled once, and every kernel
     launches the function of its kind, whose code is its own up to the buffers' names."""
-    lines = ["ember 1", "h0 = param f32[64,256]"]
-    for i in range(3):
-        lines += [f"w{i} = param f32[256,256]", f"xr{i} = reshape h{i} shape=[64,256,1]",
-                  f"xe{i} = expand xr{i} shape=[64,256,256]", f"wr{i} = reshape w{i} shape=[1,256,256]",
-                  f"we{i} = expand wr{i} shape=[64,256,256]", f"p{i} = mul xe{i} we{i}",
-                  f"s{i} = sum p{i} axes=[1]", f"r{i} = reshape s{i} shape=[64,256]",
-                  f"z{i} = const 0 f32[64,256]", f"h{i + 1} = max r{i} z{i}"]
-    program = text.parse("\n".join(lines + ["return h3"]) + "\n")
+    program = text.parse(layers_text(3, 64, 256))
     kernels = cuda.prepare(program.output_nodes, "sm_90a").kernels
     units = cuda.render_units(kernels, gpu("sm_90a"))
     runs = {name: f for _, r in units for name, f in r.items()}
