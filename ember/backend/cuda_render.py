@@ -421,9 +421,9 @@ def render(sched: Schedule, prefix: str = "") -> str:
 def render_units(kernels: list[Kernel], gpu: Target) -> list[tuple[str, dict[str, str]]]:
     """The kernels as independent sources (each with the prelude and the helpers it uses), one
     per core but at least 8 kernels each, to compile in parallel; and for each unit, which of its
-    functions each kernel launches. Kernels whose code differs only in their name and their
-    buffers' names (a transformer's layers: GPT-2's step has 1044 kernels and about 150 kinds)
-    are compiled once and launched with their own arguments: NVRTC's time is the kinds'."""
+    functions each kernel launches. Kernels equal up to their names (render.canonical: a
+    transformer's layers; GPT-2's step has 539 kernels of 65 kinds) are compiled once and
+    launched with their own arguments: NVRTC's time is the kinds'."""
     r = CUDARenderer(gpu)
     first: dict[str, Kernel] = {}   # canonical text -> the kernel compiled for it
     runs: dict[str, str] = {}       # kernel name -> the function it launches
