@@ -3,7 +3,11 @@ buffers hold, its FLOPs and the time those take at the H200's limits (4.0 TB/s, 
 dense bf16 tensor cores): the least the schedule could run in, and where its bytes go. No GPU
 needed; compare with EMBER_PROFILE=1 on one.
 
-    python3 bench/step_kernels.py [--layers 1] [--batch 16] [--top 40] [--show k123,k456]
+    python3 bench/step_kernels.py [--layers 1] [--batch 16] [--top 40] [--show k123,k456] [--units 16]
+
+--units N: the step's compile units as N cores would split them (cuda_render.render_units),
+compiled by NVRTC one after another (a fresh EMBER_CACHE, or the cubins come from disk): each
+unit's seconds, their sum and the slowest, the critical path of a parallel compile on N cores.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ember import optim  # noqa: E402
 from ember import tensor as T  # noqa: E402
 from ember.backend import cuda  # noqa: E402
+from ember.compiler.schedule import Schedule  # noqa: E402
 from ember.models.gpt import GPT, GPTConfig  # noqa: E402
 
 BANDWIDTH, TENSOR_FLOPS = 4.0e12, 800e12
@@ -35,6 +40,7 @@ def main() -> None:
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--show", default="", help="comma-separated kernel names whose CUDA source to print")
+    ap.add_argument("--units", type=int, default=0, help="time NVRTC on the units N cores would compile")
     args = ap.parse_args()
     T.manual_seed(0)
     model = GPT(GPTConfig(vocab=args.vocab, block=args.block, dim=args.dim, n_layer=args.layers,
@@ -67,6 +73,28 @@ def main() -> None:
     for k in sched.kernels:
         if k.name in args.show.split(","):
             print(cuda.render(dataclasses.replace(sched, kernels=[k])))
+    if args.units:
+        nvrtc_units(sched, args.units)
+
+
+def nvrtc_units(sched: Schedule, cores: int) -> None:
+    """NVRTC's seconds on each compile unit that `cores` cores would get, one unit after another."""
+    import os
+    count = os.cpu_count
+    os.cpu_count = lambda: cores
+    try:
+        units = cuda.render_units(sched.kernels, sched.target)
+    finally:
+        os.cpu_count = count
+    seconds = []
+    for src, runs in units:
+        t = time.perf_counter()
+        cuda.compile_cubin(src, sched.target.arch)
+        seconds.append(time.perf_counter() - t)
+        print(f"unit of {len(set(runs.values()))} kinds, {len(src) / 1e3:.0f} kB: {seconds[-1]:.2f} s", flush=True)
+    kinds = len({f for _, runs in units for f in runs.values()})
+    print(f"{kinds} kinds in {len(units)} units: NVRTC {sum(seconds):.1f} s one after another, the slowest unit "
+          f"{max(seconds):.1f} s")
 
 
 if __name__ == "__main__":
