@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -126,6 +126,7 @@ class CSource:
     header: str                  # prelude and helpers, in every unit
     kernels: list[str]
     entry: str                   # ember_run, calling the kernels in order
+    calls: dict[str, str] = field(default_factory=dict)   # kernel name -> the function it calls (its kind's)
 
     @property
     def text(self) -> str:
@@ -144,16 +145,16 @@ def render(sched: Schedule) -> CSource:
     """The whole program: prelude, one function per kernel, and `ember_run(void** buffers)`."""
     r = CRenderer()
     first: dict[str, str] = {}   # canonical text -> the function compiled for it (a model's layers share)
-    kernels, entry = [], ["void ember_run(void** b) {"]
+    kernels, entry, calls = [], ["void ember_run(void** b) {"], {}
     for k in sched.kernels:
         text = r.render_kernel(k)
-        fn = first.setdefault(canonical(k, text), k.name)
+        fn = calls[k.name] = first.setdefault(canonical(k, text), k.name)
         if fn == k.name:
             kernels.append(text)
         entry.append(f"  {fn}({', '.join(f'b[{b.id}]' for b in k.args)});")
     entry.append("}")
     return CSource(PRELUDE + packed.helpers(sched.kernels) + _bitcast_helpers(r.bitcasts), kernels,
-                   "\n".join(entry) + "\n")
+                   "\n".join(entry) + "\n", calls)
 
 
 # ------------------------------------------------------------------------------- compiling
@@ -310,7 +311,7 @@ class CProgram:
 
     def _run_timed(self, ptrs: ctypes.Array) -> None:
         for k in self.sched.kernels:
-            fn = getattr(self.lib, k.name)
+            fn = getattr(self.lib, self.csource.calls[k.name])
             t = time.perf_counter()
             fn(*[ctypes.c_void_p(ptrs[b.id]) for b in k.args])
             debug.log(1, f"  {k.name:6s} {(time.perf_counter() - t) * 1e6:10.1f} us  -> {k.out.node.dtype}"

@@ -116,10 +116,14 @@ def test_values_of_2_to_the_31_elements_index_in_64_bits(tmp_path: Path) -> None
         assert compile_cuda(code, "sm_90a", tmp_path) is None
 
 
-def test_layers_of_one_shape_are_one_function_each_called_with_its_buffers() -> None:
+@pytest.mark.parametrize("debug", ["0", "1"])
+def test_layers_of_one_shape_are_one_function_each_called_with_its_buffers(debug: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Five layers of one shape (a matmul, a relu): each kind of kernel is one C function,
     called once a layer with that layer's buffers (GCC compiled every layer's copy: `ember
-    train`'s default model 4.9 -> 2.6 s of cc), and the values are the reference's."""
+    train`'s default model 4.9 -> 2.6 s of cc), and the values are the reference's; also with
+    EMBER_DEBUG=1, which runs and times the kernels one at a time through their functions."""
+    monkeypatch.setenv("EMBER_DEBUG", debug)
     import re
 
     from ember import ref, text
