@@ -33,7 +33,7 @@ from ..compiler.schedule import Schedule
 from ..dtype import DType
 from ..ir import Node
 from ..target import Target
-from . import cached, flash, mma, search
+from . import cached, cuda_render, flash, mma, search
 from . import run_values as shared_run_values
 from .cuda_render import BLOCK, PRELUDE, CUDARenderer, _source, check_grids, launch_config, render, render_units
 
@@ -260,7 +260,7 @@ class CUDAProgram:
         gpu = self.sched.target
         assert gpu is not None
         units = render_units(self.sched.kernels, gpu)
-        self.source = "\n".join(src for src, _ in units)
+        self.source = cuda_render.units_source(units)
         t1 = time.perf_counter()
         # NVRTC releases the GIL: units compile in parallel (a GPT step's 250 kernels, 12 s as one
         # unit, 7 s as four on two cores)

@@ -441,3 +441,10 @@ def render_units(kernels: list[Kernel], gpu: Target) -> list[tuple[str, dict[str
         source = _assemble(group, [body[k.name] for k in group], r)
         units.append((source, {n: f for n, f in runs.items() if f in names}))
     return units
+
+
+def units_source(units: list[tuple[str, dict[str, str]]]) -> str:
+    """The units as one text (EMBER_DEBUG=2, EMBER_PROFILE_OUT's .cu): a kernel compiled as an
+    earlier one's kind has no function of its own, so the text ends with whose each launches."""
+    return "\n".join(src for src, _ in units) + "".join(
+        f"/* {name} launches {f} */\n" for _, runs in units for name, f in runs.items() if name != f)

@@ -120,9 +120,10 @@ def test_kernels_that_differ_only_in_buffers_compile_once() -> None:
     runs = {name: f for _, r in units for name, f in r.items()}
     assert sorted(runs) == sorted(k.name for k in kernels) and len(kernels) >= 3
     assert len(set(runs.values())) < len(kernels)
-    source = "\n".join(src for src, _ in units)
+    source = cuda_render.units_source(units)
     for k in kernels:   # a kernel's own function is in the source only if it is its kind's first
         assert (runs[k.name] == k.name) == bool(re.search(rf"\b{k.name}\(", source))
+        assert (runs[k.name] == k.name) != (f"/* {k.name} launches {runs[k.name]} */" in source)
 
 
 def test_a_models_layers_compile_once() -> None:
