@@ -37,7 +37,7 @@ from ..dtype import DType
 from ..ir import Node, Op, toposort
 from . import cached, packed
 from . import run_values as shared_run_values
-from .render import HALF_HELPERS, CLike, canonical
+from .render import HALF_HELPERS, CLike, kinds
 
 PRELUDE = r"""
 #include <math.h>
@@ -144,17 +144,13 @@ class CSource:
 def render(sched: Schedule) -> CSource:
     """The whole program: prelude, one function per kernel, and `ember_run(void** buffers)`."""
     r = CRenderer()
-    first: dict[str, str] = {}   # canonical text -> the function compiled for it (a model's layers share)
-    kernels, entry, calls = [], ["void ember_run(void** b) {"], {}
-    for k in sched.kernels:
-        text = r.render_kernel(k)
-        fn = calls[k.name] = first.setdefault(canonical(k, text), k.name)
-        if fn == k.name:
-            kernels.append(text)
-        entry.append(f"  {fn}({', '.join(f'b[{b.id}]' for b in k.args)});")
+    texts = [r.render_kernel(k) for k in sched.kernels]
+    calls = kinds(sched.kernels, texts)   # a model's layers share their kinds' functions
+    entry = ["void ember_run(void** b) {"]
+    entry += [f"  {calls[k.name]}({', '.join(f'b[{b.id}]' for b in k.args)});" for k in sched.kernels]
     entry.append("}")
-    return CSource(PRELUDE + packed.helpers(sched.kernels) + _bitcast_helpers(r.bitcasts), kernels,
-                   "\n".join(entry) + "\n", calls)
+    return CSource(PRELUDE + packed.helpers(sched.kernels) + _bitcast_helpers(r.bitcasts),
+                   [t for k, t in zip(sched.kernels, texts) if calls[k.name] == k.name], "\n".join(entry) + "\n", calls)
 
 
 # ------------------------------------------------------------------------------- compiling

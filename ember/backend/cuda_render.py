@@ -19,6 +19,7 @@ Source generation needs no GPU (CI compiles every kernel with nvcc); running nee
 """
 from __future__ import annotations
 
+import collections
 import math
 import os
 from typing import Any
@@ -35,7 +36,7 @@ from ..dtype import DType
 from ..ir import Node, Op, toposort
 from ..target import Target
 from . import flash, mma
-from .render import HALF_HELPERS, CLike, KernelWriter, Scope, canonical, include
+from .render import HALF_HELPERS, CLike, KernelWriter, Scope, include, kinds
 
 BLOCK = 256
 # the plan families rendered whole, by their plan's type: the module of each (render, launch,
@@ -129,13 +130,12 @@ class CUDARenderer(CLike):
         # members equal up to their names and buffers (a bias gradient's last stage, one a layer)
         # are one function, called with each member's buffers; not inlined, or NVRTC still
         # compiles every copy (GPT-2's 98 in one launch: 3.2 s, and 0.16 s as 3 functions)
-        kinds: dict[str, list[tuple[Kernel, str]]] = {}
-        for m in plan.members:
-            body = CUDAKernelWriter(self, m, prefix, member=True, threads=threads, shared=shared).write()
-            kinds.setdefault(canonical(m, body), []).append((m, body))
-        called = {m.name: same[0][0].name for same in kinds.values() for m, _ in same}
-        members = "".join(same[0][1] if len(same) == 1 else same[0][1].replace("__forceinline__", "__noinline__", 1)
-                          for same in kinds.values())
+        bodies = [CUDAKernelWriter(self, m, prefix, member=True, threads=threads, shared=shared).write()
+                  for m in plan.members]
+        called = kinds(plan.members, bodies)
+        shared_by = collections.Counter(called.values())
+        members = "".join(body if shared_by[m.name] == 1 else body.replace("__forceinline__", "__noinline__", 1)
+                          for m, body in zip(plan.members, bodies) if called[m.name] == m.name)
         params = ", ".join(f"{'' if b.id in written else 'const '}{self.stype(b.dtype)}* {self.restrict} b{b.id}"
                            for b in k.args)
         if plan.together:   # every member in every thread (or block), one after another
@@ -425,14 +425,11 @@ def render_units(kernels: list[Kernel], gpu: Target) -> list[tuple[str, dict[str
     transformer's layers; GPT-2's step has 539 kernels of 65 kinds) are compiled once and
     launched with their own arguments: NVRTC's time is the kinds'."""
     r = CUDARenderer(gpu)
-    first: dict[str, Kernel] = {}   # canonical text -> the kernel compiled for it
-    runs: dict[str, str] = {}       # kernel name -> the function it launches
-    body: dict[str, str] = {}
-    for k in kernels:
-        body[k.name] = r.render_kernel(k)
-        runs[k.name] = first.setdefault(canonical(k, body[k.name]), k).name
+    body = {k.name: r.render_kernel(k) for k in kernels}
+    runs = kinds(kernels, list(body.values()))   # kernel name -> the function it launches
     # heavy kernels (flash, tensor-core tiles) dealt out in turn, so that no unit gets them all
-    unique = sorted(first.values(), key=lambda k: k.kind not in ("attention", "contraction"))
+    unique = sorted((k for k in kernels if runs[k.name] == k.name),
+                    key=lambda k: k.kind not in ("attention", "contraction"))
     parts = max(1, min(os.cpu_count() or 1, len(unique) // 8))
     groups = [unique[i::parts] for i in range(parts)] if unique else [[]]
     units = []

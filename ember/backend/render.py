@@ -86,6 +86,13 @@ def canonical(k: Kernel, text: str) -> str:
     return re.sub(r"(?<![A-Za-z0-9])[a-z]+\d+(?![A-Za-z0-9])", lambda m: names.get(m.group(0), m.group(0)), text)
 
 
+def kinds(kernels: "list[Kernel] | tuple[Kernel, ...]", texts: list[str]) -> dict[str, str]:
+    """Each kernel's name -> the name of the first kernel whose text (its rendering) is canonically
+    the same: the function it runs (c.render, cuda_render.render_units and a merged launch's members)."""
+    first: dict[str, str] = {}
+    return {k.name: first.setdefault(canonical(k, text), k.name) for k, text in zip(kernels, texts)}
+
+
 @dataclass
 class LaneArray:
     """A value held per lane: name[flat index of the lanes]."""
