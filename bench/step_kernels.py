@@ -79,13 +79,7 @@ def main() -> None:
 
 def nvrtc_units(sched: Schedule, cores: int) -> None:
     """NVRTC's seconds on each compile unit that `cores` cores would get, one unit after another."""
-    import os
-    count = os.cpu_count
-    os.cpu_count = lambda: cores
-    try:
-        units = cuda.render_units(sched.kernels, sched.target)
-    finally:
-        os.cpu_count = count
+    units = cuda.render_units(sched.kernels, sched.target, cores)
     seconds = []
     for src, runs in units:
         t = time.perf_counter()

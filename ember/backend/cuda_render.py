@@ -418,10 +418,10 @@ def render(sched: Schedule, prefix: str = "") -> str:
     return _source(sched.kernels, sched.target, prefix)
 
 
-def render_units(kernels: list[Kernel], gpu: Target) -> list[tuple[str, dict[str, str]]]:
+def render_units(kernels: list[Kernel], gpu: Target, cores: int | None = None) -> list[tuple[str, dict[str, str]]]:
     """The kernels as independent sources (each with the prelude and the helpers it uses), one
-    per core but at least 8 kernels each, to compile in parallel; and for each unit, which of its
-    functions each kernel launches. Kernels equal up to their names (render.canonical: a
+    per core (this machine's, or `cores`) but at least 8 kernels each, to compile in parallel;
+    and for each unit, which of its functions each kernel launches. Kernels equal up to their names (render.canonical: a
     transformer's layers; GPT-2's step has 539 kernels of 65 kinds) are compiled once and
     launched with their own arguments: NVRTC's time is the kinds'."""
     r = CUDARenderer(gpu)
@@ -430,7 +430,7 @@ def render_units(kernels: list[Kernel], gpu: Target) -> list[tuple[str, dict[str
     # heavy kernels (flash, tensor-core tiles) dealt out in turn, so that no unit gets them all
     unique = sorted((k for k in kernels if runs[k.name] == k.name),
                     key=lambda k: k.kind not in ("attention", "contraction"))
-    parts = max(1, min(os.cpu_count() or 1, len(unique) // 8))
+    parts = max(1, min(cores or os.cpu_count() or 1, len(unique) // 8))
     groups = [unique[i::parts] for i in range(parts)] if unique else [[]]
     units = []
     for group in groups:
