@@ -421,9 +421,9 @@ def render(sched: Schedule, prefix: str = "") -> str:
 def render_units(kernels: list[Kernel], gpu: Target, cores: int | None = None) -> list[tuple[str, dict[str, str]]]:
     """The kernels as independent sources (each with the prelude and the helpers it uses), one
     per core (this machine's, or `cores`) but at least 8 kernels each, to compile in parallel;
-    and for each unit, which of its functions each kernel launches. Kernels equal up to their names (render.canonical: a
-    transformer's layers; GPT-2's step has 539 kernels of 65 kinds) are compiled once and
-    launched with their own arguments: NVRTC's time is the kinds'."""
+    and for each unit, which of its functions each kernel launches. Kernels equal up to their
+    names (render.kinds: a transformer's layers; GPT-2's step has 539 kernels of 66 kinds) are
+    compiled once and launched with their own arguments: NVRTC's time is the kinds'."""
     r = CUDARenderer(gpu)
     body = {k.name: r.render_kernel(k) for k in kernels}
     runs = kinds(kernels, list(body.values()))   # kernel name -> the function it launches
