@@ -379,6 +379,8 @@ def odd(name: str, params: bool = False) -> list[Node]:
     ("f32 3001x2047x1999", "sm_90a", 2, "FMA register tiles: block 128x128x8, 8x8 per thread, cp.async 4-stage"),
     ("f32 2000x3000x1000", "sm_90a", 0, "FMA register tiles: block 128x128x8, 8x8 per thread, cp.async 4-stage"),
     ("bf16 3001x2047x1999", "sm_86", 2, "mma.sync: block 128x128x32, warps 2x2, cp.async 3-stage"),
+    # K = 3900 is not split on sm_86: parts of 1950 would start rows off 16 bytes (element-wise staging)
+    ("bf16 4000x4100x3900", "sm_86", 2, "mma.sync: block 128x128x32, warps 2x2, cp.async 3-stage"),
 ])
 def test_odd_shapes_take_padded_copies_and_fitting_tiles(name: str, arch: str, pads: int, plan: str,
                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
