@@ -6,7 +6,9 @@ The kernel a GpuPlan describes (see compiler/contraction.py):
   axis innermost, in rows of 16-byte chunks whose chunk index is XOR-swizzled by the row, so
   that the eight rows one `ldmatrix` reads fall in eight different bank groups;
 - the K loop: `cp.async` fills the slot `stages - 1` steps ahead while the warps run `ldmatrix`
-  and `mma` on the current one (zero-filled past the edges: masked edge tiles);
+  and `mma` on the current one (zero-filled past the edges: masked edge tiles; a bound the
+  tiles divide is not tested); mma.sync's fragments are double-buffered, the next slot waited
+  for before the step's last products;
 - the epilogue: the kernel's own expression around the reduction (bias, activation, cast),
   rendered by the generic writer per accumulator element, guarded at the edges.
 """
@@ -201,9 +203,14 @@ def _fill(name: str, op: Operand, base: str, out_var: str, out_size: int, kr_siz
         lines.append(f"  const int n = {other} < {other_size} ? min({along_size} - {along}, {CHUNK}) : 0;")
         lines.append(f"  ember_cp_async_n(dst, n > 0 ? (const void*)({src}) : (const void*){base}, "
                      f"max(n, 0) * {16 // CHUNK});")
-    elif op.aligned:
-        lines.append(f"  bool ok = {other} < {other_size} && {along} < {along_size};")
-        lines.append(f"  ember_cp_async16(dst, ok ? (const void*)({src}) : (const void*){base}, ok);")
+    elif op.aligned:   # a bound the tiles divide holds for every chunk: no test for it
+        tests = [f"{v} < {size}" for v, size, tile in ((other, other_size, rows), (along, along_size, logical or width))
+                 if size % tile]
+        if tests:
+            lines.append(f"  bool ok = {' && '.join(tests)};")
+            lines.append(f"  ember_cp_async16(dst, ok ? (const void*)({src}) : (const void*){base}, ok);")
+        else:
+            lines.append(f"  ember_cp_async16(dst, (const void*)({src}), true);")
     else:  # element by element, each masked (an odd contiguous extent or an unaligned base)
         lines.append("  #pragma unroll")
         lines.append(f"  for (int e = 0; e < {CHUNK}; e++) dst[e] = ({other} < {other_size} && {along} + e < "
@@ -234,24 +241,37 @@ def _fragments(frag: str, var: str, count: int, base: str, operand: str, k_major
 
 
 def _mma_sync_step(c: Contraction, p: GpuPlan, aw: int, bw: int) -> tuple[list[str], list[str]]:
-    """(accumulator declaration, the compute on tile slot (ta, tb)) for mma.sync: each warp owns
-    a (block_m / warps_m) x (block_n / warps_n) tile of m16n8 fragments."""
+    """(declarations, the compute on tile slot (ta, tb)) for mma.sync: each warp owns a
+    (block_m / warps_m) x (block_n / warps_n) tile of m16n8 fragments. The fragments are double
+    buffered: a 16-deep step's products run while the next step's ldmatrix land, and the last
+    one's while the next K-step's first fragments load, past the barrier that lets them (with
+    all of a step's loads before its products, each barrier left the first products waiting on
+    ldmatrix's latency, twice a K-step)."""
+    assert p.block_k % 32 == 0, f"{p}: the next K-step starts on the first fragment buffer"
+    et = "unsigned short"
     wtm, wtn = p.block_m // p.warps_m, p.block_n // p.warps_n
     mi, ni = wtm // 16, wtn // 8
     decl = ["const int wm = warp / %d, wn = warp %% %d;" % (p.warps_n, p.warps_n),
             f"float acc[{mi}][{ni}][4];",
             f"#pragma unroll\nfor (int x = 0; x < {mi}; x++)",
             f"  #pragma unroll\n  for (int y = 0; y < {ni}; y++) acc[x][y][0] = acc[x][y][1] = acc[x][y][2] = "
-            "acc[x][y][3] = 0.0f;"]
-    step = [f"#pragma unroll\nfor (int kk = 0; kk < {p.block_k}; kk += 16) {{",
-            f"  unsigned fa[{mi}][4], fb[{ni // 2}][4];"]
-    # A fragments: rows of 16 (i) by 16 (k); K-major tiles are [i][k], else [k][i] read transposed.
-    # B fragments, two n8 tiles per ldmatrix.x4: K-major tiles are [j][k], else [k][j] read transposed.
-    step += _fragments("fa", "x", mi, f"wm * {wtm} + x * 16", "a", c.a.k_major, "ta", aw)
-    step += _fragments("fb", "y", ni // 2, f"wn * {wtn} + y * 16", "b", c.b.k_major, "tb", bw)
-    step += [f"  #pragma unroll\n  for (int x = 0; x < {mi}; x++)",
-             f"    #pragma unroll\n    for (int y = 0; y < {ni}; y++) "
-             f"ember_mma_{c.dtype.name}(acc[x][y], fa[x], &fb[y >> 1][(y & 1) * 2]);", "}"]
+            "acc[x][y][3] = 0.0f;",
+            f"unsigned fa[2][{mi}][4], fb[2][{ni // 2}][4];",
+            # A fragments: rows of 16 (i) by 16 (k); K-major tiles are [i][k], else [k][i] read transposed.
+            # B fragments, two n8 tiles per ldmatrix.x4: K-major tiles are [j][k], else [k][j] read transposed.
+            f"auto frags = [&](int buf, const {et}* ta, const {et}* tb, int kk) {{",
+            *_fragments("fa[buf]", "x", mi, f"wm * {wtm} + x * 16", "a", c.a.k_major, "ta", aw),
+            *_fragments("fb[buf]", "y", ni // 2, f"wn * {wtn} + y * 16", "b", c.b.k_major, "tb", bw), "};"]
+    last, ahead = p.block_k // 16 - 1, p.stages - 1
+    step = [f"#pragma unroll\nfor (int kk = 0; kk < {last + 1}; kk++) {{",
+            f"  if (kk == {last}) {{  /* the next slot is in; every warp is done with this one */",
+            f"    ember_cp_async_wait<{ahead - 1}>();", "    __syncthreads();",
+            f"    frags((kk + 1) & 1, sa + ((t + 1) % {p.stages}) * {p.block_m * p.block_k}, "
+            f"sb + ((t + 1) % {p.stages}) * {p.block_n * p.block_k}, 0);",
+            "  } else {", "    frags((kk + 1) & 1, ta, tb, (kk + 1) * 16);", "  }",
+            f"  #pragma unroll\n  for (int x = 0; x < {mi}; x++)",
+            f"    #pragma unroll\n    for (int y = 0; y < {ni}; y++) "
+            f"ember_mma_{c.dtype.name}(acc[x][y], fa[kk & 1][x], &fb[kk & 1][y >> 1][(y & 1) * 2]);", "}"]
     return decl, step
 
 
@@ -600,13 +620,17 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
     # too (wait_group 1), so the slot refilled is the one read two steps back, and one fewer is ahead.
     ahead = p.stages - 2 if hopper else p.stages - 1
     lines += [f"#pragma unroll\nfor (int s = 0; s < {ahead}; s++) {{",
-              f"  if (s < {steps}) {{ issue(s, s * {p.block_k}); finish(s); }}", "  ember_cp_async_commit();", "}",
-              f"for (int t = 0; t < {steps}; t++) {{",
-              f"  ember_cp_async_wait<{ahead - 1}>();"]
-    if hopper:  # cp.async wrote through the generic proxy; wgmma reads through the async proxy
-        lines.append("  ember_fence_async_smem();")
-    lines += ["  __syncthreads();  /* slot t is in; every warp is done with the slot refilled next */",
-              f"  const bool more = t + {ahead} < {steps};",
+              f"  if (s < {steps}) {{ issue(s, s * {p.block_k}); finish(s); }}", "  ember_cp_async_commit();", "}"]
+    # mma.sync waits for a slot at the end of the step before (its first fragments load there)
+    wait = [f"ember_cp_async_wait<{ahead - 1}>();", "__syncthreads();"]
+    if p.instruction == "mma.sync":
+        lines += [*wait, "frags(0, sa, sb, 0);", f"for (int t = 0; t < {steps}; t++) {{"]
+    else:
+        lines += [f"for (int t = 0; t < {steps}; t++) {{", "  " + wait[0]]
+        if hopper:  # cp.async wrote through the generic proxy; wgmma reads through the async proxy
+            lines.append("  ember_fence_async_smem();")
+        lines.append("  __syncthreads();  /* slot t is in; every warp is done with the slot refilled next */")
+    lines += [f"  const bool more = t + {ahead} < {steps};",
               f"  if (more) issue((t + {ahead}) % {p.stages}, (t + {ahead}) * {p.block_k});",
               "  ember_cp_async_commit();",
               f"  const {et}* ta = sa + (t % {p.stages}) * {ar * aw};",

@@ -34,6 +34,8 @@ def forced_contraction() -> GpuPlan | None:
     plan = GpuPlan(name, *map(int, sizes))
     if name == "wgmma" and plan.stages < 3:   # it keeps a step in flight besides the one filled
         raise ValueError(f"EMBER_TC_PLAN={forced}: wgmma needs 3 stages or more")
+    if name == "mma.sync" and plan.block_k % 32:   # its fragments alternate between two buffers a 16-deep step
+        raise ValueError(f"EMBER_TC_PLAN={forced}: mma.sync needs a K-step that is a multiple of 32")
     return plan
 
 

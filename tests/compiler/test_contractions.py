@@ -395,6 +395,23 @@ def test_odd_shapes_take_padded_copies_and_fitting_tiles(name: str, arch: str, p
     assert len(small) == 1 and not small[0].contraction.a.aligned
 
 
+def test_mma_sync_loads_fragments_ahead_and_tests_only_the_bounds_tiles_pass(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """mma.sync's K loop waits for the next slot inside the step, before its last products, and
+    loads the next step's first fragments there (double-buffered: no product waits on ldmatrix
+    after a barrier); a chunk's bound test is written only where the tiles do not divide the
+    sizes (4096: none; M = 3001: A's rows)."""
+    monkeypatch.setenv("EMBER_CACHE", str(tmp_path))
+    a, b = ir.param("a", BF16, (4096, 4096)), ir.param("b", BF16, (4096, 4096))
+    src = cuda.source([matmul(a, b)], "sm_86")
+    loop = src[src.index("for (int t = 0; t < 128; t++)"):]
+    assert loop.index("__syncthreads();") < loop.index("frags((kk + 1) & 1, sa + ((t + 1) % 3)") < \
+        loop.index("ember_mma_bf16(acc[x][y], fa[kk & 1][x]")
+    assert "bool ok" not in src and src.count("ember_cp_async16(dst, (const void*)(") == 2
+    rows = cuda.source([matmul(ir.param("a", BF16, (3001, 4096)), b)], "sm_86")
+    assert rows.count("bool ok") == 1 and "bool ok = go < 3001;" in rows
+
+
 def test_tiles_that_fill_the_sms_in_one_round_keep_k_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """GPT-2's lm head dX, dlogits [4096, 50304] @ W [50304, 768]: 128 tiles of 128 x 192 fill
     the H200's 132 SMs in one round, one kernel; 128 x 256 tiles were 96, and K was split in 2
@@ -451,3 +468,16 @@ def test_only_the_aligning_pads_become_copies() -> None:
     packed = ir.pad(ir.param("o", dt.f32, (64, 64)), (0, 0), (0, 1))
     assert _padded_copy(ir.shrink(packed, (0, 0), (64, 64))) is None
     assert _padded_copy(ir.shrink(ir.pad(x, (1, 0), (0, 4)), (1, 0), (65, 3900))) is None
+
+
+@pytest.mark.parametrize("forced", ["mma.sync,128,128,16,2,2,3", "mma.sync,128,128,48,2,2,3", "wgmma,128,128,64,2,1,2"])
+def test_a_forced_plan_the_loop_cannot_run_is_refused(forced: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """mma.sync's fragments alternate between two buffers a 16-deep step and the next K-step
+    starts on the first: an odd count of them a step would read the wrong buffer; wgmma keeps a
+    step in flight beside the one filled."""
+    from ember.compiler import plans
+    monkeypatch.setenv("EMBER_TC_PLAN", forced)
+    with pytest.raises(ValueError, match="EMBER_TC_PLAN"):
+        plans.forced_contraction()
+    monkeypatch.setenv("EMBER_TC_PLAN", "mma.sync,128,128,64,2,2,3")
+    assert plans.forced_contraction().block_k == 64
