@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .. import debug
-from ..ir import ELEMENTWISE, Node, Op, toposort
+from ..ir import ELEMENTWISE, MOVEMENT, Node, Op, toposort
 from ..target import Target
 from . import autodiff, simplify
 from .contraction import gathered_operands
@@ -68,6 +68,10 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
     temps: dict[Node, Buffer] = {n: Buffer(next(ids), n.dtype, n.numel, "temp", n)
                                  for n in order if n.op is Op.FUSED and n not in out_bufs}
     position = {n: i for i, n in enumerate(order)}
+    consumers: dict[Node, list[Node]] = {}
+    for n in order:
+        for src in dict.fromkeys(n.srcs):
+            consumers.setdefault(src, []).append(n)
     lowered: dict[Node, Kernel] = {}  # target -> its kernel, kept while no node it fused is realized
     asks: dict[Node, set[Node]] = {}  # target -> what its kernel wants realized (a kernel's own facts)
     while True:
@@ -89,7 +93,7 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
         more |= {t for t, n in users.items() if n > 1}
         more |= shared_chains(order, kernels, realized)
         more |= {t for k in kernels for t in summed_products(k)}
-        more -= set(realized)
+        more = {epilogue_end(t, consumers, realized) if product_sum(t) else t for t in more} - set(realized)
         if not more:
             break
         # ids in graph order, never set order (which follows memory addresses): the source must
@@ -107,6 +111,37 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
     sched.slots = plan_memory(sched)
     debug.kernels(3, "after scheduling and lowering", kernels)
     return sched
+
+
+def epilogue_end(t: Node, consumers: dict[Node, list[Node]], realized: dict[Node, Buffer]) -> Node:
+    """Where a product (a contraction) that other kernels read is stored: past the elementwise ops
+    that only it feeds and whose other operands are small (a bias broadcast, a constant), none
+    widening, where several kernels read the result.
+    Its own kernel then computes them once, in its epilogue, where each reader computed them
+    again (GPT-2's fc product: both GELU kernels added the bias, converting it per element)."""
+    n = end = t
+    while n not in realized and len(consumers.get(n, ())) == 1:
+        c = consumers[n][0]
+        if c.op is Op.RESHAPE:   # passed through, but never stored (its kernel would be laid out anew)
+            n = c
+            continue
+        if c.op not in ELEMENTWISE or c.shape != n.shape or c.dtype.itemsize > n.dtype.itemsize or \
+                not all(s is n or _small(s, n.numel) for s in c.srcs):
+            break
+        n = end = c
+    # only a value several kernels read (else its one reader adds the bias, as it adds the rest:
+    # a residual sum past GPT-2's projections, whose chain then needed a buffer more)
+    read = end
+    while len(consumers.get(read, ())) == 1 and consumers[read][0].op in (Op.CAST, Op.RESHAPE):
+        read = consumers[read][0]   # (autocast's GELU reads the bf16 sum widened to f32)
+    return end if len(consumers.get(read, ())) > 1 else t
+
+
+def _small(n: Node, numel: int) -> bool:
+    """Whether n, below its movements and casts, holds at most 1/16 of numel elements."""
+    while n.op in MOVEMENT or n.op is Op.CAST:
+        n = n.srcs[0]
+    return n.numel * 16 <= numel
 
 
 def summed_products(k: Kernel) -> set[Node]:

@@ -123,3 +123,22 @@ def test_linear_layer_on_a_batch_is_one_matmul_of_all_rows() -> None:
     sums = [n for n in ir.toposort([y.node]) if n.op is Op.SUM]
     assert [s.srcs[0].shape for s in sums] == [(32, 16, 5)]
     assert float(y.numpy()[3, 7, 4]) == 16.0
+
+
+def test_a_bias_that_several_kernels_read_is_added_in_the_products_epilogue() -> None:
+    """h = x @ w + b, read by two kernels (y = sin(h), and the gradient's cos(h)): the product's
+    kernel stores h with the bias added, once (its epilogue); neither reader reads b again (each
+    added it per element, GPT-2's GELU kernels converting the bias every time)."""
+    from ember import dtype as dt
+    from ember import ir
+    from ember.ir import Op
+
+    from .test_contractions import matmul
+    x, w, b = ir.param("x", dt.f32, (256, 64)), ir.param("w", dt.f32, (64, 128)), ir.param("b", dt.f32, (128,))
+    h = ir.binary(Op.ADD, matmul(x, w), ir.expand(ir.reshape(b, (1, 128)), (256, 128)))
+    y = ir.unary(Op.SIN, h)
+    loss = ir.reduce(Op.SUM, ir.binary(Op.MUL, y, y), (0, 1))
+    sched = schedule([y, ir.grad(loss, x)])
+    readers_of_b = [k for k in sched.kernels if any(buf.node is b for buf in k.reads)]
+    assert [k.out.node for k in readers_of_b] == [h]   # the product's own kernel: h's buffer
+    assert {buf.node for buf in readers_of_b[0].reads} == {x, w, b}
