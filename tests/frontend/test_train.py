@@ -96,7 +96,13 @@ def test_ctrl_c_inside_a_weakref_callback_still_stops_the_run(tmp_path: Path, mo
             ref = weakref.ref(x, callback)  # noqa: F841
             del x
     monkeypatch.setattr(train.Run, "step", step)
-    assert main(["train", "--steps", "6", "--out", str(tmp_path / "r"), *TINY]) == 130
+    # as a terminal's Ctrl-C finds it: a shell's background job (`pytest &`) starts with SIGINT
+    # ignored, where ember train rightly leaves Ctrl-C alone and this test's signal is dropped
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert main(["train", "--steps", "6", "--out", str(tmp_path / "r"), *TINY]) == 130
+    finally:
+        signal.signal(signal.SIGINT, old)
     assert [s for s, _ in history(tmp_path / "r")["train"]] == [1, 2]   # it stopped after that step, and saved it
     assert "interrupted after step 2" in capsys.readouterr().err
 
