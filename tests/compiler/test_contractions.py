@@ -22,7 +22,7 @@ from ember.compiler.schedule import schedule
 from ember.ir import Node, Op
 from ember.target import cpu, gpu
 
-from .cuda_compile import COMPILER, compile_cuda
+from .cuda_compile import COMPILER, NVCC, compile_cuda, spills
 from .randprog import compare
 
 BF16, F16 = dt.bf16, dt.f16
@@ -182,7 +182,10 @@ def test_contraction_source_compiles(arch: str, tmp_path: Path) -> None:
     if arch == "sm_90a":
         assert "cp.async.bulk.tensor" in src
     assert ("wgmma.mma_async" in src) == (arch == "sm_90a") and "mma.sync.aligned" in src
-    assert compile_cuda(src, arch, tmp_path) is None
+    if NVCC:   # and no register spilled: mma.sync's double-buffered fragments leave 254 of 255 in use
+        assert {name: n for name, n in spills(src, arch, tmp_path).items() if n} == {}
+    else:
+        assert compile_cuda(src, arch, tmp_path) is None
 
 
 @pytest.mark.skipif("cuda" not in runners.available(), reason="no CUDA GPU")
