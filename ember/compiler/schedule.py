@@ -116,9 +116,9 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
 def epilogue_end(t: Node, consumers: dict[Node, list[Node]], realized: dict[Node, Buffer]) -> Node:
     """Where a product (a contraction) that other kernels read is stored: past the elementwise ops
     that only it feeds and whose other operands are small (a bias broadcast, a constant), none
-    widening, where several kernels read the result.
-    Its own kernel then computes them once, in its epilogue, where each reader computed them
-    again (GPT-2's fc product: both GELU kernels added the bias, converting it per element)."""
+    widening, where several kernels read the result. Its own kernel then computes them once, in
+    its epilogue, where each reader computed them again (GPT-2's fc product: both GELU kernels
+    added the bias, converting it per element)."""
     n = end = t
     while n not in realized and len(consumers.get(n, ())) == 1:
         c = consumers[n][0]
