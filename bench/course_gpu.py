@@ -8,7 +8,10 @@ The limits printed beside each figure:
 - the H200's own mma.sync peak, from the microbenchmark below (every warp of 4 blocks an SM
   issuing independent m16n8k16 bf16 products): what any mma.sync kernel can reach here, well
   under the 989 TFLOP/s of wgmma;
-- matmuls: cuBLAS (which uses wgmma here, so the ratio understates the plan);
+- matmuls: cuBLAS (which uses wgmma here, so the ratio understates the plan), and the L2 read
+  rate the plan's tiles ask for at its speed (each block tile reads K (block_m + block_n)
+  2-byte elements: 1/block_m + 1/block_n bytes a FLOP) beside the L2 bandwidth this GPU gives
+  (its microbenchmark below): where they meet, the tile size bounds the plan, not its loop;
 - attention: SDPA forced to its FlashAttention-2 backend
   (`sdpa_kernel(SDPBackend.FLASH_ATTENTION)`), which is mma.sync code as well.
 Every result is checked against PyTorch before it is timed.
@@ -61,29 +64,64 @@ extern "C" __global__ void mma_peak(float* out, int iters) {
 """
 
 
-def mma_sync_peak() -> float:
-    """FLOP/s of mma.sync.m16n8k16 (bf16 in, f32 accumulators) on this GPU."""
+L2_BYTES, L2_REPS = 16 << 20, 64   # a buffer L2 holds (50 MB on an H100 or H200), read this many times
+L2_READ_SRC = r"""
+extern "C" __global__ void l2_read(const uint4* __restrict__ src, unsigned n, int reps, unsigned* out) {
+  unsigned acc = 0;
+  for (int r = 0; r < reps; r++)
+#pragma unroll 4
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+      const uint4 v = __ldcg(src + i);   /* cached in L2 only: L1 would serve the later reps */
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+  out[blockIdx.x * blockDim.x + threadIdx.x] = acc;   // keeps every load live
+}
+"""
+
+
+def _kernel(src: str, name: str):  # noqa: ANN202 (a driver handle)
     from cuda.bindings import driver as cu
-    gpu = cuda.device_target()
-    src = f"#define CHAINS {CHAINS}\n" + MMA_PEAK_SRC
-    module = cuda._check(cu.cuModuleLoadData(cuda.compile_cubin(src, gpu.arch)))
-    fn = cuda._check(cu.cuModuleGetFunction(module, b"mma_peak"))
-    blocks, threads = gpu.sms * BLOCKS_PER_SM, WARPS * 32
-    out = torch.empty(blocks * threads, device="cuda")
-    ptr = np.array([out.data_ptr()], np.uint64)
-    iters = np.array([ITERS], np.int32)
-    args = np.array([ptr.ctypes.data, iters.ctypes.data], np.uint64)
+    module = cuda._check(cu.cuModuleLoadData(cuda.compile_cubin(src, cuda.device_target().arch)))
+    return cuda._check(cu.cuModuleGetFunction(module, name.encode()))
+
+
+def _timed_launch(fn, grid: int, threads: int, *args: np.ndarray) -> float:  # noqa: ANN001
+    """Seconds of one launch (the median of cuda_time's), args each a one-element array."""
+    from cuda.bindings import driver as cu
+    pointers = np.array([a.ctypes.data for a in args], np.uint64)
 
     def launch() -> None:
-        cuda._check((cu.cuLaunchKernel(fn, blocks, 1, 1, threads, 1, 1, 0, 0, args.ctypes.data, 0)[0], None))
-    seconds = cuda_time(launch, reps=10)
+        cuda._check((cu.cuLaunchKernel(fn, grid, 1, 1, threads, 1, 1, 0, 0, pointers.ctypes.data, 0)[0], None))
+    return cuda_time(launch, reps=10)
+
+
+def l2_read_bandwidth() -> float:
+    """Bytes a second that every SM together reads from L2 (16-byte loads of a buffer L2 holds):
+    the rate a matmul's tile loads may not exceed (`L2 TB/s` beside each matmul)."""
+    gpu = cuda.device_target()
+    blocks, threads = gpu.sms * 4, 256
+    buf, out = torch.ones(L2_BYTES // 4, device="cuda", dtype=torch.int32), torch.empty(blocks * threads, device="cuda")
+    seconds = _timed_launch(_kernel(L2_READ_SRC, "l2_read"), blocks, threads, np.array([buf.data_ptr()], np.uint64),
+                            np.array([L2_BYTES // 16], np.uint32), np.array([L2_REPS], np.int32),
+                            np.array([out.data_ptr()], np.uint64))
+    return L2_BYTES * L2_REPS / seconds
+
+
+def mma_sync_peak() -> float:
+    """FLOP/s of mma.sync.m16n8k16 (bf16 in, f32 accumulators) on this GPU."""
+    gpu = cuda.device_target()
+    blocks, threads = gpu.sms * BLOCKS_PER_SM, WARPS * 32
+    out = torch.empty(blocks * threads, device="cuda")
+    seconds = _timed_launch(_kernel(f"#define CHAINS {CHAINS}\n" + MMA_PEAK_SRC, "mma_peak"), blocks, threads,
+                            np.array([out.data_ptr()], np.uint64), np.array([ITERS], np.int32))
     return blocks * WARPS * ITERS * CHAINS * 2 * 16 * 8 * 16 / seconds
 
 
 def matmuls(peak: float, quick: bool) -> None:
     cases = [("bf16 4096", 4096, 4096, 4096, "bf16"), ("f16 4096", 4096, 4096, 4096, "f16"),
              ("bf16 4000x4100x3900", 4000, 4100, 3900, "bf16"), ("gpt2 fc 16384x3072x768", 16384, 3072, 768, "bf16")]
-    print(f"{'matmul, sm_86 plan':28} {'Ember TFLOP/s':>13} {'cuBLAS':>7} {'ratio':>6} {'% mma.sync':>10}  plan")
+    print(f"{'matmul, sm_86 plan':28} {'Ember TFLOP/s':>13} {'cuBLAS':>7} {'ratio':>6} {'% mma.sync':>10} "
+          f"{'L2 TB/s':>8}  plan")
     for name, m, n, k, dname in cases[:2] if quick else cases:
         params, outputs = contraction(1, m, n, k, getattr(dt, dname))
         prog = cuda.CUDAProgram(outputs, plan_arch=PLAN_ARCH)
@@ -97,8 +135,12 @@ def matmuls(peak: float, quick: bool) -> None:
         ember_s, torch_s = statistics.median(times) / 1e3, cuda_time(lambda: ta @ tb)
         flops = 2.0 * m * n * k
         ok = "" if err < 2e-2 else f"  WRONG (relative error {err:.2e})"
+        # the product's kernel (an odd shape's padded copies come first), and the tile reads it
+        # asks of L2: each block tile reads K (block_m + block_n) 2-byte elements, 1/bm + 1/bn bytes a FLOP
+        plan = next(kern.plan for kern in prog.sched.kernels if kern.contraction is not None)
+        l2 = flops / ember_s * (1 / plan.block_m + 1 / plan.block_n) / 1e12
         print(f"{name:28} {flops / ember_s / 1e12:13.1f} {flops / torch_s / 1e12:7.1f} {torch_s / ember_s:6.2f} "
-              f"{100 * flops / ember_s / peak:9.1f}%  {prog.sched.kernels[0].plan}{ok}", flush=True)
+              f"{100 * flops / ember_s / peak:9.1f}% {l2:8.2f}  {plan}{ok}", flush=True)
         prog.free()
 
 
@@ -168,7 +210,8 @@ def main() -> None:
     peak = mma_sync_peak()
     gpu = cuda.device_target()
     print(f"{gpu.name}: mma.sync m16n8k16 bf16 peak {peak / 1e12:.0f} TFLOP/s "
-          f"({CHAINS} chains x {WARPS} warps x {BLOCKS_PER_SM} blocks an SM; wgmma's dense peak: 989)")
+          f"({CHAINS} chains x {WARPS} warps x {BLOCKS_PER_SM} blocks an SM; wgmma's dense peak: 989); "
+          f"L2 reads {l2_read_bandwidth() / 1e12:.2f} TB/s")
     for plan in args.plans or []:
         os.environ["EMBER_TC_PLAN"] = "" if plan == "default" else plan
         matmuls(peak, args.quick)
