@@ -156,7 +156,8 @@ def main() -> None:
     worst = int(np.argmax(gaps))
     _, _, config = train.load_checkpoint(out / "ckpt.safetensors")
     title = (f"{args.model}: {config.n_layer} layers, dim {config.dim}, context {config.block}, batch {args.batch}, "
-             f"vocab {config.vocab}, {args.device}" + (" bf16" if args.bf16 else "") + ", stdlib source")
+             f"vocab {config.vocab}, {args.device}" + (" bf16" if args.bf16 else "") +
+             f", {args.max_bytes / 1e6:g} MB of stdlib source, seed {args.seed}")
     plot(ember, peer, title, Path(args.plot), others)
     print(title)
     for i in sorted({0, len(ember) // 4, len(ember) // 2, len(ember) - 1}):
