@@ -18,6 +18,7 @@ that differs, or arguments of other shapes (those retrace).
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -112,6 +113,7 @@ class jit:
         self.key: tuple | None = None        # the arguments' types and the other arguments
         self.returns: Any = None             # where each returned tensor comes from
         self.eager = False
+        self._leaf_refs: list[dict] = []     # per run of the trace: slot -> a weak reference to its leaf
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs:
@@ -139,6 +141,8 @@ class jit:
             self._give_up(trace.broken)
         elif self.last is not None and self.last.same(trace) and None not in returns:
             self.trace, self.returns = trace, (returns, isinstance(out, Tensor))
+            self._leaf_refs = [{slot: weakref.ref(src[1]) for slot, src in event[2] if src[0] == "leaf"}
+                               for event in trace.events if event[0] == "run"]
         elif self.last is not None:
             self._give_up("two calls ran different programs or made different data (random draws?)")
         self.last = trace
@@ -152,13 +156,17 @@ class jit:
         assert self.trace is not None
         results: list[list] = []
         values: dict = {}   # the last run's inputs (only its: an array held longer is not updated in place)
+        # the sources inline: this loop is on the step's critical path (the GPU idles through it).
+        # A leaf's value is looked up by a weak reference made once: WeakKeyDictionary's own
+        # lookup makes one per call (452 a GPT-2 step: a third of the Python before the launch)
+        data, runs = T._DATA.data, iter(self._leaf_refs)
         for event in self.trace.events:
             if event[0] == "host":
                 event[1]()
             elif event[0] == "run":
-                data = T._DATA   # the sources inline: this loop is on the step's critical path
-                values = {slot: data[args[src[1]].node] if src[0] == "arg" else data[src[1]] if src[0] == "leaf"
-                          else self._value(src, args, results) for slot, src in event[2]}
+                refs = next(runs)
+                values = {slot: data[refs[slot]] if src[0] == "leaf" else T._DATA[args[src[1]].node]
+                          if src[0] == "arg" else self._value(src, args, results) for slot, src in event[2]}
                 results.append(T.execute(list(event[1]), values, event[3], event[4]))
             else:
                 _, node, (run, i), slot = event
