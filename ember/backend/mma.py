@@ -240,8 +240,10 @@ def _fragments(frag: str, var: str, count: int, base: str, operand: str, k_major
             "  }"]
 
 
-def _mma_sync_step(c: Contraction, p: GpuPlan, aw: int, bw: int) -> tuple[list[str], list[str]]:
-    """(declarations, the compute on tile slot (ta, tb)) for mma.sync: each warp owns a
+def _mma_sync_step(c: Contraction, p: GpuPlan, aw: int, bw: int, wait: list[str],
+                   slots: tuple[int, int]) -> tuple[list[str], list[str]]:
+    """(declarations, the compute on tile slot (ta, tb)) for mma.sync, given the loop's wait for
+    a slot and the slots' sizes (sa's, sb's): each warp owns a
     (block_m / warps_m) x (block_n / warps_n) tile of m16n8 fragments. The fragments are double
     buffered: a 16-deep step's products run while the next step's ldmatrix land, and the last
     one's while the next K-step's first fragments load, past the barrier that lets them (with
@@ -262,12 +264,12 @@ def _mma_sync_step(c: Contraction, p: GpuPlan, aw: int, bw: int) -> tuple[list[s
             f"auto frags = [&](int buf, const {et}* ta, const {et}* tb, int kk) {{",
             *_fragments("fa[buf]", "x", mi, f"wm * {wtm} + x * 16", "a", c.a.k_major, "ta", aw),
             *_fragments("fb[buf]", "y", ni // 2, f"wn * {wtn} + y * 16", "b", c.b.k_major, "tb", bw), "};"]
-    last, ahead = p.block_k // 16 - 1, p.stages - 1
+    last = p.block_k // 16 - 1
     step = [f"#pragma unroll\nfor (int kk = 0; kk < {last + 1}; kk++) {{",
             f"  if (kk == {last}) {{  /* the next slot is in; every warp is done with this one */",
-            f"    ember_cp_async_wait<{ahead - 1}>();", "    __syncthreads();",
-            f"    frags((kk + 1) & 1, sa + ((t + 1) % {p.stages}) * {p.block_m * p.block_k}, "
-            f"sb + ((t + 1) % {p.stages}) * {p.block_n * p.block_k}, 0);",
+            *["    " + x for x in wait],
+            f"    frags((kk + 1) & 1, sa + ((t + 1) % {p.stages}) * {slots[0]}, "
+            f"sb + ((t + 1) % {p.stages}) * {slots[1]}, 0);",
             "  } else {", "    frags((kk + 1) & 1, ta, tb, (kk + 1) * 16);", "  }",
             f"  #pragma unroll\n  for (int x = 0; x < {mi}; x++)",
             f"    #pragma unroll\n    for (int y = 0; y < {ni}; y++) "
@@ -595,7 +597,13 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
               "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;",
               f"const int m0 = blockIdx.y * {p.block_m}, n0 = blockIdx.x * {p.block_n};"]
     lines += operand_bases(c, "blockIdx.z", r)
-    decl, step = _fma_step(p) if fma else _wgmma_step(c, p) if hopper else _mma_sync_step(c, p, aw, bw)
+    # ahead: K-steps in flight while one is computed. wgmma keeps one step of its own in flight
+    # too (wait_group 1), so the slot refilled is the one read two steps back, and one fewer is ahead.
+    ahead = p.stages - 2 if hopper else p.stages - 1
+    # the wait for a slot (mma.sync's at the end of the step before: its first fragments load there)
+    wait = [f"ember_cp_async_wait<{ahead - 1}>();", "__syncthreads();"]
+    decl, step = _fma_step(p) if fma else _wgmma_step(c, p) if hopper else \
+        _mma_sync_step(c, p, aw, bw, wait, (ar * aw, br * bw))
     lines += decl
     steps = -(-kk // p.block_k)
     # issue: start copying a K-step into a slot (cp.async, or register loads); finish: the
@@ -616,13 +624,8 @@ def render(r: CLike, k: Kernel, prefix: str = "") -> str:
             issue += _fill(name, op, base, o, size, kk, rows, width, nt, addr, hopper)
     lines += ["auto issue = [&](int slot, int k0) {", *["  " + x for x in issue], "};",
               "auto finish = [&](int slot) {", *["  " + x for x in finish], "};"]
-    # ahead: K-steps in flight while one is computed. wgmma keeps one step of its own in flight
-    # too (wait_group 1), so the slot refilled is the one read two steps back, and one fewer is ahead.
-    ahead = p.stages - 2 if hopper else p.stages - 1
     lines += [f"#pragma unroll\nfor (int s = 0; s < {ahead}; s++) {{",
               f"  if (s < {steps}) {{ issue(s, s * {p.block_k}); finish(s); }}", "  ember_cp_async_commit();", "}"]
-    # mma.sync waits for a slot at the end of the step before (its first fragments load there)
-    wait = [f"ember_cp_async_wait<{ahead - 1}>();", "__syncthreads();"]
     if p.instruction == "mma.sync":
         lines += [*wait, "frags(0, sa, sb, 0);", f"for (int t = 0; t < {steps}; t++) {{"]
     else:
