@@ -110,7 +110,7 @@ def step_ms(args: argparse.Namespace, profile: cProfile.Profile | None) -> tuple
     finally:
         T.execute = real
     prog = max(cuda.program.programs.values(), key=lambda p: len(p.sched.kernels))
-    made = len(prog.sched.outputs) - len(next(iter(prog._donatable.values()), []))
+    made = len(prog.sched.outputs) - len(next(iter(prog._donatable.values())).pairs)
     return ms, before, len(prog.sched.inputs), made
 
 

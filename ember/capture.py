@@ -113,7 +113,7 @@ class jit:
         self.key: tuple | None = None        # the arguments' types and the other arguments
         self.returns: Any = None             # where each returned tensor comes from
         self.eager = False
-        self._leaf_refs: list[dict] = []     # per run of the trace: slot -> a weak reference to its leaf
+        self._leaf_refs: list[_Sources] = []   # per run of the trace: its slots' sources, leaves by weak reference
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs:
@@ -141,8 +141,7 @@ class jit:
             self._give_up(trace.broken)
         elif self.last is not None and self.last.same(trace) and None not in returns:
             self.trace, self.returns = trace, (returns, isinstance(out, Tensor))
-            self._leaf_refs = [{slot: weakref.ref(src[1]) for slot, src in event[2] if src[0] == "leaf"}
-                               for event in trace.events if event[0] == "run"]
+            self._leaf_refs = [_Sources(event[2]) for event in trace.events if event[0] == "run"]
         elif self.last is not None:
             self._give_up("two calls ran different programs or made different data (random draws?)")
         self.last = trace
@@ -156,17 +155,18 @@ class jit:
         assert self.trace is not None
         results: list[list] = []
         values: dict = {}   # the last run's inputs (only its: an array held longer is not updated in place)
-        # the sources inline: this loop is on the step's critical path (the GPU idles through it).
-        # A leaf's value is looked up by a weak reference made once: WeakKeyDictionary's own
-        # lookup makes one per call (452 a GPT-2 step: a third of the Python before the launch)
+        # this loop is on the step's critical path (the GPU idles through it): the leaves' values
+        # are looked up in C (_Sources), by weak references made once (WeakKeyDictionary's own
+        # lookup makes one per call: 452 a GPT-2 step)
         data, runs = T._DATA.data, iter(self._leaf_refs)
         for event in self.trace.events:
             if event[0] == "host":
                 event[1]()
             elif event[0] == "run":
-                refs = next(runs)
-                values = {slot: data[refs[slot]] if src[0] == "leaf" else T._DATA[args[src[1]].node]
-                          if src[0] == "arg" else self._value(src, args, results) for slot, src in event[2]}
+                run = next(runs)
+                values = dict(zip(run.leaf_slots, map(data.__getitem__, run.leaf_refs)))
+                for slot, src in run.others:
+                    values[slot] = self._value(src, args, results)
                 results.append(T.execute(list(event[1]), values, event[3], event[4]))
             else:
                 _, node, (run, i), slot = event
@@ -186,6 +186,16 @@ class jit:
         if kind == "result":
             return results[src[1]][src[2]]
         return src[1]
+
+
+class _Sources:
+    """A traced run's slots: those of leaves, with a weak reference to each (made once), and the
+    rest with their sources (arguments, earlier results, constants)."""
+
+    def __init__(self, sources: list[tuple]) -> None:
+        leaves = [(slot, weakref.ref(src[1])) for slot, src in sources if src[0] == "leaf"]
+        self.leaf_slots, self.leaf_refs = tuple(s for s, _ in leaves), tuple(r for _, r in leaves)
+        self.others = [(slot, src) for slot, src in sources if src[0] != "leaf"]
 
 
 class Returned(NamedTuple):

@@ -15,12 +15,14 @@ import functools
 import hashlib
 import itertools
 import math
+import operator
 import os
 import sys
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -57,7 +59,7 @@ def source(outputs: list[Node], arch: str | None = None) -> str:
 
 
 # The references to an input's array that run_device may write over: the leaf's (T._DATA), the
-# run's values, run_device's `given` and `held`, _donations' list and getrefcount's argument.
+# run's values, run_device's `given` and `held`, _donations' tuple and getrefcount's argument.
 # One more (a detached copy, another leaf given the same array by assign) would see the array
 # change: it is not donated.
 DONOR_REFS = 6
@@ -294,8 +296,8 @@ class CUDAProgram:
         self._blocks: dict[int, list[int]] = {}   # output buffer id -> device blocks it held lately
         self._staged: dict[int, DeviceArray] = {}  # input buffer id -> where host values are uploaded
         self._io_meta: tuple[list, list] | None = None   # run_device's view of the inputs and outputs
-        self._donatable: dict[tuple, list[tuple[int, int, int]]] = {}   # run_device's donate -> the pairs
-        # allowed: (output buffer id, input buffer id, the input's place)
+        self._donatable: dict[tuple, _Donations] = {}   # run_device's donate -> the pairs allowed
+        self._last_donate: tuple = ((), None)   # the last donate given, and its entry
 
     def _temps(self) -> dict[int, int]:
         """Device memory for the program's temporaries, one block allocated at its first run and
@@ -409,28 +411,33 @@ class CUDAProgram:
         optimizer's update): where schedule.donatable allows, the output is written over the
         input's block and returned as the input's own array (PyTorch's in-place update: no
         block taken, no array made, one CUDA graph for every step)."""
-        sched = self.sched
         if self._io_meta is None:   # what run_device reads of each input and output, once
-            ins = list(sched.inputs.items())
+            ins = list(self.sched.inputs.items())
             self._io_meta = ([n for n, _ in ins], [b.id for _, b in ins], [b.dtype for _, b in ins],
                              [b.nbytes for _, b in ins],
                              [(b.id, b.node.shape, b.dtype, b.nbytes, self._blocks.setdefault(b.id, []))
-                              for b in sched.outputs])
+                              for b in self.sched.outputs])
+            self._checked, self._in_ptrs = [_DEAD] * len(ins), [0] * len(ins)
         in_nodes, in_bids, in_dtypes, in_nbytes, outs = self._io_meta
-        given = [values[n] for n in in_nodes]
-        for j in [j for j, v, d, nb in zip(itertools.count(), given, in_dtypes, in_nbytes)
-                  if type(v) is not DeviceArray or v.dtype is not d or v.nbytes != nb]:
-            given[j] = self._device_input(given[j], in_nodes[j], in_bids[j], in_dtypes[j], in_nbytes[j])
+        # this is on a training step's critical path (the GPU idles until the launch), so the
+        # per-input work runs in C where it can. An input that is the array the last run took
+        # (weights donated back, the same every step) was checked then; the others are checked
+        # now, and host values uploaded (the batch, the optimizer's scalars).
+        given, ptrs = list(map(values.__getitem__, in_nodes)), self._in_ptrs
+        self._check_inputs(given)
         held = dict(zip(in_bids, given))   # input buffer id -> its array (alive for the run)
-        donated = self._donations(donate, given) if donate else {}
+        plan, donated = self._donations(donate, given) if donate else (None, {})
         del given
         # the outputs' blocks as bare addresses first: a replayed graph is launched before Python
         # makes their arrays, so that work (and the caller's) runs while the GPU does the step's
-        out_ptr = {bid: v.ptr for bid, v in held.items()}   # an output that is an input's buffer shares it
-        for out_bid, in_bid in donated.items():
-            out_ptr[out_bid] = held[in_bid].ptr
+        out_ptr = dict(zip(in_bids, ptrs))   # an output that is an input's buffer shares it
+        if plan is not None and donated is plan.every:   # (the usual case, in C)
+            out_ptr.update(zip(plan.outs, map(ptrs.__getitem__, plan.places)))
+            fresh = plan.fresh
+        else:
+            out_ptr.update({out_bid: held[in_bid].ptr for out_bid, in_bid in donated.items()})
+            fresh = _fresh(outs, out_ptr)
         take = POOL.take
-        fresh = list({o[0]: o for o in outs if o[0] not in out_ptr}.values())   # (a buffer returned twice: once)
         for bid, _, _, nbytes, used in fresh:
             # each output takes back a block it had before if that one is free: a step's new
             # weights then alternate between two blocks, and the run's buffers recur, so its
@@ -465,6 +472,17 @@ class CUDAProgram:
             self._issue(launches, 0, after)
         return results
 
+    def _check_inputs(self, given: list) -> None:
+        """Each input not the array the last run took checked (a device value of the program's
+        type and size), host values uploaded into `given`; their addresses into _in_ptrs."""
+        in_nodes, in_bids, in_dtypes, in_nbytes, _ = self._io_meta
+        checked = self._checked
+        for j in list(itertools.compress(itertools.count(), map(operator.is_not, given, map(operator.call, checked)))):
+            v = given[j]
+            if type(v) is not DeviceArray or v.dtype is not in_dtypes[j] or v.nbytes != in_nbytes[j]:
+                v = given[j] = self._device_input(v, in_nodes[j], in_bids[j], in_dtypes[j], in_nbytes[j])
+            checked[j], self._in_ptrs[j] = weakref.ref(v), v.ptr
+
     def _device_input(self, v: "np.ndarray | DeviceArray", node: Node, bid: int, dtype: DType,
                       nbytes: int) -> DeviceArray:
         """A host value uploaded into a block of the program's own (the same every run); a
@@ -476,21 +494,32 @@ class CUDAProgram:
         self._staged[bid].copy_from(v)
         return self._staged[bid]
 
-    def _donations(self, donate: tuple[tuple[int, Node], ...], given: list[DeviceArray]) -> dict[int, int]:
-        """Output buffer id -> input buffer id, for the pairs of donate that schedule.donatable
-        allows (decided once per donate) whose input array has no holder but this run's: one
-        more (a detached copy, another leaf given it by assign, the program's upload block, a
-        second input) would see it change."""
-        if donate not in self._donatable:
+    def _donations(self, donate: tuple[tuple[int, Node], ...], given: list[DeviceArray]) \
+            -> tuple["_Donations", dict[int, int]]:
+        """The pairs of donate that schedule.donatable allows (decided once per donate), and of
+        those, output buffer id -> input buffer id for the ones whose input array has no holder
+        but this run's: one more (a detached copy, another leaf given it by assign, the program's
+        upload block, a second input) would see it change."""
+        # donate is the same tuple each replay of a step: known by identity, not hashed (447 pairs)
+        plan = self._last_donate[1] if self._last_donate[0] is donate else self._donatable.get(donate)
+        if plan is None:
             sched, outs = self.sched, self.sched.outputs
             place = {n: j for j, n in enumerate(sched.inputs)}
             known = [(i, n) for i, n in donate if n in sched.inputs]
             ok = schedule.donatable(sched, [(outs[i], sched.inputs[n]) for i, n in known])
-            self._donatable[donate] = [(outs[i].id, sched.inputs[n].id, place[n])
-                                       for (i, n), yes in zip(known, ok) if yes]
-        pairs = self._donatable[donate]
-        refs = list(map(sys.getrefcount, [given[j] for _, _, j in pairs]))
-        return {o: i for (o, i, _), r in zip(pairs, refs) if r <= DONOR_REFS}
+            pairs = [(outs[i].id, sched.inputs[n].id, place[n]) for (i, n), yes in zip(known, ok) if yes]
+            every = {o: i for o, i, _ in pairs}
+            out_ptr = dict.fromkeys([b.id for b in sched.inputs.values()] + list(every))
+            plan = self._donatable[donate] = _Donations(
+                pairs, every, tuple(o for o, _, _ in pairs), tuple(j for _, _, j in pairs), _fresh(self._io_meta[4], out_ptr))
+        self._last_donate = (donate, plan)
+        if not plan.pairs:
+            return plan, {}
+        arrays = operator.itemgetter(*plan.places)(given) if len(plan.places) > 1 else (given[plan.places[0]],)
+        refs = list(map(sys.getrefcount, arrays))
+        if max(refs) <= DONOR_REFS:
+            return plan, plan.every
+        return plan, {o: i for (o, i, _), r in zip(plan.pairs, refs) if r <= DONOR_REFS}
 
     def _averaging(self, average: tuple[int, ...], results: list[DeviceArray]) -> dict[int, list[Callable]]:
         """The hooks that average the outputs `average` over the ranks: in buckets of about
@@ -624,6 +653,31 @@ class _Pool:
 POOL = _Pool()
 
 
+class _Donations(NamedTuple):
+    """What a run_device's donate allows (schedule.donatable), worked out once: the pairs
+    (output buffer id, input buffer id, the input's place), all of them as a dict, their output
+    ids and input places apart, and the outputs left to take blocks of their own when every
+    pair is donated."""
+    pairs: list[tuple[int, int, int]]
+    every: dict[int, int]
+    outs: tuple[int, ...]
+    places: tuple[int, ...]
+    fresh: list
+
+
+def _fresh(outs: list, out_ptr: dict) -> list:
+    """The outputs (run_device's meta) that are neither an input's buffer nor written over one,
+    each once (a buffer returned twice)."""
+    return list({o[0]: o for o in outs if o[0] not in out_ptr}.values())
+
+
+class _Gone:
+    pass
+
+
+_DEAD = weakref.ref(_Gone())   # a reference whose array is gone: the first run checks every input
+
+
 class DeviceArray:
     """A value in GPU memory, in its storage type (what a realized tensor holds on "cuda").
     Copied to the host only when asked: numpy() (printing, .item(), checkpoints)."""
@@ -652,7 +706,8 @@ class DeviceArray:
         """Overwrite with host values (synchronous: work already queued that reads this block
         runs first, on the legacy default stream's ordering)."""
         from cuda.bindings import driver as cu
-        arr = np.ascontiguousarray(data.to_storage(np.asarray(values), self.dtype))
+        arr = values if type(values) is np.ndarray and values.dtype == self.dtype.np_name and self.dtype.name != "bf16" \
+            and values.flags.c_contiguous else np.ascontiguousarray(data.to_storage(np.asarray(values), self.dtype))
         if arr.nbytes != self.nbytes:
             raise RuntimeError(f"{arr.nbytes} bytes given for a device value of {self.nbytes}")
         _check((cu.cuMemcpyHtoD(self.ptr, arr.ctypes.data, arr.nbytes)[0], None))

@@ -78,8 +78,16 @@ def test_a_device_value_of_the_wrong_shape_is_refused(fake_program) -> None:
     from ember.backend.cuda import DeviceArray
     x = ir.param("x", dt.f32, (8,))
     prog = fake_program([ir.binary(Op.ADD, x, x)])
+    node = next(iter(prog.sched.inputs))
     with pytest.raises(RuntimeError, match="given for f32"):
-        prog.run_device({next(iter(prog.sched.inputs)): DeviceArray((4,), dt.f32)})
+        prog.run_device({node: DeviceArray((4,), dt.f32)})
+    good = DeviceArray((8,), dt.f32)
+    for _ in range(3):   # an input that is the last run's array is not checked again; another is
+        prog.run_device({node: good})
+    with pytest.raises(RuntimeError, match="given for f32"):
+        prog.run_device({node: DeviceArray((4,), dt.f32)})
+    with pytest.raises(RuntimeError, match="given for f32"):
+        prog.run_device({node: DeviceArray((8,), dt.i32)})
 
 
 def test_updates_in_place_replay_one_graph(fake_program) -> None:
