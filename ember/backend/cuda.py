@@ -510,8 +510,8 @@ class CUDAProgram:
             pairs = [(outs[i].id, sched.inputs[n].id, place[n]) for (i, n), yes in zip(known, ok) if yes]
             every = {o: i for o, i, _ in pairs}
             out_ptr = dict.fromkeys([b.id for b in sched.inputs.values()] + list(every))
-            plan = self._donatable[donate] = _Donations(
-                pairs, every, tuple(o for o, _, _ in pairs), tuple(j for _, _, j in pairs), _fresh(self._io_meta[4], out_ptr))
+            plan = self._donatable[donate] = _Donations(pairs, every, tuple(o for o, _, _ in pairs),
+                                                        tuple(j for _, _, j in pairs), _fresh(self._io_meta[4], out_ptr))
         self._last_donate = (donate, plan)
         if not plan.pairs:
             return plan, {}
@@ -706,8 +706,9 @@ class DeviceArray:
         """Overwrite with host values (synchronous: work already queued that reads this block
         runs first, on the legacy default stream's ordering)."""
         from cuda.bindings import driver as cu
-        arr = values if type(values) is np.ndarray and values.dtype == self.dtype.np_name and self.dtype.name != "bf16" \
-            and values.flags.c_contiguous else np.ascontiguousarray(data.to_storage(np.asarray(values), self.dtype))
+        stored = type(values) is np.ndarray and values.dtype == self.dtype.np_name and self.dtype.name != "bf16"
+        arr = values if stored and values.flags.c_contiguous else \
+            np.ascontiguousarray(data.to_storage(np.asarray(values), self.dtype))
         if arr.nbytes != self.nbytes:
             raise RuntimeError(f"{arr.nbytes} bytes given for a device value of {self.nbytes}")
         _check((cu.cuMemcpyHtoD(self.ptr, arr.ctypes.data, arr.nbytes)[0], None))
