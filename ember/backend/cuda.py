@@ -509,9 +509,9 @@ class CUDAProgram:
             ok = schedule.donatable(sched, [(outs[i], sched.inputs[n]) for i, n in known])
             pairs = [(outs[i].id, sched.inputs[n].id, place[n]) for (i, n), yes in zip(known, ok) if yes]
             every = {o: i for o, i, _ in pairs}
-            out_ptr = dict.fromkeys([b.id for b in sched.inputs.values()] + list(every))
+            shared = dict.fromkeys([b.id for b in sched.inputs.values()] + list(every))   # outputs in inputs' blocks
             plan = self._donatable[donate] = _Donations(pairs, every, tuple(o for o, _, _ in pairs),
-                                                        tuple(j for _, _, j in pairs), _fresh(self._io_meta[4], out_ptr))
+                                                        tuple(j for _, _, j in pairs), _fresh(self._io_meta[4], shared))
         self._last_donate = (donate, plan)
         if not plan.pairs:
             return plan, {}
