@@ -96,28 +96,37 @@ template <int D> EMBER_D void ember_frag_bt(unsigned* b, const unsigned short* s
   int lane = threadIdx.x & 31;
   ember_ldmatrix4_trans(b, s + ember_swz<D>(k0 + ((lane >> 3) & 1) * 8 + (lane & 7), n0 / 8 + (lane >> 4)));
 }
-/* acc[NT][4] += A (16 x 16 BK, in registers as accumulators of 16 x 8 tiles) * B (BK x 8 NT, from
-   column c0) from a tile whose rows are k */
-template <int D, int BK, int NT, bool BF16> EMBER_D void ember_acc_pt(float (*acc)[4], float (*p)[4],
-                                                                     const unsigned short* s, int c0) {
+/* acc[m][NT][4] += A (16 x 16 BK, in registers as accumulators of 16 x 8 tiles) * B (BK x 8 NT, from
+   column c0) from a tile whose rows are k, for WM row tiles m: each B fragment loaded serves them all */
+template <int D, int BK, int NT, bool BF16, int WM = 1>
+EMBER_D void ember_acc_pt(float (*acc)[NT][4], float (*p)[BK / 8][4], const unsigned short* s, int c0) {
 #pragma unroll
   for (int kk = 0; kk < BK / 16; kk++) {
-    unsigned a[4] = {ember_pack2<BF16>(p[2 * kk][0], p[2 * kk][1]), ember_pack2<BF16>(p[2 * kk][2], p[2 * kk][3]),
-                     ember_pack2<BF16>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                     ember_pack2<BF16>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    unsigned a[WM][4];
+#pragma unroll
+    for (int m = 0; m < WM; m++) {
+      a[m][0] = ember_pack2<BF16>(p[m][2 * kk][0], p[m][2 * kk][1]);
+      a[m][1] = ember_pack2<BF16>(p[m][2 * kk][2], p[m][2 * kk][3]);
+      a[m][2] = ember_pack2<BF16>(p[m][2 * kk + 1][0], p[m][2 * kk + 1][1]);
+      a[m][3] = ember_pack2<BF16>(p[m][2 * kk + 1][2], p[m][2 * kk + 1][3]);
+    }
 #pragma unroll
     for (int dd = 0; dd < NT / 2; dd++) {
       unsigned b[4];
       ember_frag_bt<D>(b, s, kk * 16, c0 + dd * 16);
-      ember_mma16816<BF16>(acc[2 * dd], a, b);
-      ember_mma16816<BF16>(acc[2 * dd + 1], a, b + 2);
+#pragma unroll
+      for (int m = 0; m < WM; m++) {
+        ember_mma16816<BF16>(acc[m][2 * dd], a[m], b);
+        ember_mma16816<BF16>(acc[m][2 * dd + 1], a[m], b + 2);
+      }
     }
   }
 }
-/* s[m][BN/8][4] = A (WM tiles of 16 rows from row0, all D columns, from tile sa) * B^T (BN rows
-   of tile sb): each B fragment loaded once serves the WM row tiles */
-template <int D, int BN, int WM, bool BF16>
-EMBER_D void ember_scores(float (*s)[BN / 8][4], const unsigned short* sa, int row0, const unsigned short* sb) {
+/* s[m][BN/8][4] = A (WM tiles of 16 rows, all D columns) * B^T (BN rows of tile sb): each B fragment
+   loaded once serves the WM row tiles. frag_a(a, m, kk) gives row tile m's A fragment of columns
+   16 kk..: from shared memory (ember_smem_frags) or from registers (ember_reg_frags) */
+template <int D, int BN, int WM, bool BF16, typename FA>
+EMBER_D void ember_scores(float (*s)[BN / 8][4], const FA& frag_a, const unsigned short* sb) {
 #pragma unroll
   for (int m = 0; m < WM; m++)
 #pragma unroll
@@ -126,7 +135,7 @@ EMBER_D void ember_scores(float (*s)[BN / 8][4], const unsigned short* sa, int r
   for (int kk = 0; kk < D / 16; kk++) {
     unsigned a[WM][4];
 #pragma unroll
-    for (int m = 0; m < WM; m++) ember_frag_a<D>(a[m], sa, row0 + 16 * m, kk);
+    for (int m = 0; m < WM; m++) frag_a(a[m], m, kk);
 #pragma unroll
     for (int nn = 0; nn < BN / 16; nn++) {
       unsigned b[4];
@@ -139,6 +148,27 @@ EMBER_D void ember_scores(float (*s)[BN / 8][4], const unsigned short* sa, int r
     }
   }
 }
+/* A fragments read from a tile in shared memory, rows row0.. of it, as ember_scores takes them */
+template <int D> struct EmberSmemFrags {
+  const unsigned short* s;
+  int row0;
+  __device__ void operator()(unsigned* a, int m, int kk) const { ember_frag_a<D>(a, s, row0 + 16 * m, kk); }
+};
+/* the same fragments held in registers, loaded once (a block's own rows, read by every tile: each
+   of the tile loop's ldmatrix reads shared memory, the mma.sync kernels' bound) */
+template <int D, int WM> struct EmberRegFrags {
+  unsigned f[WM][D / 16][4];
+  __device__ void load(const unsigned short* s, int row0) {
+#pragma unroll
+    for (int m = 0; m < WM; m++)
+#pragma unroll
+      for (int kk = 0; kk < D / 16; kk++) ember_frag_a<D>(f[m][kk], s, row0 + 16 * m, kk);
+  }
+  __device__ void operator()(unsigned* a, int m, int kk) const {
+#pragma unroll
+    for (int i = 0; i < 4; i++) a[i] = f[m][kk][i];
+  }
+};
 
 /* The same two products for one warpgroup on sm_90a (HOPPER): EmberWg<true> (flash.py's sm_90a
    helpers, only in a source that has such kernels) does them with wgmma from tiles in
@@ -148,13 +178,14 @@ template <bool HOPPER> struct EmberWg;
 template <int D, int BN, int WM, bool BF16, bool HOPPER>
 EMBER_D void ember_scores_any(float (*s)[BN / 8][4], const unsigned short* sa, int rows_a, const unsigned short* sb) {
   if constexpr (HOPPER) EmberWg<HOPPER>::template scores<D, BN, BF16>(&s[0][0][0], sa, rows_a, sb);
-  else ember_scores<D, BN, WM, BF16>(s, sa, (threadIdx.x >> 5) * 16 * WM, sb);
+  else ember_scores<D, BN, WM, BF16>(s, EmberSmemFrags<D>{sa, (int)(threadIdx.x >> 5) * 16 * WM}, sb);
 }
-/* acc (NT groups of 8 columns from column c0, a multiple of 64 on sm_90a) += p times a tile of D columns */
-template <int D, int BK, int NT, bool BF16, bool HOPPER>
-EMBER_D void ember_acc_any(float (*acc)[4], float (*p)[4], const unsigned short* sb, int c0 = 0) {
-  if constexpr (HOPPER) EmberWg<HOPPER>::template acc<8 * NT, BK, BF16>(&acc[0][0], p, sb + c0 / 64 * BK * 64);
-  else ember_acc_pt<D, BK, NT, BF16>(acc, p, sb, c0);
+/* acc (NT groups of 8 columns from column c0, a multiple of 64 on sm_90a) += p times a tile of D
+   columns, for WM row tiles (sm_90a: one) */
+template <int D, int BK, int NT, bool BF16, bool HOPPER, int WM = 1>
+EMBER_D void ember_acc_any(float (*acc)[NT][4], float (*p)[BK / 8][4], const unsigned short* sb, int c0 = 0) {
+  if constexpr (HOPPER) EmberWg<HOPPER>::template acc<8 * NT, BK, BF16>(&acc[0][0][0], p[0], sb + c0 / 64 * BK * 64);
+  else ember_acc_pt<D, BK, NT, BF16, WM>(acc, p, sb, c0);
 }
 /* the dynamic shared memory, from 1024 bytes on for sm_90a's swizzled tiles */
 template <bool HOPPER> EMBER_D unsigned short* ember_flash_tiles() {
@@ -308,17 +339,25 @@ EMBER_D void ember_flash_fwd(unsigned short* out, const unsigned short* q, const
     for (int x = 0; x < NT; x++) o[w][x][0] = o[w][x][1] = o[w][x][2] = o[w][x][3] = 0.f;
   }
   const int r_lo = row0 + warp * 16 * WM + (lane >> 2);   /* rows r_lo + 16 w and r_lo + 16 w + 8 */
+  /* mma.sync, D <= 64: the warp's q fragments in registers (32 of them), loaded at the first tile;
+     not beside D = 128's accumulators, nor a score graph that reads sources (ALiBi spilled 72 bytes) */
+  constexpr bool QREG = !HOPPER && D <= 64 && !SM::loads;
+  EmberRegFrags<QREG ? D : 16, QREG ? WM : 1> qf;
   for (int t = first; t < tiles; t++) {
     ember_next_tiles<D, BN, HOPPER>(sk, k, ldk, sv, v, ldv, t, tiles, S);
     const unsigned short *ck = sk + (t & 1) * BN * P, *cv = sv + (t & 1) * BN * P;
     float s[WM][BN / 8][4];
-    ember_scores_any<D, BN, WM, BF16, HOPPER>(s, HOPPER ? sq + (warp >> 2) * 64 * 64 : sq, BM, ck);
+    if constexpr (QREG) {
+      if (t == first) qf.load(sq, warp * 16 * WM);   /* q has arrived with the first tiles */
+      ember_scores<D, BN, WM, BF16>(s, qf, ck);
+    } else {
+      ember_scores_any<D, BN, WM, BF16, HOPPER>(s, HOPPER ? sq + (warp >> 2) * 64 * 64 : sq, BM, ck);
+    }
     const bool edge = ember_flash_edge<BN, false>(sm, nb, row0, min(row0 + BM, T) - 1, t * BN, S);
 #pragma unroll
     for (int w = 0; w < WM; w++)
       ember_flash_online<BN, NT>(s[w], m[w], l[w], o[w], sm, nb, t * BN, r_lo + 16 * w, T, S, edge);
-#pragma unroll
-    for (int w = 0; w < WM; w++) ember_acc_any<D, BN, NT, BF16, HOPPER>(o[w], s[w], cv);
+    ember_acc_any<D, BN, NT, BF16, HOPPER, WM>(o, s, cv);
     __syncthreads();   /* this slot is filled again two tiles on */
   }
 #pragma unroll
@@ -397,16 +436,24 @@ EMBER_D void ember_flash_dq(OUT* out, const unsigned short* q, const unsigned sh
 #pragma unroll
   for (int x = 0; x < NT; x++) acc[x][0] = acc[x][1] = acc[x][2] = acc[x][3] = 0.f;
   const int r_lo = row0 + warp * 16 + (lane >> 2);
+  constexpr bool QREG = !HOPPER && D <= 64 && !SM::loads;   /* q's and do's fragments in registers (ember_flash_fwd) */
+  EmberRegFrags<QREG ? D : 16, 1> qf, dof;
   for (int t = first; t < tiles; t++) {
     ember_next_tiles<D, BN, HOPPER>(sk, k, ldk, sv, v, ldv, t, tiles, S);
     const unsigned short *ck = sk + (t & 1) * BN * P, *cv = sv + (t & 1) * BN * P;
     float s[1][BN / 8][4], dp[1][BN / 8][4];
-    ember_scores_any<D, BN, 1, BF16, HOPPER>(s, sq, BM, ck);
-    ember_scores_any<D, BN, 1, BF16, HOPPER>(dp, sdo, BM, cv);
+    if constexpr (QREG) {
+      if (t == first) { qf.load(sq, warp * 16); dof.load(sdo, warp * 16); }
+      ember_scores<D, BN, 1, BF16>(s, qf, ck);
+      ember_scores<D, BN, 1, BF16>(dp, dof, cv);
+    } else {
+      ember_scores_any<D, BN, 1, BF16, HOPPER>(s, sq, BM, ck);
+      ember_scores_any<D, BN, 1, BF16, HOPPER>(dp, sdo, BM, cv);
+    }
     const bool edge = ember_flash_past<BM>(row0 + BM - 1, T) ||
                       ember_flash_edge<BN, false>(sm, nb, row0, row0 + BM - 1, t * BN, S);
     ember_flash_ds<BN, BM, false, DGRAD>(s[0], dp[0], sm, nb, r_lo, t * BN, T, S, ember_lse<D>(packed), ember_lse_ld<D>(), di, edge);
-    ember_acc_any<D, BN, NT, BF16, HOPPER>(acc, dp[0], ck);
+    ember_acc_any<D, BN, NT, BF16, HOPPER>(&acc, dp, ck);
     __syncthreads();
   }
   ember_flash_rows_out<D, BF16>(out + (size_t)nb * T * D, acc, r_lo, T, D, cs);
@@ -444,8 +491,8 @@ EMBER_D void ember_flash_dkdv(OUT* out, const unsigned short* q, const unsigned 
     const bool edge = ember_flash_past<BN>(key0 + BN - 1, S) ||
                       ember_flash_edge<BM, true>(sm, nb, key0, key0 + BN - 1, t * BM, T);
     ember_flash_ds<BM, BN, true, DGRAD>(s[0], dp[0], sm, nb, r_lo, t * BM, T, S, ember_lse<D>(packed), ember_lse_ld<D>(), di, edge);
-    ember_acc_any<D, BM, NT, BF16, HOPPER>(dv, s[0], cdo, c0);
-    ember_acc_any<D, BM, NT, BF16, HOPPER>(dk, dp[0], cq, c0);
+    ember_acc_any<D, BM, NT, BF16, HOPPER>(&dv, s, cdo, c0);
+    ember_acc_any<D, BM, NT, BF16, HOPPER>(&dk, dp, cq, c0);
     __syncthreads();
   }
   ember_flash_rows_out<DC, BF16>(out + (size_t)nb * S * 2 * D + c0, dk, r_lo, S, 2 * D, cs);
