@@ -74,3 +74,18 @@ def spills(src: str, arch: str, folder: Path, serialized: set[str] | None = None
         elif (m := re.search(r"C7514.*serialized.*function '(\w+)'", line)) and serialized is not None:
             serialized.add(m.group(1))
     return out
+
+
+def ptx_counts(src: str, arch: str, folder: Path, words: tuple[str, ...]) -> dict[str, dict[str, int]]:
+    """Each kernel's count of PTX instructions beginning with each of words (nvcc -ptx): static
+    counts, in the code as written (unrolled loops count each copy)."""
+    assert NVCC is not None
+    path = folder / f"ptx_{arch}.cu"
+    path.write_text(src)
+    proc = subprocess.run([NVCC, f"-arch={arch}", "-std=c++17", "-w", "-ptx", "-o", str(path.with_suffix(".ptx")),
+                           str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ptx = path.with_suffix(".ptx").read_text()
+    entries = list(re.finditer(r"\.entry (\w+)\(", ptx)) + [None]
+    return {m.group(1): {w: len(re.findall(rf"^\s*{re.escape(w)}", ptx[m.end():nxt.start() if nxt else len(ptx)], re.M))
+                         for w in words} for m, nxt in zip(entries, entries[1:])}

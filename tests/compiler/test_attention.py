@@ -18,7 +18,7 @@ from ember import ir, ref, runners
 from ember.compiler import attention, autodiff
 from ember.ir import Node, Op, toposort
 
-from .cuda_compile import COMPILER, NVCC, compile_cuda, spills
+from .cuda_compile import COMPILER, NVCC, compile_cuda, ptx_counts, spills
 from .randprog import compare
 from .test_contractions import matmul, t
 
@@ -254,6 +254,20 @@ def test_flash_source_compiles(arch: str, tmp_path: Path) -> None:
     assert ("struct EmberWg<true>" in src) == (arch == "sm_90a")   # every flash product on wgmma there
     err = compile_cuda(src, arch, tmp_path)
     assert err is None, err
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_sm86_forward_reads_its_q_fragments_once(tmp_path: Path) -> None:
+    """The mma.sync forward (the course's sm_86 kernels) is bound by shared-memory reads: at D = 64
+    a warp keeps q's fragments in registers, loaded once, and each v fragment serves both of its
+    row tiles: 40 ldmatrix in the kernel's code for its 128 mma (56 before: 8 of q each tile and
+    v's 16 twice)."""
+    from ember.backend import cuda
+    q, k, v = (ir.param(n, dt.bf16, (2, 4, 1024, 64)) for n in "qkv")
+    sched = cuda.prepare([attention_graph(q, k, v, False, dt.bf16)], "sm_86")
+    (fwd,) = [kn.name for kn in sched.kernels if kn.fused is not None]
+    counts = ptx_counts(cuda.render(sched), "sm_86", tmp_path, ("ldmatrix", "mma.sync"))[fwd]
+    assert counts == {"ldmatrix": 40, "mma.sync": 128}, counts
 
 
 @pytest.mark.parametrize("low", [dt.bf16, dt.f32])
