@@ -86,6 +86,17 @@ def test_a_16_bit_sum_in_two_stages_is_rounded_once() -> None:
         assert first.out.dtype is dt.f32 and first.out.size > n and last.out.dtype is dt.bf16 and last.out.size == n
 
 
+def test_a_column_sums_partial_sums_keep_several_loads_in_flight() -> None:
+    """The first stage of a bf16 column sum ([256, 768] partial sums of 64 rows each, a bias
+    gradient): a thread per column, too few threads for lanes of outputs, its loads strided along
+    the sum. It adds rows into 8 independent partial sums, whose loads are in flight together
+    (one running sum kept four 2-byte loads in flight a thread, about half the bandwidth)."""
+    prog = "ember 1\nx = param bf16[16384,768]\ns = sum x axes=[0]\nreturn s\n"
+    first = cuda.prepare(text.parse(prog).output_nodes, "sm_90a").kernels[0]
+    src = cuda.CUDARenderer(gpu("sm_90a")).render_kernel(first)
+    assert "float acc1[8];" in src and "acc1[l3] = acc1[l3] +" in src, src
+
+
 def test_embedding_gradient_is_a_scatter() -> None:
     from .test_gpu_plans import embedding_grad
     kernels = cuda.prepare([embedding_grad()], "sm_90a").kernels
