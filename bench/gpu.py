@@ -134,6 +134,8 @@ def main() -> None:
         ("rowsum", f"row sum bf16 {rows}x{cols}", reduce_sum(rows, cols, (1,), dt.bf16)),
         ("colsum", f"column sum bf16 {rows}x{cols}", reduce_sum(rows, cols, (0,), dt.bf16)),
         ("fullsum", f"full sum bf16 {rows}x{cols}", reduce_sum(rows, cols, (0, 1), dt.bf16)),
+        # few outputs, many rows: a bias gradient's (GPT-2's [16384, 768])
+        ("colsum", f"column sum bf16 {2 * rows}x768 (bias gradient)", reduce_sum(2 * rows, 768, (0,), dt.bf16)),
         ("softmax", f"softmax rows f32 {rows}x{cols}", softmax(rows, cols)),
         ("softmax", f"softmax rows bf16 {rows}x{cols}", softmax(rows, cols, dt.bf16)),
         ("logsoftmax", f"log-softmax rows f32 {rows}x{cols}", log_softmax(rows, cols)),
