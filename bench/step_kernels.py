@@ -25,7 +25,7 @@ from ember import optim  # noqa: E402
 from ember import tensor as T  # noqa: E402
 from ember.backend import cuda  # noqa: E402
 from ember.compiler.schedule import Schedule  # noqa: E402
-from ember.models.gpt import GPT, GPTConfig  # noqa: E402
+from ember.models.gpt import GPTConfig, build  # noqa: E402
 
 BANDWIDTH, TENSOR_FLOPS = 4.0e12, 800e12
 
@@ -38,13 +38,14 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=768)
     ap.add_argument("--vocab", type=int, default=50304)
     ap.add_argument("--arch", default="sm_90a")
+    ap.add_argument("--model", choices=("gpt", "llama"), default="gpt", help="the GPT-2 shape or the LLaMA preset's")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--show", default="", help="comma-separated kernel names whose CUDA source to print")
     ap.add_argument("--units", type=int, default=0, help="time NVRTC on the units N cores would compile")
     args = ap.parse_args()
     T.manual_seed(0)
-    model = GPT(GPTConfig(vocab=args.vocab, block=args.block, dim=args.dim, n_layer=args.layers,
-                          n_head=args.dim // 64))
+    model = build(GPTConfig(vocab=args.vocab, block=args.block, dim=args.dim, n_layer=args.layers,
+                            n_head=args.dim // 64, arch=args.model))
     opt = optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
     x = T.Tensor(np.zeros((args.batch, args.block), np.int32))
     with T.autocast("bfloat16"):
