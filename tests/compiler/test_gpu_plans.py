@@ -177,6 +177,25 @@ def test_gpu_plan_matches_reference(name: str) -> None:
 
 
 
+@pytest.mark.parametrize("prog", ["bf16[16384,768] sum", "f32[4096,64] max", "i32[512,64] sum", "i8[512,64] max",
+                                  "u8[512,64] sum", "f32[256,8,64] sum01"])
+def test_column_reductions_in_lanes_match_the_reference(prog: str) -> None:
+    """Column reductions whose first stage has too few outputs for lanes of its own: the sum (or
+    max) is split into 8 or 4 independent partial results down the column
+    (optimize.strided_reduction_lanes). Integer sums wrap, a NaN in a column wins its max."""
+    from ember import text
+    ty, op = prog.split()
+    axes = "[0,1]" if op == "sum01" else "[0]"
+    program = text.parse(f"ember 1\nx = param {ty}\ns = {op[:3]} x axes={axes}\nreturn s\n").output_nodes
+    (x,) = [n for n in ir.toposort(program) if n.op is Op.PARAM]
+    values = np.random.default_rng(1).standard_normal(x.shape) * (50 if x.dtype.is_int else 1)
+    if op == "max" and x.dtype.is_float:
+        values.flat[7 * 64 + 3] = np.nan
+    inputs = {x: ref.cast(values, dt.f64, x.dtype)}
+    got = runners.BACKENDS["cuda"].run(program, inputs)
+    assert compare(program, got, ref.evaluate(program, inputs)) is None
+
+
 @pytest.mark.parametrize("blocks", [0, 7])
 def test_split_k_parts_add_into_their_sum(monkeypatch: pytest.MonkeyPatch, blocks: int) -> None:
     """A weight gradient split along K (split.split_k) adds its parts into the sum atomically
