@@ -670,25 +670,28 @@ def _torch_variant(name: str, q, k, v, pad, slopes):  # type: ignore[no-untyped-
 
 
 @needs_gpu
-@pytest.mark.parametrize("low", [dt.bf16, dt.f16, dt.f32])
-def test_score_forms_on_the_gpu_match_pytorch(low: dt.DType) -> None:
-    """Every variant's flash kernels (three each, on the GPU's own plans; one program, so that
-    its kernels compile in parallel) against PyTorch's math in f64: forward and the gradients
-    of q, k and v, at S = 300 (edge tiles, skipped tiles of the window, keys padded at 290 and
-    150)."""
+@pytest.mark.parametrize("low, plan", [(dt.bf16, "gpu"), (dt.f16, "gpu"), (dt.f32, "gpu"), (dt.bf16, "sm_86")])
+def test_score_forms_on_the_gpu_match_pytorch(low: dt.DType, plan: str) -> None:
+    """Every variant's flash kernels (three each, on the GPU's own plans, or sm_86's: the course's
+    mma.sync kernels, whose q fragments stay in registers for the variants that read no source;
+    one program, so that its kernels compile in parallel) against PyTorch's math in f64: forward
+    and the gradients of q, k and v, at S = 300 (edge tiles, skipped tiles of the window, keys
+    padded at 290 and 150)."""
     torch = pytest.importorskip("torch")
-    from ember.backend import cuda
+    from ember.backend import cuda, run_values
     b, h, n, d = 2, 4, 300, 64
     built = {name: variant(name, b, h, n, n, d, low) for name in VARIANTS}
     outputs = [o for outs, _ in built.values() for o in outs]
-    assert sum(kk.fused is not None for kk in cuda.prepare(outputs).kernels) == 3 * len(VARIANTS)
+    prog = cuda.CUDAProgram(outputs, plan_arch="sm_86" if plan == "sm_86" else None)
+    assert sum(kk.fused is not None for kk in prog.sched.kernels) == 3 * len(VARIANTS)
     rng = np.random.default_rng(7)
     pad = np.arange(n)[None, :] < np.array([290, 150])[:, None]
     slopes = 2.0 ** (-8.0 * np.arange(1, h + 1) / h)
     params = {p.arg: p for p in toposort(outputs) if p.op is Op.PARAM}
     inputs = {p: ref.cast(rng.standard_normal(p.shape), dt.f64, p.dtype) for p in params.values() if p.dtype.is_float}
     inputs[params["pad"]], inputs[params["slopes"]] = pad, slopes.astype(np.float32)
-    got = iter(cuda.run_values(outputs, inputs))
+    got = iter(run_values(prog, inputs))
+    prog.free()
     bad = []
     for name, (outs, (q, k, v)) in built.items():
         tq, tk, tv = (torch.tensor(np.asarray(inputs[x], np.float64), requires_grad=True) for x in (q, k, v))
