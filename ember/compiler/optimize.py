@@ -317,8 +317,8 @@ def gpu_plan(k: Kernel, gpu: Target, lanes: int | None = None) -> None:
         if k.ranges and k.ranges[-1].arg[1] % lanes == 0 and stride(k.store, k.ranges[-1]) == 1 \
                 and threads >= (GPU_MIN_REDUCE_THREADS if has_reduce else 0):
             split_range(k, k.ranges[-1], lanes)
-        elif not contiguous_reduction_lanes(k, lanes):   # (a thread's own reduction over a contiguous axis)
-            strided_reduction_lanes(k, lanes)
+        elif not reduction_lanes(k, lanes):   # (a thread's own reduction over a contiguous axis)
+            reduction_lanes(k, lanes, 4, contiguous=False)
         return
     row_plan(k, *planned)
 
@@ -327,7 +327,7 @@ def row_plan(k: Kernel, rows: "list[Node] | tuple[Node, ...]", group: int = 0) -
     """A block (or a group of threads) per row: each thread keeps `lanes` partial results of a
     shared reduction over a contiguous axis,"""
     k.plan, lanes = RowPlan(tuple(rows), group), gpu_lanes(k)
-    contiguous_reduction_lanes(k, lanes, group or 32)
+    reduction_lanes(k, lanes, group or 32)
     # and writes `lanes` consecutive outputs of its row (a softmax's): vector loads and stores
     last = k.ranges[-1] if k.ranges else None
     if last is not None and last not in rows and last.arg[1] % lanes == 0 and last.arg[1] >= (group or 32) * lanes \
@@ -335,30 +335,21 @@ def row_plan(k: Kernel, rows: "list[Node] | tuple[Node, ...]", group: int = 0) -
         split_range(k, last, lanes)
 
 
-def contiguous_reduction_lanes(k: Kernel, lanes: int, per_thread: int = 1) -> bool:
-    """Split the innermost range of each reduction that some load reads contiguously (and that
-    has at least per_thread * lanes steps) into lanes: independent partial results, loaded as
-    one vector. Whether any was."""
+def reduction_lanes(k: Kernel, lanes: int, per_thread: int = 1, contiguous: bool = True) -> bool:
+    """Split the innermost range of each reduction (with at least per_thread * lanes steps) into
+    lanes: independent partial results. contiguous: only a range some load reads contiguously,
+    loaded as one vector; else any (a thread summing down a column, its outputs too few for lanes
+    of their own: GPT-2's [256, 768] partial column sums of bf16 kept four 2-byte loads in flight
+    a thread, ptxas's unrolling, and ran at about half of the memory's bandwidth). Whether any was."""
     reduces = [n for n in toposort([k.store]) if n.op is Op.REDUCE]
     split = False
     for r in {n.arg[1][-1] for n in reduces}:
         loads = [ld for n in reduces if n.arg[1][-1] is r for ld in toposort([n.srcs[0]]) if ld.op is Op.LOAD]
-        if r.arg[1] % lanes == 0 and r.arg[1] >= per_thread * lanes and any(stride(ld, r) == 1 for ld in loads):
+        if r.arg[1] % lanes == 0 and r.arg[1] >= per_thread * lanes and \
+                (not contiguous or any(stride(ld, r) == 1 for ld in loads)):
             split_range(k, r, lanes)
             split = True
     return split
-
-
-def strided_reduction_lanes(k: Kernel, lanes: int) -> None:
-    """A thread summing down a column (a bias gradient's partial sums: its loads strided along the
-    reduction, its outputs too few for lanes of their own): the innermost range of each reduction
-    split into lanes all the same, independent partial results whose loads are in flight together.
-    GPT-2's [256, 768] partial column sums of bf16 kept four 2-byte loads in flight a thread
-    (ptxas's unrolling) and ran at about half of the memory's bandwidth."""
-    reduces = [n for n in toposort([k.store]) if n.op is Op.REDUCE]
-    for r in {n.arg[1][-1] for n in reduces}:
-        if r.arg[1] % lanes == 0 and r.arg[1] >= 4 * lanes:
-            split_range(k, r, lanes)
 
 
 def optimize(sched: Schedule, target: Target) -> list[list[Kernel]]:

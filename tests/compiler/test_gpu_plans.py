@@ -182,7 +182,7 @@ def test_gpu_plan_matches_reference(name: str) -> None:
 def test_column_reductions_in_lanes_match_the_reference(prog: str) -> None:
     """Column reductions whose first stage has too few outputs for lanes of its own: the sum (or
     max) is split into 8 or 4 independent partial results down the column
-    (optimize.strided_reduction_lanes). Integer sums wrap, a NaN in a column wins its max."""
+    (optimize.reduction_lanes). Integer sums wrap, a NaN in a column wins its max."""
     from ember import text
     ty, op = prog.split()
     axes = "[0,1]" if op == "sum01" else "[0]"
