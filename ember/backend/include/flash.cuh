@@ -124,7 +124,7 @@ EMBER_D void ember_acc_pt(float (*acc)[NT][4], float (*p)[BK / 8][4], const unsi
 }
 /* s[m][BN/8][4] = A (WM tiles of 16 rows, all D columns) * B^T (BN rows of tile sb): each B fragment
    loaded once serves the WM row tiles. frag_a(a, m, kk) gives row tile m's A fragment of columns
-   16 kk..: from shared memory (ember_smem_frags) or from registers (ember_reg_frags) */
+   16 kk..: from shared memory (EmberSmemFrags) or from registers (EmberRegFrags) */
 template <int D, int BN, int WM, bool BF16, typename FA>
 EMBER_D void ember_scores(float (*s)[BN / 8][4], const FA& frag_a, const unsigned short* sb) {
 #pragma unroll
@@ -155,14 +155,20 @@ template <int D> struct EmberSmemFrags {
   __device__ void operator()(unsigned* a, int m, int kk) const { ember_frag_a<D>(a, s, row0 + 16 * m, kk); }
 };
 /* the same fragments held in registers, loaded once (a block's own rows, read by every tile: each
-   of the tile loop's ldmatrix reads shared memory, the mma.sync kernels' bound) */
+   of the tile loop's ldmatrix reads shared memory, the mma.sync kernels' bound). Where they fit:
+   mma.sync, D <= 64 (not beside D = 128's accumulators), and no score graph that reads sources
+   (ALiBi's forward spilled 72 bytes) */
+template <bool HOPPER, int D, typename SM> EMBER_D constexpr bool ember_frags_in_registers() {
+  return !HOPPER && D <= 64 && !SM::loads;
+}
 template <int D, int WM> struct EmberRegFrags {
   unsigned f[WM][D / 16][4];
   __device__ void load(const unsigned short* s, int row0) {
+    const EmberSmemFrags<D> from{s, row0};
 #pragma unroll
     for (int m = 0; m < WM; m++)
 #pragma unroll
-      for (int kk = 0; kk < D / 16; kk++) ember_frag_a<D>(f[m][kk], s, row0 + 16 * m, kk);
+      for (int kk = 0; kk < D / 16; kk++) from(f[m][kk], m, kk);
   }
   __device__ void operator()(unsigned* a, int m, int kk) const {
 #pragma unroll
@@ -339,9 +345,8 @@ EMBER_D void ember_flash_fwd(unsigned short* out, const unsigned short* q, const
     for (int x = 0; x < NT; x++) o[w][x][0] = o[w][x][1] = o[w][x][2] = o[w][x][3] = 0.f;
   }
   const int r_lo = row0 + warp * 16 * WM + (lane >> 2);   /* rows r_lo + 16 w and r_lo + 16 w + 8 */
-  /* mma.sync, D <= 64: the warp's q fragments in registers (32 of them), loaded at the first tile;
-     not beside D = 128's accumulators, nor a score graph that reads sources (ALiBi spilled 72 bytes) */
-  constexpr bool QREG = !HOPPER && D <= 64 && !SM::loads;
+  /* the warp's q fragments in registers (32 of them at D = 64), loaded at the first tile */
+  constexpr bool QREG = ember_frags_in_registers<HOPPER, D, SM>();
   EmberRegFrags<QREG ? D : 16, QREG ? WM : 1> qf;
   for (int t = first; t < tiles; t++) {
     ember_next_tiles<D, BN, HOPPER>(sk, k, ldk, sv, v, ldv, t, tiles, S);
@@ -436,7 +441,7 @@ EMBER_D void ember_flash_dq(OUT* out, const unsigned short* q, const unsigned sh
 #pragma unroll
   for (int x = 0; x < NT; x++) acc[x][0] = acc[x][1] = acc[x][2] = acc[x][3] = 0.f;
   const int r_lo = row0 + warp * 16 + (lane >> 2);
-  constexpr bool QREG = !HOPPER && D <= 64 && !SM::loads;   /* q's and do's fragments in registers (ember_flash_fwd) */
+  constexpr bool QREG = ember_frags_in_registers<HOPPER, D, SM>();   /* q's and do's fragments in registers */
   EmberRegFrags<QREG ? D : 16, 1> qf, dof;
   for (int t = first; t < tiles; t++) {
     ember_next_tiles<D, BN, HOPPER>(sk, k, ldk, sv, v, ldv, t, tiles, S);
