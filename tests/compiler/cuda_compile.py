@@ -22,13 +22,22 @@ def _nvrtc() -> bool:
 COMPILER = "nvcc" if NVCC else "nvrtc" if _nvrtc() else None
 
 
+def _nvcc(src: str, arch: str, folder: Path, stem: str, *flags: str, out: str = ".cubin") \
+        -> tuple[subprocess.CompletedProcess, Path]:
+    """nvcc on src (written to folder/stem.cu) for arch with flags, output beside it: the
+    finished process and the output's path."""
+    assert NVCC is not None
+    path = folder / f"{stem}_{arch}.cu"
+    path.write_text(src)
+    proc = subprocess.run([NVCC, f"-arch={arch}", "-std=c++17", "-w", *flags, "-o", str(path.with_suffix(out)),
+                           str(path)], capture_output=True, text=True)
+    return proc, path.with_suffix(out)
+
+
 def compile_cuda(src: str, arch: str, folder: Path) -> str | None:
     """None when src compiles to a cubin for arch; else the compiler's messages."""
     if COMPILER == "nvcc":
-        path = folder / f"unit_{arch}.cu"
-        path.write_text(src)
-        proc = subprocess.run([NVCC, f"-arch={arch}", "-std=c++17", "-w", "-cubin", "-o", str(path.with_suffix(".cubin")),
-                               str(path)], capture_output=True, text=True)
+        proc, _ = _nvcc(src, arch, folder, "unit", "-cubin")
         return None if proc.returncode == 0 else proc.stderr[-3000:]
     from ember.backend import cuda
     try:
@@ -39,11 +48,7 @@ def compile_cuda(src: str, arch: str, folder: Path) -> str | None:
 
 
 def _ptxas_report(src: str, arch: str, folder: Path) -> list[str]:
-    assert NVCC is not None
-    path = folder / f"usage_{arch}.cu"
-    path.write_text(src)
-    proc = subprocess.run([NVCC, f"-arch={arch}", "-std=c++17", "-w", "-cubin", "-Xptxas", "-v",
-                           "-o", str(path.with_suffix(".cubin")), str(path)], capture_output=True, text=True)
+    proc, _ = _nvcc(src, arch, folder, "usage", "-cubin", "-Xptxas", "-v")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stderr.splitlines()
 
@@ -79,13 +84,9 @@ def spills(src: str, arch: str, folder: Path, serialized: set[str] | None = None
 def ptx_counts(src: str, arch: str, folder: Path, words: tuple[str, ...]) -> dict[str, dict[str, int]]:
     """Each kernel's count of PTX instructions beginning with each of words (nvcc -ptx): static
     counts, in the code as written (unrolled loops count each copy)."""
-    assert NVCC is not None
-    path = folder / f"ptx_{arch}.cu"
-    path.write_text(src)
-    proc = subprocess.run([NVCC, f"-arch={arch}", "-std=c++17", "-w", "-ptx", "-o", str(path.with_suffix(".ptx")),
-                           str(path)], capture_output=True, text=True)
+    proc, out = _nvcc(src, arch, folder, "ptx", "-ptx", out=".ptx")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ptx = path.with_suffix(".ptx").read_text()
+    ptx = out.read_text()
     entries = list(re.finditer(r"\.entry (\w+)\(", ptx)) + [None]
     return {m.group(1): {w: len(re.findall(rf"^\s*{re.escape(w)}", ptx[m.end():nxt.start() if nxt else len(ptx)], re.M))
                          for w in words} for m, nxt in zip(entries, entries[1:])}
