@@ -26,6 +26,7 @@ from typing import Any
 
 from .. import dtype as dt
 from ..compiler import merge
+from ..compiler import symbolic as sym
 from ..compiler.attention import FlashPlan
 from ..compiler.contraction import GpuPlan
 from ..compiler.loops import MergedPlan, RowPlan, TilePlan
@@ -130,8 +131,9 @@ class CUDARenderer(CLike):
         # members equal up to their names and buffers (a bias gradient's last stage, one a layer)
         # are one function, called with each member's buffers; not inlined, or NVRTC still
         # compiles every copy (GPT-2's 98 in one launch: 3.2 s, and 0.16 s as 3 functions)
-        bodies = [CUDAKernelWriter(self, m, prefix, member=True, threads=threads, shared=shared).write()
-                  for m in plan.members]
+        cached: set[tuple] = set()   # the cached rows a member has read into shared memory already
+        bodies = [CUDAKernelWriter(self, m, prefix, member=True, threads=threads, shared=shared,
+                                   cache=(dict(plan.cache), cached)).write() for m in plan.members]
         called = kinds(plan.members, bodies)
         shared_by = collections.Counter(called.values())
         members = "".join(body if shared_by[m.name] == 1 else body.replace("__forceinline__", "__noinline__", 1)
@@ -216,7 +218,7 @@ def launch_config(k: Kernel, gpu: Target) -> tuple[tuple[int, int, int], int, in
     if isinstance(p, MergedPlan):   # the members' blocks (together: each block every member's)
         blocks = [launch_config(m, gpu)[0][0] for m in p.members]
         threads = max(block_size(m) for m in p.members) if p.rows else BLOCK
-        return (blocks[0] if p.together else sum(blocks), 1, 1), threads, 0
+        return (blocks[0] if p.together else sum(blocks), 1, 1), threads, p.cache_bytes
     if isinstance(p, RowPlan) and p.group:   # groups of a block's threads, a row each
         return (-(-math.prod(r.arg[1] for r in p.block) // (BLOCK // p.group)), 1, 1), BLOCK, 0
     if isinstance(p, (RowPlan, TilePlan)):   # a block per row or tile
@@ -228,11 +230,13 @@ class CUDAKernelWriter(KernelWriter):
     vector_bytes = 16
 
     def __init__(self, r: CLike, k: Kernel, prefix: str = "", member: bool = False, threads: int = 0,
-                 shared: frozenset[int] = frozenset()):
+                 shared: frozenset[int] = frozenset(), cache: tuple[dict, set] | None = None):
         """member: a merged kernel's member (merge.py), a device function given its block index;
         threads: a row chain member's block size (the chain's); shared: the buffers the chain's
-        members write (read as ordinary memory)."""
+        members write (read as ordinary memory); cache: the chain's rows kept in shared memory
+        (MergedPlan.cache: key -> byte offset), and those an earlier member read there."""
         super().__init__(r, k, prefix)
+        self.cache, self.cached = cache or ({}, set())
         self.block_scope: Scope | None = None
         self.member, self.threads, self.shared = member, threads or block_size(k), shared
         self.known_threads = not member or bool(threads)
@@ -338,6 +342,9 @@ class CUDAKernelWriter(KernelWriter):
 
     def vector_read(self, n: Node, scope: Scope, vec: Any) -> tuple[Scope, str]:
         """Reads of a row by a block's unrolled loops are noted for finish (below)."""
+        key = merge.row_part(n, self.k.plan.block) if self.cache else None
+        if key in self.cache:
+            return self.cached_row_read(n, scope, vec, key)
         outer, arr = super().vector_read(n, scope, vec)
         loop = next(iter(outer.avail - outer.parent.avail), None) if outer.parent is not None else None
         if loop in self.unrolled and len(n.srcs) == 2 and n.srcs[0].arg != self.k.out.id and n.dtype.itemsize >= 4:
@@ -347,6 +354,33 @@ class CUDAKernelWriter(KernelWriter):
             j = f"(({self.range_var(loop)} - {self.sub}) / {threads}) * {vec.count}"
             # (the declaration line, to be replaced by a read from registers, and its vectors)
             self.row_reads.setdefault(key, []).append((outer, outer.lines[outer.cursor - 2], f"{arr}v", j, vec.type))
+        return outer, arr
+
+    def cached_row_read(self, n: Node, scope: Scope, vec: Any, key: tuple) -> tuple[Scope, str]:
+        """The vectors of a row that the chain keeps in shared memory (MergedPlan.cache): the
+        first member to read them reads memory and stores them there, at the same place in the
+        row; later members, after the barrier between members, read them there."""
+        outer = self.target(vec.base, scope)
+        first, st, arr = key not in self.cached, self.r.stype(n.dtype), self.var("v")
+        terms, _ = sym.linear(vec.base)
+        within = sym.build({r: c for r, c in terms.items() if r not in self.k.plan.block}, 0, vec.base.dtype)
+        row = f"(({'' if first else 'const '}{st}*)(ember_rows + {self.cache[key]}))"
+        at = self.ref(self.value(within, outer), within)
+        if not any(isinstance(line, str) and "ember_rows[]" in line for line in scope.chain()[0].lines):
+            root = scope.chain()[0]
+            root.lines.insert(0, "extern __shared__ __align__(16) unsigned char ember_rows[];")
+            root.cursor += 1
+        if first:
+            self.cached.add(key)
+            base = self.ref(self.value(vec.base, outer), vec.base)
+            parts = [f"*(const {vec.type}*)({a})" for a in vec.addresses(self.operand(n.srcs[0], scope), base)]
+            outer.put(f"const {vec.type} {arr}v[{vec.count}] = {{{', '.join(parts)}}};")
+            for c, a in enumerate(vec.addresses(row, at)):
+                outer.put(f"*({vec.type}*)({a}) = {arr}v[{c}];")
+        else:
+            parts = [f"*(const {vec.type}*)({a})" for a in vec.addresses(row, at)]
+            outer.put(f"const {vec.type} {arr}v[{vec.count}] = {{{', '.join(parts)}}};")
+        outer.put(f"const {st}* {arr} = (const {st}*){arr}v;")
         return outer, arr
 
     def finish(self, root: Scope) -> None:

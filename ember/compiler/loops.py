@@ -88,7 +88,16 @@ class MergedPlan:
     members: tuple   # of lower.Kernel
     together: bool = False
     rows: bool = False
+    # rows: the rows that several members read, each kept in shared memory by the first that
+    # reads it (merge.row_cache): ((merge.row_part's key, its byte offset), ...)
+    cache: tuple = ()
+
+    @property
+    def cache_bytes(self) -> int:
+        return sum(-(-key[3] * key[4] // 16) * 16 for key, _ in self.cache)
 
     def __str__(self) -> str:
         how = "a block per row" if self.rows else "in the same threads" if self.together else "in one launch"
-        return f"{len(self.members)} kernels {how}: {', '.join(m.name for m in self.members)}"
+        cached = f"; rows of {', '.join(f'b{key[0]}' for key, _ in self.cache)} in shared memory " \
+                 f"({self.cache_bytes / 1024:.1f} KB)" if self.cache else ""
+        return f"{len(self.members)} kernels {how}: {', '.join(m.name for m in self.members)}{cached}"

@@ -27,11 +27,13 @@ reads). A member may write over what it reads for the last time (in_place, the m
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Callable
 
 from ..ir import Node, Op, toposort
+from ..target import Target
 from . import symbolic as sym
 from .loops import MergedPlan, RowPlan, ThreadPlan
 from .lower import Buffer, Kernel, _unflatten, flat_index
@@ -256,7 +258,7 @@ def row_chain(kernels: list[Kernel], start: int, maps: frozenset[int]) \
     return members, kernels.index(members[-1][0]) + 1
 
 
-def merge_rows(sched: Schedule, chains: list[list[Kernel]]) -> None:
+def merge_rows(sched: Schedule, chains: list[list[Kernel]], gpu: Target) -> None:
     """Each row chain (optimize found it and planned its maps a block per row) becomes one kernel
     (MergedPlan, rows) where its first member was; the kernels it passed over run after it."""
     at = {id(k): i for i, k in enumerate(sched.kernels)}
@@ -270,10 +272,66 @@ def merge_rows(sched: Schedule, chains: list[list[Kernel]]) -> None:
             i += 1
             continue
         end = at[id(chain[-1])] + 1
-        out.append(_merged(chain, rows=True))
+        merged = _merged(chain, rows=True)
+        merged.plan = dataclasses.replace(merged.plan, cache=row_cache(chain, gpu))
+        out.append(merged)
         out += [k for k in sched.kernels[i:end] if id(k) not in chosen]
         i = end
     sched.kernels = out
+
+
+# A row chain's members each read the rows they need from memory, counting on the SM's cache for
+# the second reading. A row too long for that (a GPT-2 cross-entropy's 50304 bf16 logits, 100 KB:
+# read by the max, the sum of exponentials and the gradient, the second and third time from L2)
+# is kept in shared memory by the first member that reads it, and the others read it there.
+# bytes: shorter rows are left to the SM's L1 (a layernorm's; 32 KB f32 rows, two blocks an SM on
+# Hopper, were not measured either way)
+ROW_CACHE_MIN = 64 * 1024
+
+
+def row_part(load: Node, rows: tuple[Node, ...]) -> tuple[int, tuple[int, ...], int, int, int] | None:
+    """A load whose address is the row's start (affine in the row ranges) plus a dense run of
+    the other ranges: (buffer id, the row ranges' coefficients, the constant, the run's length,
+    the element's bytes), the same for every member that reads the same elements of each row;
+    None for any other load. A row's start must keep 16-byte vectors aligned."""
+    if load.op is not Op.LOAD or len(load.srcs) != 2:
+        return None
+    terms, const = sym.linear(load.srcs[1])
+    if not all(r.op is Op.RANGE for r in terms):
+        return None
+    size = load.dtype.itemsize
+    at = tuple(terms.get(r, 0) for r in rows)
+    run = 1
+    for coef, n in sorted((c, r.arg[1]) for r, c in terms.items() if r not in rows):
+        if coef != run:
+            return None
+        run *= n
+    if run < 2 or any(c * size % 16 for c in (*at, const)):
+        return None
+    return load.srcs[0].arg, at, const, run, size
+
+
+def row_cache(members: list[Kernel], gpu: Target) -> tuple[tuple[tuple, int], ...]:
+    """The rows two or more members read (row_part's keys), at least ROW_CACHE_MIN bytes each,
+    and where each sits in the block's dynamic shared memory: as many as fit in half of an SM's,
+    so that two blocks still do (1024-thread blocks: two an SM on Hopper; on the course's
+    sm_86, 100 KB an SM, a cross-entropy row does not fit)."""
+    if any(not isinstance(m.plan, RowPlan) or m.plan.group for m in members):
+        return ()
+    written = {m.out.id for m in members}
+    readers: dict[tuple, set[int]] = {}
+    for i, m in enumerate(members):
+        for n in toposort([m.store]):
+            key = row_part(n, m.plan.block)
+            if key is not None and key[0] not in written:
+                readers.setdefault(key, set()).add(i)
+    cache, at = [], 0
+    for key in sorted((key for key, who in readers.items() if len(who) > 1), key=lambda key: -key[3] * key[4]):
+        size = -(-key[3] * key[4] // 16) * 16
+        if size >= ROW_CACHE_MIN and at + size <= gpu.smem_sm // 2 - 1024:   # (and the reductions' own)
+            cache.append((key, at))
+            at += size
+    return tuple(cache)
 
 
 def in_place(k: Kernel, out: int, buf: Buffer) -> bool:

@@ -53,7 +53,7 @@ def _compile(outputs: list[Node], target: Target, nest: int) -> Schedule:
         accumulate_parts(sched)
     chains = optimize(sched, target)
     if target.kind == "cuda":
-        merge_rows(sched, chains)
+        merge_rows(sched, chains, target)
         merge_chains(sched)
         merge_small(sched)
         sched.slots = plan_memory(sched, in_place)   # the new order's (outputs over dead inputs: not in C)

@@ -327,6 +327,36 @@ def test_a_layernorm_runs_as_one_kernel_a_block_per_row(tmp_path: Path) -> None:
             assert compile_cuda(src, "sm_90a", tmp_path) is None
 
 
+def test_a_long_row_that_several_members_read_is_read_from_memory_once(tmp_path: Path) -> None:
+    """A row chain's members that read the same long row (a cross-entropy's 50304 logits: the
+    max, the sum of exponentials, the gradient) read it from memory once: the first keeps it in
+    shared memory, whose bytes the launch asks for (merge.row_cache). Rows that would pass half
+    an SM's shared memory stay out (the logits on sm_86, 100 KB an SM), and so do shorter ones
+    (x beside y in shared_rows, a layernorm's 768), left to the SM's L1."""
+    from ember.compiler.loops import MergedPlan
+
+    from .test_gpu_plans import cross_entropy_rows, layernorm_rows, shared_rows
+    wide = cross_entropy_rows(rows=48, classes=50304)
+    # (outputs, arch, the shared memory asked for, param -> lines reading it from memory)
+    cases = [(wide, "sm_90a", 50304 * 2, {}), (wide, "sm_86", 0, {}),
+             (shared_rows(), "sm_90a", 20000 * 4, {"x": 3, "y": 1}), (layernorm_rows(), "sm_90a", 0, None)]
+    for outputs, arch, cached, reads in cases:
+        sched = cuda.prepare(outputs, arch)
+        (k,) = [k for k in sched.kernels if isinstance(k.plan, MergedPlan) and k.plan.rows]
+        assert cuda.launch_config(k, gpu(arch))[2] == k.plan.cache_bytes == cached
+        src = cuda.render(dataclasses.replace(sched, kernels=[k]))
+        if reads is None:
+            continue
+        named = {b.node.arg: b for b in k.reads if b.node.op.name == "PARAM"}
+        logits = [b for b in k.reads if b.kind == "temp" and b.size == 48 * 50304]
+        expected = {named[p].id: n for p, n in reads.items()} or {logits[0].id: 1 if cached else 3}
+        for b, n in expected.items():
+            lines = [line for line in src.splitlines() if f"*(const uint4*)(b{b} + " in line]
+            assert len(lines) == n, (arch, b, lines)
+        if COMPILER == "nvcc":
+            assert compile_cuda(src, arch, tmp_path) is None
+
+
 def test_many_short_rows_take_a_group_of_a_warps_threads_each(tmp_path: Path) -> None:
     """More rows of 64 than the GPU has threads (a softmax, a log-sum-exp): 16 threads of a warp
     per row, each with a 16-byte vector of it, shuffles combining the sums; the last block's

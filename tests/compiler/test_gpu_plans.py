@@ -92,6 +92,18 @@ def cross_entropy_rows(rows: int = 64, classes: int = 5000) -> list[ir.Node]:
     return [loss, ir.unary(Op.CAST, grad, dt.bf16)]
 
 
+def shared_rows(rows: int = 64, width: int = 20000) -> list[ir.Node]:
+    """A softmax of x * y whose row max and sum are outputs too: three members of a row chain,
+    each reading a row of both params, x in bf16 (40 KB) and y in f32 (80 KB). On sm_90a y's
+    rows are kept in shared memory (merge.row_cache); x's are left to the SM's L1."""
+    x, y = ir.param("x", dt.bf16, (rows, width)), ir.param("y", dt.f32, (rows, width))
+    z = ir.binary(Op.MUL, ir.unary(Op.CAST, x, dt.f32), y)
+    mx = ir.reduce(Op.RMAX, z, (1,))
+    e = ir.unary(Op.EXP2, ir.binary(Op.SUB, z, ir.expand(mx, z.shape)))
+    s = ir.reduce(Op.SUM, e, (1,))
+    return [ir.unary(Op.CAST, ir.binary(Op.DIV, e, ir.expand(s, z.shape)), dt.bf16), mx, s]
+
+
 def short_rows(dtype: dt.DType = dt.f32, rows: int = 135171, width: int = 64) -> list[ir.Node]:
     """Many short rows (more rows than the GPU's threads, a ragged last block): a softmax and
     a log-sum-exp, each row a group of a warp's threads (RowPlan.group)."""
@@ -138,6 +150,8 @@ def case(name: str) -> list[ir.Node]:
         return cross_entropy_rows()
     if name == "cross_entropy_wide":   # rows of 50304: 6288 vectors for 1024 threads, the last step partial
         return cross_entropy_rows(rows=48, classes=50304)
+    if name == "shared_rows":   # a row chain's rows kept in shared memory (merge.row_cache)
+        return shared_rows()
     if name == "layernorm_backward":   # the backward's row sums and maps, one chain
         outs = layernorm_rows(rows=256)
         params = [n for n in ir.toposort(outs) if n.op is Op.PARAM]
@@ -164,7 +178,7 @@ def small_batches() -> list[ir.Node]:
                                   "column_sum_two_stage", "embedding_grad", "small_batches",
                                   "adam_chain", "adam_flipped", "layernorm_rows", "layernorm_shifted",
                                   "layernorm_backward", "layernorm_odd", "cross_entropy_rows", "cross_entropy_wide",
-                                  "short_rows_f32",
+                                  "shared_rows", "short_rows_f32",
                                   "short_rows_bf16"])
 def test_gpu_plan_matches_reference(name: str) -> None:
     outputs = case(name)
