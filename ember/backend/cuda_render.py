@@ -64,6 +64,10 @@ class CUDARenderer(CLike):
             return BF16_FMA[n.op].format(*a)
         if n.dtype in (dt.bf16, dt.f16) and n.op in (Op.EXP2, Op.DIV):   # 16-bit results: see the prelude
             return f"ember_ex2({a[0]})" if n.op is Op.EXP2 else f"ember_div16({a[0]}, {a[1]})"
+        if n.op is Op.CAST and n.dtype is dt.bf16 and n.srcs[0].dtype is dt.f32 and n.srcs[0].op in CANONICAL_NAN:
+            # an f32 result of the GPU's arithmetic: its NaN is the canonical one, which the
+            # conversion keeps, so the cast's NaN test (three instructions an element) is not needed
+            return f"ember_round_bf16_op({a[0]})"
         return super().alu(n, a, no_overflow)
 
     def round_result(self, d: DType, expr: str) -> str:
@@ -155,6 +159,11 @@ class CUDARenderer(CLike):
         return (members + f"extern \"C\" __global__ void __launch_bounds__({BLOCK}) {prefix}{k.name}({params}) {{\n"
                 + "\n".join(body[:-1]) + "\n}\n")
 
+
+# f32 ops whose NaN results are the canonical NaN on the GPU (its FADD, FMUL, FFMA and the
+# library's division, exp2f, log2f and sqrtf, built of them), the bits the C backend's rounding
+# writes for it too
+CANONICAL_NAN = frozenset([Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.EXP2, Op.LOG2, Op.SQRT])
 
 BF16_FMA = {Op.ADD: "ember_bf16_fma({0}, 1.0f, {1})", Op.SUB: "ember_bf16_fma({1}, -1.0f, {0})",
             Op.MUL: "ember_bf16_fma({0}, {1}, -0.0f)"}

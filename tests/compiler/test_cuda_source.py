@@ -453,9 +453,13 @@ def test_an_op_result_stored_as_bf16_is_converted_once() -> None:
     src = source("e = exp2 x\ny = add x e\nz = sub y e")   # y = fma(x, 1, e), z = fma(e, -1, y) (x + x is x * 2)
     assert re.search(r"float (t\d+) = ember_bf16_fma\((t\d+), 1.0f, (t\d+)\);.*ember_bf16_fma\(\3, -1.0f, \1\)", src, re.S)
     # an f32 value cast to bf16 (a GELU's output under autocast) is converted once where it is
-    # stored, not rounded, widened and converted again: 5 of the 51 SASS instructions an element
+    # stored, not rounded, widened and converted again: 5 of the 51 SASS instructions an element;
+    # an arithmetic result's NaN is the canonical one, so without the cast's NaN test (a GELU
+    # gradient's 480 SASS instructions -> 448), which a loaded value keeps
     prog = "ember 1\nx = param f32[64,256]\ne = exp2 x\ny = div x e\nz = cast y dtype=bf16\nreturn z\n"
     src = cuda.source(text.parse(prog).output_nodes, "sm_90a")
-    assert re.search(r"float (t\d+) = \(t\d+ / t\d+\);", src) and "ember_round_bf16f(" in src
-    (stored,) = re.findall(r"= ember_f32_to_bf16_bits\((t\d+)\);", src)
-    assert f"float {stored} = (t" in src and "ember_f32_to_bf16_bits(ember_round" not in src
+    assert re.search(r"float (t\d+) = \(t\d+ / t\d+\);", src) and "ember_round_bf16_op(" in src
+    (stored,) = re.findall(r"= ember_bf16_bits_op\((t\d+)\);", src)
+    assert f"float {stored} = (t" in src and "ember_f32_to_bf16_bits(" not in src.split("extern")[-1]
+    src = cuda.source(text.parse("ember 1\nx = param f32[64,256]\nz = cast x dtype=bf16\nreturn z\n").output_nodes, "sm_90a")
+    assert "ember_f32_to_bf16_bits(" in src.split("extern")[-1] and "ember_bf16_bits_op(" not in src.split("extern")[-1]
