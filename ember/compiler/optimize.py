@@ -173,14 +173,21 @@ def block_rows(k: Kernel, gpu: Target) -> tuple[list[Node], int] | None:
     prefix = [r for r in k.ranges if r in used]
     if prefix != k.ranges[:len(prefix)]:
         return None
-    if math.prod(r.arg[1] for r in k.ranges) < gpu.min_threads or \
-            max(math.prod(r.arg[1] for r in n.arg[1]) for n in top) > SHORT_ROW:
-        return prefix, 0
-    # a group only where every load that moves along a row moves contiguously (a column sum
-    # that also reads a per-row mean is a thread per column's)
+    # a load that moves along a row but not contiguously (a column sum that also reads a
+    # per-row mean: a layernorm weight's gradient, [128, 768] partial sums of 64 rows) has
+    # a block per output read a 32-byte sector for each element. A thread per output, with
+    # lanes of partial sums, reads the rows coalesced and keeps as many loads in flight where
+    # the outputs times the lanes fill the GPU's resident threads
     lasts = {n.arg[1][-1] for n in top}
-    if any(stride(ld, r) not in (0, 1) for n in top for ld in toposort([n.srcs[0]]) if ld.op is Op.LOAD
-           for r in lasts):
+    strided = any(stride(ld, r) not in (0, 1) for n in top for ld in toposort([n.srcs[0]]) if ld.op is Op.LOAD
+                  for r in lasts)
+    outputs = math.prod(r.arg[1] for r in k.ranges)
+    if strided and outputs * gpu_lanes(k) >= gpu.sms * gpu.threads_sm:
+        return None
+    if outputs < gpu.min_threads or max(math.prod(r.arg[1] for r in n.arg[1]) for n in top) > SHORT_ROW:
+        return prefix, 0
+    # a group only where every load that moves along a row moves contiguously
+    if strided:
         return None
     length = min(math.prod(r.arg[1] for r in n.arg[1]) for n in top)
     group = 1 << (min(32, length // gpu_lanes(k)).bit_length() - 1)

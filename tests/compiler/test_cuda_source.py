@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from ember import dtype as dt
-from ember import ref, runners, text
+from ember import ir, ref, runners, text
 from ember.backend import cuda, cuda_render
 from ember.compiler.split import split_large_reductions
+from ember.ir import Op
 from ember.target import gpu
 
 from .cuda_compile import COMPILER, compile_cuda
@@ -95,6 +96,31 @@ def test_a_column_sums_partial_sums_keep_several_loads_in_flight() -> None:
     first = cuda.prepare(text.parse(prog).output_nodes, "sm_90a").kernels[0]
     src = cuda.CUDARenderer(gpu("sm_90a")).render_kernel(first)
     assert "float acc1[8];" in src and "acc1[l3] = acc1[l3] +" in src, src
+
+
+def test_a_column_sum_that_reads_per_row_statistics_reads_its_rows_coalesced() -> None:
+    """A layernorm weight's gradient sums rows of dy times the normalized x, which reads each
+    row's mean and rstd: loads contiguous along the sum (the statistics) beside strided ones. Its
+    first stage ([128, 768] partial sums of GPT-2 B8's 8192 rows) was a block per output whose
+    64 threads read 64 rows of one column, a 32-byte sector for each element; it is a thread per
+    column with 4 partial sums. 768 outputs alone (256 rows, not split) are too few threads for
+    that and keep a block each."""
+    from ember.compiler.loops import RowPlan, ThreadPlan
+
+    from .test_gpu_plans import layernorm_rows
+
+    def weight_grad(rows: int) -> list:
+        outs = layernorm_rows(rows=rows)
+        w = next(n for n in ir.toposort(outs) if n.op is Op.PARAM and n.arg == "w")
+        dy = ir.param("dy", dt.f32, (rows, 768))
+        return [ir.grad(ir.reduce(Op.SUM, ir.binary(Op.MUL, ir.unary(Op.CAST, outs[0], dt.f32), dy), (0, 1)), w)]
+    for rows, plan in ((8192, ThreadPlan), (256, RowPlan)):
+        kernels = cuda.prepare(weight_grad(rows), "sm_90a").kernels
+        (first,) = [k for k in kernels if k.kind == "reduce" and k.out.size == (128 if rows > 256 else 1) * 768]
+        assert isinstance(first.plan, plan), (rows, first.plan)
+    src = cuda.CUDARenderer(gpu("sm_90a")).render_kernel(next(k for k in cuda.prepare(weight_grad(8192), "sm_90a").kernels
+                                                              if k.out.size == 128 * 768))
+    assert "float acc1[4];" in src and "ember_block_reduce" not in src   # (f32 loads: 4 lanes)
 
 
 def test_embedding_gradient_is_a_scatter() -> None:

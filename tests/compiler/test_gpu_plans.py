@@ -152,10 +152,11 @@ def case(name: str) -> list[ir.Node]:
         return cross_entropy_rows(rows=48, classes=50304)
     if name == "shared_rows":   # a row chain's rows kept in shared memory (merge.row_cache)
         return shared_rows()
-    if name == "layernorm_backward":   # the backward's row sums and maps, one chain
-        outs = layernorm_rows(rows=256)
+    if name in ("layernorm_backward", "layernorm_backward_long"):   # the backward's row sums and maps, one chain
+        rows = 256 if name == "layernorm_backward" else 8192   # long: w's partial sums a thread per column
+        outs = layernorm_rows(rows=rows)
         params = [n for n in ir.toposort(outs) if n.op is Op.PARAM]
-        y = ir.reduce(Op.SUM, ir.binary(Op.MUL, ir.unary(Op.CAST, outs[0], dt.f32), f("dy", (256, 768))), (0, 1))
+        y = ir.reduce(Op.SUM, ir.binary(Op.MUL, ir.unary(Op.CAST, outs[0], dt.f32), f("dy", (rows, 768))), (0, 1))
         return [ir.grad(y, p) for p in params if p.arg in ("x0", "w")]
     raise KeyError(name)
 
@@ -177,7 +178,7 @@ def small_batches() -> list[ir.Node]:
 @pytest.mark.parametrize("name", ["transpose", "permute3d", "matmul", "matmul_epilogue", "softmax_long_rows",
                                   "column_sum_two_stage", "embedding_grad", "small_batches",
                                   "adam_chain", "adam_flipped", "layernorm_rows", "layernorm_shifted",
-                                  "layernorm_backward", "layernorm_odd", "cross_entropy_rows", "cross_entropy_wide",
+                                  "layernorm_backward", "layernorm_backward_long", "layernorm_odd", "cross_entropy_rows", "cross_entropy_wide",
                                   "shared_rows", "short_rows_f32",
                                   "short_rows_bf16"])
 def test_gpu_plan_matches_reference(name: str) -> None:
