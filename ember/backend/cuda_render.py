@@ -135,9 +135,13 @@ class CUDARenderer(CLike):
         # members equal up to their names and buffers (a bias gradient's last stage, one a layer)
         # are one function, called with each member's buffers; not inlined, or NVRTC still
         # compiles every copy (GPT-2's 98 in one launch: 3.2 s, and 0.16 s as 3 functions)
-        cached: set[tuple] = set()   # the cached rows a member has read into shared memory already
-        bodies = [CUDAKernelWriter(self, m, prefix, member=True, threads=threads, shared=shared,
-                                   cache=(dict(plan.cache), cached)).write() for m in plan.members]
+        cached: set[tuple] = set()   # the cached rows an earlier member has put in shared memory
+        bodies = []
+        for m in plan.members:
+            writer = CUDAKernelWriter(self, m, prefix, member=True, threads=threads, shared=shared,
+                                      cache=(dict(plan.cache), frozenset(cached)))
+            bodies.append(writer.write())
+            cached |= writer.storing
         called = kinds(plan.members, bodies)
         shared_by = collections.Counter(called.values())
         members = "".join(body if shared_by[m.name] == 1 else body.replace("__forceinline__", "__noinline__", 1)
@@ -239,13 +243,14 @@ class CUDAKernelWriter(KernelWriter):
     vector_bytes = 16
 
     def __init__(self, r: CLike, k: Kernel, prefix: str = "", member: bool = False, threads: int = 0,
-                 shared: frozenset[int] = frozenset(), cache: tuple[dict, set] | None = None):
+                 shared: frozenset[int] = frozenset(), cache: tuple[dict, frozenset] | None = None):
         """member: a merged kernel's member (merge.py), a device function given its block index;
         threads: a row chain member's block size (the chain's); shared: the buffers the chain's
         members write (read as ordinary memory); cache: the chain's rows kept in shared memory
-        (MergedPlan.cache: key -> byte offset), and those an earlier member read there."""
+        (MergedPlan.cache: key -> byte offset), and those an earlier member stored there."""
         super().__init__(r, k, prefix)
-        self.cache, self.cached = cache or ({}, set())
+        self.cache, self.cached = cache or ({}, frozenset())
+        self.storing: set[tuple] = set()   # the cached rows this member stores
         self.block_scope: Scope | None = None
         self.member, self.threads, self.shared = member, threads or block_size(k), shared
         self.known_threads = not member or bool(threads)
@@ -368,7 +373,8 @@ class CUDAKernelWriter(KernelWriter):
     def cached_row_read(self, n: Node, scope: Scope, vec: Any, key: tuple) -> tuple[Scope, str]:
         """The vectors of a row that the chain keeps in shared memory (MergedPlan.cache): the
         first member to read them reads memory and stores them there, at the same place in the
-        row; later members, after the barrier between members, read them there."""
+        row; later members, after the barrier between members, read them there (the first reads
+        memory again, if again at all: its threads may split the row differently, unsynchronized)."""
         outer = self.target(vec.base, scope)
         first, st, arr = key not in self.cached, self.r.stype(n.dtype), self.var("v")
         terms, _ = sym.linear(vec.base)
@@ -380,12 +386,13 @@ class CUDAKernelWriter(KernelWriter):
             root.lines.insert(0, "extern __shared__ __align__(16) unsigned char ember_rows[];")
             root.cursor += 1
         if first:
-            self.cached.add(key)
             base = self.ref(self.value(vec.base, outer), vec.base)
             parts = [f"*(const {vec.type}*)({a})" for a in vec.addresses(self.operand(n.srcs[0], scope), base)]
             outer.put(f"const {vec.type} {arr}v[{vec.count}] = {{{', '.join(parts)}}};")
-            for c, a in enumerate(vec.addresses(row, at)):
-                outer.put(f"*({vec.type}*)({a}) = {arr}v[{c}];")
+            if key not in self.storing:
+                self.storing.add(key)
+                for c, a in enumerate(vec.addresses(row, at)):
+                    outer.put(f"*({vec.type}*)({a}) = {arr}v[{c}];")
         else:
             parts = [f"*(const {vec.type}*)({a})" for a in vec.addresses(row, at)]
             outer.put(f"const {vec.type} {arr}v[{vec.count}] = {{{', '.join(parts)}}};")
