@@ -4,7 +4,8 @@
 #   here:   rm -rf .ab/base && mkdir -p .ab/base && git archive REV ember bench | tar -x -C .ab/base
 #   device: bash bench/ab_device.sh            (run's carry: [".ab"]; BASE=folder to name another)
 # What it measures, each under a tree's own ember/ and bench/ (a fresh EMBER_CACHE a tree):
-# - GPT-2 124M at B = 16, Ember's bf16 jit step alone: tok/s and the host's Python before the launch;
+# - GPT-2 124M at B = 16 (B=8 etc. to name another), Ember's bf16 jit step alone: tok/s and the
+#   host's Python before the launch;
 # - the course's sm_86 flash kernels at S = 4096, D = 64 and 128, beside FlashAttention-2;
 # - a bias gradient's column sum (bf16 16384 x 768) beside torch.
 # ONLY=step,flash,colsum picks parts.
@@ -22,15 +23,16 @@ run() {   # run TREE LABEL PYTHON-FILE ARGS...: the file in TREE, with its ember
 }
 
 cat > /tmp/ab_step.py <<'EOF'
-import statistics, sys
+import os, statistics, sys
 import numpy as np
 import train_gpu as TG
 from ember.models.gpt import GPTConfig
 c = GPTConfig(vocab=50304, block=1024, dim=768, n_layer=12, n_head=12)
-tokens = np.random.default_rng(0).integers(0, 50304, (4, 16, 1025)).astype(np.int32)
+b = int(os.environ.get("B", "16"))
+tokens = np.random.default_rng(0).integers(0, 50304, (4, b, 1025)).astype(np.int32)
 first, rest, loss, host, launch, _ = TG.ember_steps(c, 30, tokens, "cuda", "bfloat16", True, 0)
 step = statistics.median(rest)
-print(f"{sys.argv[1]} GPT-2 B16: {16 * 1024 / step / 1e3:.1f}k tok/s, step {step * 1e3:.2f} ms, first {first:.1f} s, "
+print(f"{sys.argv[1]} GPT-2 B{b}: {b * 1024 / step / 1e3:.1f}k tok/s, step {step * 1e3:.2f} ms, first {first:.1f} s, "
       f"host {host * 1e3:.2f} ms ({launch * 1e3:.2f} before the launch), loss {loss:.4f}")
 EOF
 cat > /tmp/ab_flash.py <<'EOF'
