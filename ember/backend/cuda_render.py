@@ -64,7 +64,7 @@ class CUDARenderer(CLike):
             return BF16_FMA[n.op].format(*a)
         if n.dtype in (dt.bf16, dt.f16) and n.op in (Op.EXP2, Op.DIV):   # 16-bit results: see the prelude
             return f"ember_ex2({a[0]})" if n.op is Op.EXP2 else f"ember_div16({a[0]}, {a[1]})"
-        if n.op is Op.CAST and n.dtype is dt.bf16 and n.srcs[0].dtype is dt.f32 and n.srcs[0].op in CANONICAL_NAN:
+        if n.op is Op.CAST and n.dtype is dt.bf16 and n.srcs[0].dtype is dt.f32 and _canonical_nan(n.srcs[0]):
             # an f32 result of the GPU's arithmetic: its NaN is the canonical one, which the
             # conversion keeps, so the cast's NaN test (three instructions an element) is not needed
             return f"ember_round_bf16_op({a[0]})"
@@ -166,8 +166,18 @@ class CUDARenderer(CLike):
 
 # f32 ops whose NaN results are the canonical NaN on the GPU (its FADD, FMUL, FFMA and the
 # library's division, exp2f, log2f and sqrtf, built of them), the bits the C backend's rounding
-# writes for it too
+# writes for that NaN too
 CANONICAL_NAN = frozenset([Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.EXP2, Op.LOG2, Op.SQRT])
+
+
+def _canonical_nan(n: Node) -> bool:
+    """Whether n is an op of CANONICAL_NAN that nvcc keeps: not one with a constant operand, which
+    it may fold away with a loaded NaN's bits passing through (x * 1, x + -0)."""
+    def constant(x: Node) -> bool:
+        while x.op is Op.CAST:
+            x = x.srcs[0]
+        return x.op is Op.CONST
+    return n.op in CANONICAL_NAN and not any(constant(s) for s in n.srcs)
 
 BF16_FMA = {Op.ADD: "ember_bf16_fma({0}, 1.0f, {1})", Op.SUB: "ember_bf16_fma({1}, -1.0f, {0})",
             Op.MUL: "ember_bf16_fma({0}, {1}, -0.0f)"}
@@ -356,7 +366,7 @@ class CUDAKernelWriter(KernelWriter):
 
     def vector_read(self, n: Node, scope: Scope, vec: Any) -> tuple[Scope, str]:
         """Reads of a row by a block's unrolled loops are noted for finish (below)."""
-        key = merge.row_part(n, self.k.plan.block) if self.cache else None
+        key = merge.row_part(n, self.k) if self.cache else None
         if key in self.cache:
             return self.cached_row_read(n, scope, vec, key)
         outer, arr = super().vector_read(n, scope, vec)

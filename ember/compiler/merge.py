@@ -289,11 +289,13 @@ def merge_rows(sched: Schedule, chains: list[list[Kernel]], gpu: Target) -> None
 ROW_CACHE_MIN = 64 * 1024
 
 
-def row_part(load: Node, rows: tuple[Node, ...]) -> tuple[int, tuple[int, ...], int, int, int] | None:
-    """A load whose address is the row's start (affine in the row ranges) plus a dense run of
-    the other ranges: (buffer id, the row ranges' coefficients, the constant, the run's length,
-    the element's bytes), the same for every member that reads the same elements of each row;
-    None for any other load. A row's start must keep 16-byte vectors aligned."""
+def row_part(load: Node, k: Kernel) -> tuple | None:
+    """A load of member k (a block per row) whose address is the row's start (affine in the row
+    ranges) plus a dense run of the other ranges, read in 16-byte vectors (its innermost range
+    one of k's lanes, as the renderer's vectors take them): (buffer id, the row ranges'
+    coefficients, the constant, the run's length, the element's bytes, the row ranges' sizes),
+    the same for every member that reads the same elements in each block; else None."""
+    rows = k.plan.block
     if load.op is not Op.LOAD or len(load.srcs) != 2:
         return None
     terms, const = sym.linear(load.srcs[1])
@@ -302,33 +304,34 @@ def row_part(load: Node, rows: tuple[Node, ...]) -> tuple[int, tuple[int, ...], 
     size = load.dtype.itemsize
     at = tuple(terms.get(r, 0) for r in rows)
     run = 1
-    for coef, n in sorted((c, r.arg[1]) for r, c in terms.items() if r not in rows):
-        if coef != run:
+    for coef, r in sorted(((c, r) for r, c in terms.items() if r not in rows), key=lambda cr: cr[0]):
+        if coef != run or (run == 1 and (r not in k.lanes or r.arg[1] * size % 16)):
             return None
-        run *= n
+        run *= r.arg[1]
     if run < 2 or any(c * size % 16 for c in (*at, const)):
         return None
-    return load.srcs[0].arg, at, const, run, size
+    return load.srcs[0].arg, at, const, run, size, tuple(r.arg[1] for r in rows)
 
 
 def row_cache(members: list[Kernel], gpu: Target) -> tuple[tuple[tuple, int], ...]:
     """The rows two or more members read (row_part's keys), at least ROW_CACHE_MIN bytes each,
     and where each sits in the block's dynamic shared memory: as many as fit in half of an SM's,
-    so that two blocks still do (1024-thread blocks: two an SM on Hopper; on the course's
-    sm_86, 100 KB an SM, a cross-entropy row does not fit)."""
+    less the 1 KB the GPU keeps a block and the members' own (reductions: 256 bytes), so that
+    two blocks still do (1024-thread blocks: two an SM on Hopper; on the course's sm_86, 100 KB
+    an SM, a cross-entropy row does not fit)."""
     if any(not isinstance(m.plan, RowPlan) or m.plan.group for m in members):
         return ()
     written = {m.out.id for m in members}
     readers: dict[tuple, set[int]] = {}
     for i, m in enumerate(members):
         for n in toposort([m.store]):
-            key = row_part(n, m.plan.block)
+            key = row_part(n, m)
             if key is not None and key[0] not in written:
                 readers.setdefault(key, set()).add(i)
     cache, at = [], 0
     for key in sorted((key for key, who in readers.items() if len(who) > 1), key=lambda key: -key[3] * key[4]):
         size = -(-key[3] * key[4] // 16) * 16
-        if size >= ROW_CACHE_MIN and at + size <= gpu.smem_sm // 2 - 1024:   # (and the reductions' own)
+        if size >= ROW_CACHE_MIN and at + size <= gpu.smem_sm // 2 - 2048:
             cache.append((key, at))
             at += size
     return tuple(cache)

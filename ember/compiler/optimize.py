@@ -173,16 +173,18 @@ def block_rows(k: Kernel, gpu: Target) -> tuple[list[Node], int] | None:
     prefix = [r for r in k.ranges if r in used]
     if prefix != k.ranges[:len(prefix)]:
         return None
-    # a load that moves along a row but not contiguously (a column sum that also reads a
-    # per-row mean: a layernorm weight's gradient, [128, 768] partial sums of 64 rows) has
-    # a block per output read a 32-byte sector for each element. A thread per output, with
-    # lanes of partial sums, reads the rows coalesced and keeps as many loads in flight where
-    # the outputs times the lanes fill the GPU's resident threads
+    # loads that move along a row but not contiguously, contiguous along the outputs instead (a
+    # column sum that also reads a per-row mean: a layernorm weight's gradient, [128, 768] partial
+    # sums of 64 rows) have a block per output read a 32-byte sector for each element. A thread
+    # per output, with lanes of partial sums, reads them coalesced and keeps as many loads in
+    # flight where the outputs times the lanes fill the GPU's resident threads. (A strided load
+    # the outputs share, a small table's column, leaves the rows to their blocks.)
     lasts = {n.arg[1][-1] for n in top}
-    strided = any(stride(ld, r) not in (0, 1) for n in top for ld in toposort([n.srcs[0]]) if ld.op is Op.LOAD
-                  for r in lasts)
+    strided = [ld for n in top for ld in toposort([n.srcs[0]]) if ld.op is Op.LOAD
+               if any(stride(ld, r) not in (0, 1) for r in lasts)]
     outputs = math.prod(r.arg[1] for r in k.ranges)
-    if strided and outputs * gpu_lanes(k) >= gpu.sms * gpu.threads_sm:
+    if strided and all(stride(ld, k.ranges[-1]) == 1 for ld in strided) and \
+            outputs * gpu_lanes(k) >= gpu.sms * gpu.threads_sm:
         return None
     if outputs < gpu.min_threads or max(math.prod(r.arg[1] for r in n.arg[1]) for n in top) > SHORT_ROW:
         return prefix, 0

@@ -121,6 +121,12 @@ def test_a_column_sum_that_reads_per_row_statistics_reads_its_rows_coalesced() -
     src = cuda.CUDARenderer(gpu("sm_90a")).render_kernel(next(k for k in cuda.prepare(weight_grad(8192), "sm_90a").kernels
                                                               if k.out.size == 128 * 768))
     assert "float acc1[4];" in src and "ember_block_reduce" not in src   # (f32 loads: 4 lanes)
+    # a row's dot with a small table's column, strided along the row and the same for every
+    # output, keeps a block per row (a thread per row would read the rows 4 KB apart)
+    x, w = ir.param("x", dt.f32, (131072, 1024)), ir.param("w", dt.f32, (1024, 4))
+    column = ir.expand(ir.reshape(ir.shrink(w, (0, 0), (1024, 1)), (1, 1024)), x.shape)
+    (k,) = cuda.prepare([ir.reduce(Op.SUM, ir.binary(Op.MUL, x, column), (1,))], "sm_90a").kernels
+    assert isinstance(k.plan, RowPlan)
 
 
 def test_embedding_gradient_is_a_scatter() -> None:
@@ -381,6 +387,25 @@ def test_a_long_row_that_several_members_read_is_read_from_memory_once(tmp_path:
             assert len(lines) == n, (arch, b, lines)
         if COMPILER == "nvcc":
             assert compile_cuda(src, arch, tmp_path) is None
+    # no cache where a later member's block is another row of x (members splitting x's 96 rows
+    # as 6 x 8 and 3 x 16: block 8 is row 16 for one and row 8 for the other), nor where the
+    # row's loads stay scalar (rows of 16387 f32, which no vector divides)
+    x = ir.param("x", dt.f32, (96, 16384))
+    first = ir.reduce(Op.RMAX, ir.shrink(ir.reshape(x, (6, 16, 16384)), (0, 0, 0), (6, 8, 16384)), (2,))
+    second = ir.reduce(Op.SUM, ir.binary(Op.SUB, ir.reshape(ir.shrink(x, (0, 0), (48, 16384)), (3, 16, 16384)),
+                                         ir.expand(ir.reshape(first, (3, 16, 1)), (3, 16, 16384))), (2,))
+    y = ir.shrink(ir.param("y", dt.f32, (32, 16388)), (0, 0), (32, 16387))
+    for outputs in ([first, second], softmax_rows(y)):
+        (k,) = [k for k in cuda.prepare(outputs, "sm_90a").kernels if isinstance(k.plan, MergedPlan) and k.plan.rows]
+        assert k.plan.cache == () and cuda.launch_config(k, gpu("sm_90a"))[2] == 0
+
+
+def softmax_rows(x: "ir.Node") -> list:
+    """A softmax over x's rows whose max and sum are outputs too: three members of a row chain."""
+    mx = ir.reduce(Op.RMAX, x, (1,))
+    e = ir.unary(Op.EXP2, ir.binary(Op.SUB, x, ir.expand(mx, x.shape)))
+    s = ir.reduce(Op.SUM, e, (1,))
+    return [ir.binary(Op.DIV, e, ir.expand(s, x.shape)), mx, s]
 
 
 def test_many_short_rows_take_a_group_of_a_warps_threads_each(tmp_path: Path) -> None:
@@ -487,5 +512,7 @@ def test_an_op_result_stored_as_bf16_is_converted_once() -> None:
     assert re.search(r"float (t\d+) = \(t\d+ / t\d+\);", src) and "ember_round_bf16_op(" in src
     (stored,) = re.findall(r"= ember_bf16_bits_op\((t\d+)\);", src)
     assert f"float {stored} = (t" in src and "ember_f32_to_bf16_bits(" not in src.split("extern")[-1]
-    src = cuda.source(text.parse("ember 1\nx = param f32[64,256]\nz = cast x dtype=bf16\nreturn z\n").output_nodes, "sm_90a")
-    assert "ember_f32_to_bf16_bits(" in src.split("extern")[-1] and "ember_bf16_bits_op(" not in src.split("extern")[-1]
+    for body in ("z = cast x dtype=bf16", "o = const 1.0 bf16[64,256]\nf = cast o dtype=f32\ny = mul x f\nz = cast y dtype=bf16"):
+        # a loaded value, and an op nvcc may fold away with it (x * 1: the loaded NaN passes through)
+        src = cuda.source(text.parse(f"ember 1\nx = param f32[64,256]\n{body}\nreturn z\n").output_nodes, "sm_90a")
+        assert "ember_f32_to_bf16_bits(" in src.split("extern")[-1] and "ember_bf16_bits_op(" not in src.split("extern")[-1]
