@@ -179,6 +179,7 @@ def _canonical_nan(n: Node) -> bool:
         return x.op is Op.CONST
     return n.op in CANONICAL_NAN and not any(constant(s) for s in n.srcs)
 
+
 BF16_FMA = {Op.ADD: "ember_bf16_fma({0}, 1.0f, {1})", Op.SUB: "ember_bf16_fma({1}, -1.0f, {0})",
             Op.MUL: "ember_bf16_fma({0}, {1}, -0.0f)"}
 
@@ -390,7 +391,6 @@ class CUDAKernelWriter(KernelWriter):
         terms, _ = sym.linear(vec.base)
         within = sym.build({r: c for r, c in terms.items() if r not in self.k.plan.block}, 0, vec.base.dtype)
         row = f"(({'' if first else 'const '}{st}*)(ember_rows + {self.cache[key]}))"
-        at = self.ref(self.value(within, outer), within)
         if not any(isinstance(line, str) and "ember_rows[]" in line for line in scope.chain()[0].lines):
             root = scope.chain()[0]
             root.lines.insert(0, "extern __shared__ __align__(16) unsigned char ember_rows[];")
@@ -401,9 +401,11 @@ class CUDAKernelWriter(KernelWriter):
             outer.put(f"const {vec.type} {arr}v[{vec.count}] = {{{', '.join(parts)}}};")
             if key not in self.storing:
                 self.storing.add(key)
+                at = self.ref(self.value(within, outer), within)
                 for c, a in enumerate(vec.addresses(row, at)):
                     outer.put(f"*({vec.type}*)({a}) = {arr}v[{c}];")
         else:
+            at = self.ref(self.value(within, outer), within)
             parts = [f"*(const {vec.type}*)({a})" for a in vec.addresses(row, at)]
             outer.put(f"const {vec.type} {arr}v[{vec.count}] = {{{', '.join(parts)}}};")
         outer.put(f"const {st}* {arr} = (const {st}*){arr}v;")
