@@ -3,7 +3,7 @@ buffers hold, its FLOPs and the time those take at the H200's limits (4.0 TB/s, 
 dense bf16 tensor cores): the least the schedule could run in, and where its bytes go. No GPU
 needed; compare with EMBER_PROFILE=1 on one.
 
-    python3 bench/step_kernels.py [--layers 1] [--batch 16] [--top 40] [--show k123,k456] [--units 16]
+    python3 bench/step_kernels.py [--layers 1] [--batch 16] [--top 40] [--show k123,k456] [--units 16] [--lint]
 
 --units N: the step's compile units as N cores would split them (cuda_render.render_units),
 compiled by NVRTC one after another (a fresh EMBER_CACHE, or the cubins come from disk): each
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ember import optim  # noqa: E402
 from ember import tensor as T  # noqa: E402
-from ember.backend import cuda  # noqa: E402
+from ember.backend import cuda, cuda_render  # noqa: E402
 from ember.compiler.schedule import Schedule  # noqa: E402
 from ember.models.gpt import GPTConfig, build  # noqa: E402
 
@@ -42,6 +42,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--show", default="", help="comma-separated kernel names whose CUDA source to print")
     ap.add_argument("--units", type=int, default=0, help="time NVRTC on the units N cores would compile")
+    ap.add_argument("--lint", action="store_true",
+                    help="list the kernels that read a buffer of 1 MB or more scattered across a warp's threads")
     args = ap.parse_args()
     T.manual_seed(0)
     model = build(GPTConfig(vocab=args.vocab, block=args.block, dim=args.dim, n_layer=args.layers,
@@ -71,6 +73,12 @@ def main() -> None:
     print(f"{'ms':>7s}  {'kernel':8s} {'output':30s} {'kind':11s} {'MB':>8s} {'GFLOP':>8s} reads")
     for ms, name, out, what, nbytes, flops, reads in rows[:args.top]:
         print(f"{ms:7.3f}  {name:8s} {out:30s} {what:11s} {nbytes / 1e6:8.1f} {flops / 1e9:8.1f} {reads:5d}")
+    if args.lint:   # (cuda_render.scattered_loads: a 32-byte sector for each thread's element)
+        size = {b.id: b.nbytes for k in sched.kernels for b in k.args}
+        for k in sched.kernels:
+            for b in {ld.srcs[0].arg for ld in cuda_render.scattered_loads(k)}:
+                if size[b] >= 1 << 20:
+                    print(f"scattered: {k.name} ({k.plan}) reads b{b} ({size[b] / 1e6:.1f} MB)")
     for k in sched.kernels:
         if k.name in args.show.split(","):
             print(cuda.render(dataclasses.replace(sched, kernels=[k])))

@@ -29,8 +29,8 @@ from ..compiler import merge
 from ..compiler import symbolic as sym
 from ..compiler.attention import FlashPlan
 from ..compiler.contraction import GpuPlan
-from ..compiler.loops import MergedPlan, RowPlan, TilePlan
-from ..compiler.lower import Kernel
+from ..compiler.loops import MergedPlan, RowPlan, ThreadPlan, TilePlan
+from ..compiler.lower import Kernel, enclosing_reduces
 from ..compiler.rewrite import substitute
 from ..compiler.schedule import Schedule
 from ..dtype import DType
@@ -220,6 +220,43 @@ def block_size(k: Kernel) -> int:
         steps = max((math.prod(r.arg[1] for r in n.arg[1] if r not in k.lanes) for n in reduces), default=0)
         return min(BLOCK, max(64, 1 << max(0, (steps // 2).bit_length() - 1)))
     return BLOCK
+
+
+def scattered_loads(k: Kernel) -> list[Node]:
+    """The loads of a thread-per-output or block-per-row kernel (a merged one's members') whose
+    neighbouring threads of a warp read more than 16 bytes apart beyond the run each reads
+    itself (its lanes): each thread's element then takes a 32-byte sector of its own (a block
+    per output summing a column: 64 threads, 64 rows). Addresses not affine along the threads
+    (a head's rows gathered by i / 8 and i % 8) are not judged. For `bench/step_kernels.py` and
+    the test that no GPT-2 step reads a large buffer so."""
+    from ..compiler.optimize import stride
+    if isinstance(k.plan, MergedPlan):
+        return [ld for m in k.plan.members for ld in scattered_loads(m)]
+    out = []
+    for ld, apart in warp_strides(k):
+        run = math.prod(r.arg[1] for r in k.lanes if stride(ld, r) == 1)
+        if apart is not None and abs(apart) > run and abs(apart) * ld.dtype.itemsize > 16:
+            out.append(ld)
+    return out
+
+
+def warp_strides(k: Kernel) -> list[tuple[Node, int | None]]:
+    """Each load of a thread-per-output or block-per-row kernel, and how many elements apart
+    neighbouring threads of a warp read it: 0 the same element, None not affine."""
+    from ..compiler.optimize import stride
+    if not isinstance(k.plan, (ThreadPlan, RowPlan)):
+        return []
+    rows = k.plan.block if isinstance(k.plan, RowPlan) else ()
+    outer = [r for r in k.ranges if r not in rows and r not in k.lanes]
+    fast = {}   # load -> the range neighbouring threads take in turn
+    if isinstance(k.plan, RowPlan):   # a reduction's loads: its last range, strided over the threads
+        nested = enclosing_reduces(k.store)
+        for n in toposort([k.store]):
+            if n.op is Op.REDUCE and n not in nested and (own := [r for r in n.arg[1] if r not in k.lanes]):
+                fast.update((ld, own[-1]) for ld in toposort([n.srcs[0]]) if ld.op is Op.LOAD)
+    loads = [n for n in toposort([k.store]) if n.op is Op.LOAD]
+    return [(ld, stride(ld, r) if (r := fast.get(ld, outer[-1] if outer else None)) is not None else 0)
+            for ld in loads]
 
 
 GRID_YZ = 65535   # the most blocks a grid has along y and along z (x: 2^31 - 1)

@@ -175,16 +175,18 @@ def block_rows(k: Kernel, gpu: Target) -> tuple[list[Node], int] | None:
         return None
     # loads that move along a row but not contiguously, contiguous along the outputs instead (a
     # column sum that also reads a per-row mean: a layernorm weight's gradient, [128, 768] partial
-    # sums of 64 rows) have a block per output read a 32-byte sector for each element. A thread
-    # per output, with lanes of partial sums, reads them coalesced and keeps as many loads in
-    # flight where the outputs times the lanes fill the GPU's resident threads. (A strided load
-    # the outputs share, a small table's column, leaves the rows to their blocks.)
+    # sums of 64 rows) have a block per output read a 32-byte sector for each element: 8 to 16
+    # times the bytes. A thread per output, with lanes of partial sums, reads them coalesced, in
+    # rounds of the memory's latency: the better where the outputs times the lanes reach about
+    # a quarter of the GPU's resident threads (the bytes in flight that hide the latency, over the
+    # 32 a sector costs); 768 outputs alone keep their blocks. (A strided load the outputs share,
+    # a small table's column, leaves the rows to their blocks.)
     lasts = {n.arg[1][-1] for n in top}
     strided = [ld for n in top for ld in toposort([n.srcs[0]]) if ld.op is Op.LOAD
                if any(stride(ld, r) not in (0, 1) for r in lasts)]
     outputs = math.prod(r.arg[1] for r in k.ranges)
     if strided and all(stride(ld, k.ranges[-1]) == 1 for ld in strided) and \
-            outputs * gpu_lanes(k) >= gpu.sms * gpu.threads_sm:
+            outputs * gpu_lanes(k) >= gpu.sms * gpu.threads_sm // 4:
         return None
     if outputs < gpu.min_threads or max(math.prod(r.arg[1] for r in n.arg[1]) for n in top) > SHORT_ROW:
         return prefix, 0

@@ -129,6 +129,26 @@ def test_a_column_sum_that_reads_per_row_statistics_reads_its_rows_coalesced() -
     assert isinstance(k.plan, RowPlan)
 
 
+@pytest.mark.parametrize("batch, dim, block, arch", [(2, 768, 1024, "gpt"), (8, 768, 1024, "gpt"),
+                                                    (32, 768, 1024, "gpt"), (8, 768, 1024, "llama"), (4, 1024, 512, "gpt")])
+def test_no_training_step_reads_a_large_buffer_scattered(batch: int, dim: int, block: int, arch: str) -> None:
+    """Training steps of shapes no benchmark runs: no kernel reads a buffer of 1 MB or more with
+    neighbouring threads more than 16 bytes apart (cuda_render.scattered_loads; at GPT-2 B8 the
+    layernorm weights' gradients did, 25 launches at a quarter of the memory's rate)."""
+    from ember import optim
+    from ember import tensor as T
+    from ember.models.gpt import GPTConfig, build
+    from ember.train import step_program
+    T.manual_seed(0)
+    model = build(GPTConfig(vocab=50304, block=block, dim=dim, n_layer=1, n_head=dim // 64, arch=arch))
+    outputs, _, _ = step_program(model, optim.AdamW(model.parameters(), lr=1e-3), batch, block, T.autocast("bfloat16"))
+    sched = cuda.prepare(outputs, "sm_90a")
+    size = {b.id: b.nbytes for k in sched.kernels for b in k.args}
+    scattered = [(k.name, str(k.plan), ld.srcs[0].arg) for k in sched.kernels for ld in cuda_render.scattered_loads(k)
+                 if size[ld.srcs[0].arg] >= 1 << 20]
+    assert not scattered, scattered
+
+
 def test_embedding_gradient_is_a_scatter() -> None:
     from .test_gpu_plans import embedding_grad
     kernels = cuda.prepare([embedding_grad()], "sm_90a").kernels
