@@ -29,7 +29,7 @@ from ..compiler import merge
 from ..compiler import symbolic as sym
 from ..compiler.attention import FlashPlan
 from ..compiler.contraction import GpuPlan
-from ..compiler.loops import MergedPlan, RowPlan, ThreadPlan, TilePlan
+from ..compiler.loops import MergedPlan, RowPart, RowPlan, ThreadPlan, TilePlan
 from ..compiler.lower import Kernel, enclosing_reduces
 from ..compiler.rewrite import substitute
 from ..compiler.schedule import Schedule
@@ -135,7 +135,7 @@ class CUDARenderer(CLike):
         # members equal up to their names and buffers (a bias gradient's last stage, one a layer)
         # are one function, called with each member's buffers; not inlined, or NVRTC still
         # compiles every copy (GPT-2's 98 in one launch: 3.2 s, and 0.16 s as 3 functions)
-        cached: set[tuple] = set()   # the cached rows an earlier member has put in shared memory
+        cached: set[RowPart] = set()   # the cached rows an earlier member has put in shared memory
         bodies = []
         for m in plan.members:
             writer = CUDAKernelWriter(self, m, prefix, member=True, threads=threads, shared=shared,
@@ -298,7 +298,7 @@ class CUDAKernelWriter(KernelWriter):
         (MergedPlan.cache: key -> byte offset), and those an earlier member stored there."""
         super().__init__(r, k, prefix)
         self.cache, self.cached = cache or ({}, frozenset())
-        self.storing: set[tuple] = set()   # the cached rows this member stores
+        self.storing: set[RowPart] = set()   # the cached rows this member stores
         self.block_scope: Scope | None = None
         self.member, self.threads, self.shared = member, threads or block_size(k), shared
         self.known_threads = not member or bool(threads)
@@ -404,9 +404,9 @@ class CUDAKernelWriter(KernelWriter):
 
     def vector_read(self, n: Node, scope: Scope, vec: Any) -> tuple[Scope, str]:
         """Reads of a row by a block's unrolled loops are noted for finish (below)."""
-        key = merge.row_part(n, self.k) if self.cache else None
-        if key in self.cache:
-            return self.cached_row_read(n, scope, vec, key)
+        part = merge.row_part(n, self.k) if self.cache else None
+        if part in self.cache:
+            return self.cached_row_read(n, scope, vec, part)
         outer, arr = super().vector_read(n, scope, vec)
         loop = next(iter(outer.avail - outer.parent.avail), None) if outer.parent is not None else None
         if loop in self.unrolled and len(n.srcs) == 2 and n.srcs[0].arg != self.k.out.id and n.dtype.itemsize >= 4:
@@ -418,16 +418,16 @@ class CUDAKernelWriter(KernelWriter):
             self.row_reads.setdefault(key, []).append((outer, outer.lines[outer.cursor - 2], f"{arr}v", j, vec.type))
         return outer, arr
 
-    def cached_row_read(self, n: Node, scope: Scope, vec: Any, key: tuple) -> tuple[Scope, str]:
+    def cached_row_read(self, n: Node, scope: Scope, vec: Any, part: RowPart) -> tuple[Scope, str]:
         """The vectors of a row that the chain keeps in shared memory (MergedPlan.cache): the
         first member to read them reads memory and stores them there, at the same place in the
         row; later members, after the barrier between members, read them there (the first reads
         memory again, if again at all: its threads may split the row differently, unsynchronized)."""
         outer = self.target(vec.base, scope)
-        first, st, arr = key not in self.cached, self.r.stype(n.dtype), self.var("v")
+        first, st, arr = part not in self.cached, self.r.stype(n.dtype), self.var("v")
         terms, _ = sym.linear(vec.base)
         within = sym.build({r: c for r, c in terms.items() if r not in self.k.plan.block}, 0, vec.base.dtype)
-        row = f"(({'' if first else 'const '}{st}*)(ember_rows + {self.cache[key]}))"
+        row = f"(({'' if first else 'const '}{st}*)(ember_rows + {self.cache[part]}))"
         if not any(isinstance(line, str) and "ember_rows[]" in line for line in scope.chain()[0].lines):
             root = scope.chain()[0]
             root.lines.insert(0, "extern __shared__ __align__(16) unsigned char ember_rows[];")
@@ -436,8 +436,8 @@ class CUDAKernelWriter(KernelWriter):
             base = self.ref(self.value(vec.base, outer), vec.base)
             parts = [f"*(const {vec.type}*)({a})" for a in vec.addresses(self.operand(n.srcs[0], scope), base)]
             outer.put(f"const {vec.type} {arr}v[{vec.count}] = {{{', '.join(parts)}}};")
-            if key not in self.storing:
-                self.storing.add(key)
+            if part not in self.storing:
+                self.storing.add(part)
                 at = self.ref(self.value(within, outer), within)
                 for c, a in enumerate(vec.addresses(row, at)):
                     outer.put(f"*({vec.type}*)({a}) = {arr}v[{c}];")

@@ -79,6 +79,22 @@ class TilePlan:
 
 
 @dataclass(frozen=True)
+class RowPart:
+    """The same elements of each block's row that a row chain's member loads (merge.row_part):
+    the address is the row's start, affine in the row ranges, plus a dense run."""
+    buffer: int             # its buffer's id
+    rows: tuple[int, ...]   # the row ranges' coefficients in the address
+    const: int              # the address's constant
+    run: int                # the run's length, in elements
+    size: int               # an element's bytes
+    extents: tuple[int, ...]   # the row ranges' sizes (members that split the rows alike)
+
+    @property
+    def nbytes(self) -> int:   # (its room in shared memory: whole 16-byte vectors)
+        return -(-self.run * self.size // 16) * 16
+
+
+@dataclass(frozen=True)
 class MergedPlan:
     """GPU: kernels run as one launch (merge.py), each member its own thread-per-output kernel:
     block by block (small kernels), or, `together`, each thread running every member in turn
@@ -89,15 +105,15 @@ class MergedPlan:
     together: bool = False
     rows: bool = False
     # rows: the rows that several members read, each kept in shared memory by the first that
-    # reads it (merge.row_cache): ((merge.row_part's key, its byte offset), ...)
-    cache: tuple = ()
+    # reads it (merge.row_cache): ((RowPart, its byte offset), ...)
+    cache: tuple[tuple[RowPart, int], ...] = ()
 
     @property
     def cache_bytes(self) -> int:
-        return sum(-(-key[3] * key[4] // 16) * 16 for key, _ in self.cache)
+        return sum(part.nbytes for part, _ in self.cache)
 
     def __str__(self) -> str:
         how = "a block per row" if self.rows else "in the same threads" if self.together else "in one launch"
-        cached = f"; rows of {', '.join(f'b{key[0]}' for key, _ in self.cache)} in shared memory " \
+        cached = f"; rows of {', '.join(f'b{part.buffer}' for part, _ in self.cache)} in shared memory " \
                  f"({self.cache_bytes / 1024:.1f} KB)" if self.cache else ""
         return f"{len(self.members)} kernels {how}: {', '.join(m.name for m in self.members)}{cached}"

@@ -35,7 +35,7 @@ from typing import Callable
 from ..ir import Node, Op, toposort
 from ..target import Target
 from . import symbolic as sym
-from .loops import MergedPlan, RowPlan, ThreadPlan
+from .loops import MergedPlan, RowPart, RowPlan, ThreadPlan
 from .lower import Buffer, Kernel, _unflatten, flat_index
 from .rewrite import substitute
 from .schedule import Schedule, reads_in_place
@@ -284,17 +284,15 @@ def merge_rows(sched: Schedule, chains: list[list[Kernel]], gpu: Target) -> None
 # the second reading. A row too long for that (a GPT-2 cross-entropy's 50304 bf16 logits, 100 KB:
 # read by the max, the sum of exponentials and the gradient, the second and third time from L2)
 # is kept in shared memory by the first member that reads it, and the others read it there.
-# bytes: shorter rows are left to the SM's L1 (a layernorm's; 32 KB f32 rows, two blocks an SM on
-# Hopper, were not measured either way)
+# Rows under ROW_CACHE_MIN bytes are left to the SM's L1 (a layernorm's; 32 KB f32 rows, two
+# blocks an SM on Hopper, were not measured either way).
 ROW_CACHE_MIN = 64 * 1024
 
 
-def row_part(load: Node, k: Kernel) -> tuple | None:
-    """A load of member k (a block per row) whose address is the row's start (affine in the row
-    ranges) plus a dense run of the other ranges, read in 16-byte vectors (its innermost range
-    one of k's lanes, as the renderer's vectors take them): (buffer id, the row ranges'
-    coefficients, the constant, the run's length, the element's bytes, the row ranges' sizes),
-    the same for every member that reads the same elements in each block; else None."""
+def row_part(load: Node, k: Kernel) -> RowPart | None:
+    """The part of each block's row that a load of member k (a block per row) reads, where its
+    address is the row's start plus a dense run of the other ranges read in 16-byte vectors (its
+    innermost range one of k's lanes, as the renderer's vectors take them); else None."""
     rows = k.plan.block
     if load.op is not Op.LOAD or len(load.srcs) != 2:
         return None
@@ -310,11 +308,11 @@ def row_part(load: Node, k: Kernel) -> tuple | None:
         run *= r.arg[1]
     if run < 2 or any(c * size % 16 for c in (*at, const)):
         return None
-    return load.srcs[0].arg, at, const, run, size, tuple(r.arg[1] for r in rows)
+    return RowPart(load.srcs[0].arg, at, const, run, size, tuple(r.arg[1] for r in rows))
 
 
-def row_cache(members: list[Kernel], gpu: Target) -> tuple[tuple[tuple, int], ...]:
-    """The rows two or more members read (row_part's keys), at least ROW_CACHE_MIN bytes each,
+def row_cache(members: list[Kernel], gpu: Target) -> tuple[tuple[RowPart, int], ...]:
+    """The rows two or more members read (row_part), at least ROW_CACHE_MIN bytes each,
     and where each sits in the block's dynamic shared memory: as many as fit in half of an SM's,
     less the 1 KB the GPU keeps a block and the members' own (reductions: 256 bytes), so that
     two blocks still do (1024-thread blocks: two an SM on Hopper; on the course's sm_86, 100 KB
@@ -322,18 +320,17 @@ def row_cache(members: list[Kernel], gpu: Target) -> tuple[tuple[tuple, int], ..
     if any(not isinstance(m.plan, RowPlan) or m.plan.group for m in members):
         return ()
     written = {m.out.id for m in members}
-    readers: dict[tuple, set[int]] = {}
+    readers: dict[RowPart, set[int]] = {}
     for i, m in enumerate(members):
         for n in toposort([m.store]):
-            key = row_part(n, m)
-            if key is not None and key[0] not in written:
-                readers.setdefault(key, set()).add(i)
+            part = row_part(n, m)
+            if part is not None and part.buffer not in written:
+                readers.setdefault(part, set()).add(i)
     cache, at = [], 0
-    for key in sorted((key for key, who in readers.items() if len(who) > 1), key=lambda key: -key[3] * key[4]):
-        size = -(-key[3] * key[4] // 16) * 16
-        if size >= ROW_CACHE_MIN and at + size <= gpu.smem_sm // 2 - 2048:
-            cache.append((key, at))
-            at += size
+    for part in sorted((p for p, who in readers.items() if len(who) > 1), key=lambda p: -p.nbytes):
+        if part.nbytes >= ROW_CACHE_MIN and at + part.nbytes <= gpu.smem_sm // 2 - 2048:
+            cache.append((part, at))
+            at += part.nbytes
     return tuple(cache)
 
 
