@@ -31,6 +31,7 @@ from ..compiler.attention import FlashPlan
 from ..compiler.contraction import GpuPlan
 from ..compiler.loops import MergedPlan, RowPart, RowPlan, ThreadPlan, TilePlan
 from ..compiler.lower import Kernel, enclosing_reduces
+from ..compiler.optimize import stride
 from ..compiler.rewrite import substitute
 from ..compiler.schedule import Schedule
 from ..dtype import DType
@@ -135,13 +136,14 @@ class CUDARenderer(CLike):
         # members equal up to their names and buffers (a bias gradient's last stage, one a layer)
         # are one function, called with each member's buffers; not inlined, or NVRTC still
         # compiles every copy (GPT-2's 98 in one launch: 3.2 s, and 0.16 s as 3 functions)
-        cached: set[RowPart] = set()   # the cached rows an earlier member has put in shared memory
+        offsets = dict(plan.cache)   # the rows kept in shared memory, and where
+        stored: set[RowPart] = set()   # those an earlier member has put there
         bodies = []
         for m in plan.members:
             writer = CUDAKernelWriter(self, m, prefix, member=True, threads=threads, shared=shared,
-                                      cache=(dict(plan.cache), frozenset(cached)))
+                                      cache=offsets, stored=frozenset(stored))
             bodies.append(writer.write())
-            cached |= writer.storing
+            stored |= writer.storing
         called = kinds(plan.members, bodies)
         shared_by = collections.Counter(called.values())
         members = "".join(body if shared_by[m.name] == 1 else body.replace("__forceinline__", "__noinline__", 1)
@@ -229,7 +231,6 @@ def scattered_loads(k: Kernel) -> list[Node]:
     per output summing a column: 64 threads, 64 rows). Addresses not affine along the threads
     (a head's rows gathered by i / 8 and i % 8) are not judged. For `bench/step_kernels.py` and
     the test that no GPT-2 step reads a large buffer so."""
-    from ..compiler.optimize import stride
     if isinstance(k.plan, MergedPlan):
         return [ld for m in k.plan.members for ld in scattered_loads(m)]
     out = []
@@ -243,7 +244,6 @@ def scattered_loads(k: Kernel) -> list[Node]:
 def warp_strides(k: Kernel) -> list[tuple[Node, int | None]]:
     """Each load of a thread-per-output or block-per-row kernel, and how many elements apart
     neighbouring threads of a warp read it: 0 the same element, None not affine."""
-    from ..compiler.optimize import stride
     if not isinstance(k.plan, (ThreadPlan, RowPlan)):
         return []
     rows = k.plan.block if isinstance(k.plan, RowPlan) else ()
@@ -291,14 +291,16 @@ class CUDAKernelWriter(KernelWriter):
     vector_bytes = 16
 
     def __init__(self, r: CLike, k: Kernel, prefix: str = "", member: bool = False, threads: int = 0,
-                 shared: frozenset[int] = frozenset(), cache: tuple[dict, frozenset] | None = None):
+                 shared: frozenset[int] = frozenset(), cache: dict[RowPart, int] | None = None,
+                 stored: frozenset[RowPart] = frozenset()):
         """member: a merged kernel's member (merge.py), a device function given its block index;
         threads: a row chain member's block size (the chain's); shared: the buffers the chain's
         members write (read as ordinary memory); cache: the chain's rows kept in shared memory
-        (MergedPlan.cache: key -> byte offset), and those an earlier member stored there."""
+        and their byte offsets (MergedPlan.cache); stored: those an earlier member stored there."""
         super().__init__(r, k, prefix)
-        self.cache, self.cached = cache or ({}, frozenset())
+        self.cache, self.stored = cache or {}, stored
         self.storing: set[RowPart] = set()   # the cached rows this member stores
+        self.rows_declared = False   # the dynamic shared memory's declaration, put once
         self.block_scope: Scope | None = None
         self.member, self.threads, self.shared = member, threads or block_size(k), shared
         self.known_threads = not member or bool(threads)
@@ -424,12 +426,12 @@ class CUDAKernelWriter(KernelWriter):
         row; later members, after the barrier between members, read them there (the first reads
         memory again, if again at all: its threads may split the row differently, unsynchronized)."""
         outer = self.target(vec.base, scope)
-        first, st, arr = part not in self.cached, self.r.stype(n.dtype), self.var("v")
+        first, st, arr = part not in self.stored, self.r.stype(n.dtype), self.var("v")
         terms, _ = sym.linear(vec.base)
         within = sym.build({r: c for r, c in terms.items() if r not in self.k.plan.block}, 0, vec.base.dtype)
         row = f"(({'' if first else 'const '}{st}*)(ember_rows + {self.cache[part]}))"
-        if not any(isinstance(line, str) and "ember_rows[]" in line for line in scope.chain()[0].lines):
-            root = scope.chain()[0]
+        if not self.rows_declared:
+            self.rows_declared, root = True, scope.chain()[0]
             root.lines.insert(0, "extern __shared__ __align__(16) unsigned char ember_rows[];")
             root.cursor += 1
         if first:
