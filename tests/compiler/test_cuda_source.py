@@ -387,7 +387,7 @@ def test_a_long_row_that_several_members_read_is_read_from_memory_once(tmp_path:
     (x beside y in shared_rows, a layernorm's 768), left to the SM's L1."""
     from ember.compiler.loops import MergedPlan
 
-    from .test_gpu_plans import cross_entropy_rows, layernorm_rows, shared_rows
+    from .test_gpu_plans import cross_entropy_rows, layernorm_rows, shared_rows, softmax_rows
     wide = cross_entropy_rows(rows=48, classes=50304)
     # (outputs, arch, the shared memory asked for, param -> lines reading it from memory)
     cases = [(wide, "sm_90a", 50304 * 2, {}), (wide, "sm_86", 0, {}),
@@ -418,14 +418,6 @@ def test_a_long_row_that_several_members_read_is_read_from_memory_once(tmp_path:
     for outputs in ([first, second], softmax_rows(y)):
         (k,) = [k for k in cuda.prepare(outputs, "sm_90a").kernels if isinstance(k.plan, MergedPlan) and k.plan.rows]
         assert k.plan.cache == () and cuda.launch_config(k, gpu("sm_90a"))[2] == 0
-
-
-def softmax_rows(x: "ir.Node") -> list:
-    """A softmax over x's rows whose max and sum are outputs too: three members of a row chain."""
-    mx = ir.reduce(Op.RMAX, x, (1,))
-    e = ir.unary(Op.EXP2, ir.binary(Op.SUB, x, ir.expand(mx, x.shape)))
-    s = ir.reduce(Op.SUM, e, (1,))
-    return [ir.binary(Op.DIV, e, ir.expand(s, x.shape)), mx, s]
 
 
 def test_many_short_rows_take_a_group_of_a_warps_threads_each(tmp_path: Path) -> None:

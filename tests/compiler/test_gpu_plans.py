@@ -97,11 +97,16 @@ def shared_rows(rows: int = 64, width: int = 20000) -> list[ir.Node]:
     each reading a row of both params, x in bf16 (40 KB) and y in f32 (80 KB). On sm_90a y's
     rows are kept in shared memory (merge.row_cache); x's are left to the SM's L1."""
     x, y = ir.param("x", dt.bf16, (rows, width)), ir.param("y", dt.f32, (rows, width))
-    z = ir.binary(Op.MUL, ir.unary(Op.CAST, x, dt.f32), y)
-    mx = ir.reduce(Op.RMAX, z, (1,))
-    e = ir.unary(Op.EXP2, ir.binary(Op.SUB, z, ir.expand(mx, z.shape)))
+    p, mx, s = softmax_rows(ir.binary(Op.MUL, ir.unary(Op.CAST, x, dt.f32), y))
+    return [ir.unary(Op.CAST, p, dt.bf16), mx, s]
+
+
+def softmax_rows(x: ir.Node) -> list[ir.Node]:
+    """A softmax over x's rows whose max and sum are outputs too: three members of a row chain."""
+    mx = ir.reduce(Op.RMAX, x, (1,))
+    e = ir.unary(Op.EXP2, ir.binary(Op.SUB, x, ir.expand(mx, x.shape)))
     s = ir.reduce(Op.SUM, e, (1,))
-    return [ir.unary(Op.CAST, ir.binary(Op.DIV, e, ir.expand(s, z.shape)), dt.bf16), mx, s]
+    return [ir.binary(Op.DIV, e, ir.expand(s, x.shape)), mx, s]
 
 
 def short_rows(dtype: dt.DType = dt.f32, rows: int = 135171, width: int = 64) -> list[ir.Node]:
