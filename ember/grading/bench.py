@@ -64,16 +64,23 @@ def floor_bytes(prog: Program) -> int:
     return sum(prog.nodes[n].numel * prog.nodes[n].dtype.itemsize for n in [*prog.params, *prog.outputs])
 
 
-def linear_scores(times: dict[str, float | None], band: float = MIN_BAND) -> dict[str, float]:
+def linear_scores(times: dict[str, float | None], band: float = MIN_BAND,
+                  rounds: dict[str, list[float]] | None = None) -> dict[str, float]:
     """100 for the fastest, 0 for the slowest, linear in time between; failures (None) 0. Ties:
     a time within the relative band above a faster one scores as that one (one working
-    compiler, or all within the band of the fastest: 100 each)."""
+    compiler, or all within the band of the fastest: 100 each), and so does a time that was not
+    slower than it in every round (rounds: each compiler's time round by round; the compilers
+    take turns within a round, so a round's times share its load, and an order that a round
+    reverses is the load's, not the compilers')."""
+    def slower(n: str, than: str) -> bool:
+        return rounds is None or all(a > b for a, b in zip(rounds[n], rounds[than], strict=True))
+
     value: dict[str, float] = {}
-    anchor = None
+    anchor: tuple[str, float] | None = None
     for n, t in sorted(((n, t) for n, t in times.items() if t is not None), key=lambda kv: kv[1]):
-        if anchor is None or t > anchor * (1 + band):
-            anchor = t
-        value[n] = anchor
+        if anchor is None or (t > anchor[1] * (1 + band) and slower(n, anchor[0])):
+            anchor = (n, t)
+        value[n] = anchor[1]
     if not value:
         return {n: 0.0 for n in times}
     lo, hi = min(value.values()), max(value.values())
@@ -247,7 +254,8 @@ def score_program(prog: Program, names: list[str], recs: list[dict[str, dict[str
     ok = [r for r in row.values() if r["status"] == "ok"]
     spreads = [(max(r["rounds_ms"]) - min(r["rounds_ms"])) / r["median_ms"] for r in ok]
     band = max(MIN_BAND, 2 * statistics.median_low(spreads))
-    scores = linear_scores({n: r["median_ms"] for n, r in row.items()}, band)
+    scores = linear_scores({n: r["median_ms"] for n, r in row.items()}, band,
+                           {n: r["rounds_ms"] for n, r in row.items() if r["median_ms"] is not None})
     for n, r in row.items():
         r["score"] = scores[n]
     return row, {"band": band, "load": statistics.median(loads)}

@@ -201,6 +201,18 @@ def test_linear_scores_tie_within_the_band() -> None:
     assert bench.linear_scores({"a": 0.614, "b": 0.647}, band=0.01) == {"a": 100.0, "b": 0.0}
 
 
+def test_an_order_that_a_round_reverses_is_a_tie() -> None:
+    # twins under a load that fell twice on one of them (the 24th session's 34.8 and 0): the
+    # medians are 17% apart, far outside the band, but round 3 ran the other way round
+    times = {"ref": 0.0120, "twin1": 0.0236, "twin2": 0.0277}
+    rounds = {"ref": [0.0118, 0.0120, 0.0121], "twin1": [0.0236, 0.0235, 0.0290], "twin2": [0.0277, 0.0280, 0.0236]}
+    assert round(bench.linear_scores(times, 0.02)["twin1"]) == 26   # medians alone: 26 and 0
+    assert bench.linear_scores(times, 0.02, rounds) == {"ref": 100.0, "twin1": 0.0, "twin2": 0.0}
+    # slower in every round: the order stands
+    rounds["twin2"][2] = 0.0295
+    assert bench.linear_scores(times, 0.02, rounds)["twin1"] > 25
+
+
 def test_programs_the_reference_cannot_run_score_no_one(tmp_path: Path) -> None:
     subs = tmp_path / "subs"
     (subs / "benchonly").mkdir(parents=True)  # the forger: a bench line and nothing else
