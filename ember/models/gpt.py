@@ -59,10 +59,13 @@ class LanguageModel(nn.Module):
         """The mean cross-entropy of the next tokens. Logits of more than LOGITS_CHUNK elements
         are made in chunks of rows, each with its own cross-entropy (summed): a chunk's logits
         and their gradient die before the next chunk's are made, instead of all B T rows of
-        vocab-wide f32 or bf16 values at once (GPT-2's at B = 16: 1.5 GiB in bf16)."""
+        vocab-wide f32 or bf16 values at once (GPT-2's at B = 16: 1.5 GiB in bf16). A chunk's rows
+        are a power of two, whole tiles for the head's products: at B = 32, 7 chunks of 4682 rows
+        left the head's dX 148 tiles of 128 x 192 for 132 SMs (split K, 0.70 ms a chunk on an
+        H100); 8 of 4096 fill them in one round."""
         h = self.hidden(idx)
         n, vocab = h.shape[0] * h.shape[1], self.config.vocab
-        rows = -(-n // -(-n * vocab // LOGITS_CHUNK))   # that many chunks, as even as they come
+        rows = 1 << max(0, (LOGITS_CHUNK // vocab).bit_length() - 1)
         if n * vocab <= LOGITS_CHUNK:
             return nn.cross_entropy(self.head(h).reshape(-1, vocab), targets.reshape(-1))
         h, t = h.reshape(n, -1), targets.reshape(-1)
