@@ -26,7 +26,7 @@ from ..target import Target
 def candidates(c: Contraction, gpu: Target) -> list[GpuPlan]:
     """Plans worth timing for c on the GPU (the heuristic's first), within shared memory."""
     if c.dtype.name == "f32":
-        found = [GpuPlan("fma", 128, 128, 8, 1, 1, s) for s in (3, 2, 4)] + [GpuPlan("fma", 64, 64, 8, 1, 1, 3)]
+        found = [GpuPlan("fma", size, size, deep, 1, 1, s) for size in (128, 64) for deep in (16, 8) for s in (4, 3)]
     else:
         found = [GpuPlan("mma.sync", 128, 128, 32, 2, 2, s) for s in (4, 3)] + \
                 [GpuPlan("mma.sync", 64, 64, 32, 2, 2, s) for s in (4, 3)]

@@ -379,8 +379,8 @@ def odd(name: str, params: bool = False) -> list[Node]:
     ("bf16 3001x2047x1999", "sm_90a", 2, "wgmma: block 128x128x64, 2 warpgroups, TMA 4-stage"),
     ("f16 3001x2047x1999 W.T", "sm_90a", 2, "wgmma: block 128x128x64, 2 warpgroups, TMA 4-stage"),
     ("f16 4096", "sm_90a", 0, "wgmma: block 128x256x64, 2 warpgroups, TMA 3-stage, TMA store"),
-    ("f32 3001x2047x1999", "sm_90a", 2, "FMA register tiles: block 128x128x8, 8x8 per thread, cp.async 4-stage"),
-    ("f32 2000x3000x1000", "sm_90a", 0, "FMA register tiles: block 128x128x8, 8x8 per thread, cp.async 4-stage"),
+    ("f32 3001x2047x1999", "sm_90a", 2, "FMA register tiles: block 128x128x16, 8x8 per thread, cp.async 4-stage"),
+    ("f32 2000x3000x1000", "sm_90a", 0, "FMA register tiles: block 128x128x16, 8x8 per thread, cp.async 4-stage"),
     ("bf16 3001x2047x1999", "sm_86", 2, "mma.sync: block 128x128x32, warps 2x2, cp.async 3-stage"),
     # K = 3900 is not split on sm_86: parts of 1950 would start rows off 16 bytes (element-wise staging)
     ("bf16 4000x4100x3900", "sm_86", 2, "mma.sync: block 128x128x32, warps 2x2, cp.async 3-stage"),
