@@ -137,11 +137,12 @@ class CUDARenderer(CLike):
         # are one function, called with each member's buffers; not inlined, or NVRTC still
         # compiles every copy (GPT-2's 98 in one launch: 3.2 s, and 0.16 s as 3 functions)
         offsets = dict(plan.cache)   # the rows kept in shared memory, and where
+        private = {part.buffer: (part, at) for part, at in plan.private}
         stored: set[RowPart] = set()   # those an earlier member has put there
         bodies = []
         for m in plan.members:
             writer = CUDAKernelWriter(self, m, prefix, member=True, threads=threads, shared=shared,
-                                      cache=offsets, stored=frozenset(stored))
+                                      cache=offsets, stored=frozenset(stored), private=private)
             bodies.append(writer.write())
             stored |= writer.storing
         called = kinds(plan.members, bodies)
@@ -292,13 +293,14 @@ class CUDAKernelWriter(KernelWriter):
 
     def __init__(self, r: CLike, k: Kernel, prefix: str = "", member: bool = False, threads: int = 0,
                  shared: frozenset[int] = frozenset(), cache: dict[RowPart, int] | None = None,
-                 stored: frozenset[RowPart] = frozenset()):
+                 stored: frozenset[RowPart] = frozenset(), private: dict[int, tuple[RowPart, int]] | None = None):
         """member: a merged kernel's member (merge.py), a device function given its block index;
         threads: a row chain member's block size (the chain's); shared: the buffers the chain's
         members write (read as ordinary memory); cache: the chain's rows kept in shared memory
-        and their byte offsets (MergedPlan.cache); stored: those an earlier member stored there."""
+        and their byte offsets (MergedPlan.cache); stored: those an earlier member stored there;
+        private: the chain's rows that live in shared memory alone, by buffer (MergedPlan.private)."""
         super().__init__(r, k, prefix)
-        self.cache, self.stored = cache or {}, stored
+        self.cache, self.stored, self.private = cache or {}, stored, private or {}
         self.storing: set[RowPart] = set()   # the cached rows this member stores
         self.rows_declared = False   # the dynamic shared memory's declaration, put once
         self.block_scope: Scope | None = None
@@ -366,6 +368,13 @@ class CUDAKernelWriter(KernelWriter):
         self.decode(root, "ember_row" if self.group else "ember_block" if self.member else "blockIdx.x", list(rows))
         root.avail = frozenset(rows)
         scope = self.block_scope = root
+        for b in [self.k.out, *self.k.reads]:
+            if b.id in self.private:   # the pointer moved so that this block's row lands in shared memory
+                part, at = self.private[b.id]
+                start = " + ".join([*(f"(long long){self.range_var(r)} * {c}" for r, c in zip(rows, part.rows) if c),
+                                    str(part.const)])
+                self.declare_rows(root)
+                root.put(f"b{b.id} = ({self.r.stype(b.dtype)}*)(ember_rows + {at}) - ({start});")
         inner = [r for r in self.k.ranges if r not in rows and r not in self.k.lanes]
         for i, r in enumerate(inner):
             v = self.range_var(r)
@@ -430,10 +439,7 @@ class CUDAKernelWriter(KernelWriter):
         terms, _ = sym.linear(vec.base)
         within = sym.build({r: c for r, c in terms.items() if r not in self.k.plan.block}, 0, vec.base.dtype)
         row = f"(({'' if first else 'const '}{st}*)(ember_rows + {self.cache[part]}))"
-        if not self.rows_declared:
-            self.rows_declared, root = True, scope.chain()[0]
-            root.lines.insert(0, "extern __shared__ __align__(16) unsigned char ember_rows[];")
-            root.cursor += 1
+        self.declare_rows(scope.chain()[0])
         if first:
             base = self.ref(self.value(vec.base, outer), vec.base)
             parts = [f"*(const {vec.type}*)({a})" for a in vec.addresses(self.operand(n.srcs[0], scope), base)]
@@ -449,6 +455,13 @@ class CUDAKernelWriter(KernelWriter):
             outer.put(f"const {vec.type} {arr}v[{vec.count}] = {{{', '.join(parts)}}};")
         outer.put(f"const {st}* {arr} = (const {st}*){arr}v;")
         return outer, arr
+
+    def declare_rows(self, root: Scope) -> None:
+        """The block's dynamic shared memory (the chain's rows: MergedPlan.cache and .private), once."""
+        if not self.rows_declared:
+            self.rows_declared = True
+            root.lines.insert(0, "extern __shared__ __align__(16) unsigned char ember_rows[];")
+            root.cursor += 1
 
     def finish(self, root: Scope) -> None:
         """A thread's share of a row that several of a block's unrolled loops read (softmax: the

@@ -107,13 +107,16 @@ class MergedPlan:
     # rows: the rows that several members read, each kept in shared memory by the first that
     # reads it (merge.row_cache): ((RowPart, its byte offset), ...)
     cache: tuple[tuple[RowPart, int], ...] = ()
+    # rows: the rows a member writes that only later members read, kept in shared memory after
+    # the cache's and never written to memory (merge.private_rows)
+    private: tuple[tuple[RowPart, int], ...] = ()
 
     @property
-    def cache_bytes(self) -> int:
-        return sum(part.nbytes for part, _ in self.cache)
+    def cache_bytes(self) -> int:   # the block's dynamic shared memory
+        return sum(part.nbytes for part, _ in self.cache + self.private)
 
     def __str__(self) -> str:
         how = "a block per row" if self.rows else "in the same threads" if self.together else "in one launch"
-        cached = f"; rows of {', '.join(f'b{part.buffer}' for part, _ in self.cache)} in shared memory " \
-                 f"({self.cache_bytes / 1024:.1f} KB)" if self.cache else ""
+        cached = f"; rows of {', '.join(f'b{part.buffer}' for part, _ in self.cache + self.private)} in shared " \
+                 f"memory ({self.cache_bytes / 1024:.1f} KB)" if self.cache or self.private else ""
         return f"{len(self.members)} kernels {how}: {', '.join(m.name for m in self.members)}{cached}"

@@ -272,8 +272,13 @@ def merge_rows(sched: Schedule, chains: list[list[Kernel]], gpu: Target) -> None
             i += 1
             continue
         end = at[id(chain[-1])] + 1
+        members = {id(m) for m in chain}
         merged = _merged(chain, rows=True)
-        merged.plan = dataclasses.replace(merged.plan, cache=row_cache(chain, gpu))
+        cache = row_cache(chain, gpu)
+        read_after = {b.id for b in sched.outputs} | \
+            {b.id for k in sched.kernels if id(k) not in members for b in k.reads}
+        private = private_rows(chain, read_after, sum(part.nbytes for part, _ in cache), gpu)
+        merged.plan = dataclasses.replace(merged.plan, cache=cache, private=private)
         out.append(merged)
         out += [k for k in sched.kernels[i:end] if id(k) not in chosen]
         i = end
@@ -293,13 +298,16 @@ def row_part(load: Node, k: Kernel) -> RowPart | None:
     """The part of each block's row that a load of member k (a block per row) reads, where its
     address is the row's start plus a dense run of the other ranges read in 16-byte vectors (its
     innermost range one of k's lanes, as the renderer's vectors take them); else None."""
-    rows = k.plan.block
     if load.op is not Op.LOAD or len(load.srcs) != 2:
         return None
-    terms, const = sym.linear(load.srcs[1])
+    return _row_part(load.srcs[0].arg, load.srcs[1], load.dtype.itemsize, k)
+
+
+def _row_part(buffer: int, index: Node, size: int, k: Kernel) -> RowPart | None:
+    rows = k.plan.block
+    terms, const = sym.linear(index)
     if not all(r.op is Op.RANGE for r in terms):
         return None
-    size = load.dtype.itemsize
     at = tuple(terms.get(r, 0) for r in rows)
     run = 1
     for coef, r in sorted(((c, r) for r, c in terms.items() if r not in rows), key=lambda cr: cr[0]):
@@ -308,7 +316,7 @@ def row_part(load: Node, k: Kernel) -> RowPart | None:
         run *= r.arg[1]
     if run < 2 or any(c * size % 16 for c in (*at, const)):
         return None
-    return RowPart(load.srcs[0].arg, at, const, run, size, tuple(r.arg[1] for r in rows))
+    return RowPart(buffer, at, const, run, size, tuple(r.arg[1] for r in rows))
 
 
 def row_cache(members: list[Kernel], gpu: Target) -> tuple[tuple[RowPart, int], ...]:
@@ -328,10 +336,42 @@ def row_cache(members: list[Kernel], gpu: Target) -> tuple[tuple[RowPart, int], 
                 readers.setdefault(part, set()).add(i)
     cache, at = [], 0
     for part in sorted((p for p, who in readers.items() if len(who) > 1), key=lambda p: -p.nbytes):
-        if part.nbytes >= ROW_CACHE_MIN and at + part.nbytes <= gpu.smem_sm // 2 - 2048:
+        if part.nbytes >= ROW_CACHE_MIN and at + part.nbytes <= _row_budget(gpu):
             cache.append((part, at))
             at += part.nbytes
     return tuple(cache)
+
+
+def _row_budget(gpu: Target) -> int:
+    return gpu.smem_sm // 2 - 2048
+
+
+def private_rows(members: list[Kernel], read_after: set[int], at: int, gpu: Target) \
+        -> tuple[tuple[RowPart, int], ...]:
+    """The rows a member writes that no kernel after the chain reads (read_after: the buffers
+    other kernels read, and the program's results), each member that reads them reading its own
+    block's row as the writer wrote it (the same RowPart), and where each sits in the block's
+    dynamic shared memory, from byte `at`: they never go to memory. A GPT-2 layernorm
+    backward's chain wrote three f32 rows that only its later members read (k721, k722, k724:
+    300 MB a layer at B = 32, written to memory and read back from L2)."""
+    if any(not isinstance(m.plan, RowPlan) or m.plan.group for m in members):
+        return ()
+    private = []
+    for i, m in enumerate(members):
+        buf = m.out.id
+        part = _row_part(buf, m.store.srcs[1], m.out.dtype.itemsize, m)
+        if part is None or buf in read_after or at + part.nbytes > _row_budget(gpu):
+            continue
+        loads = [n for r in members[i + 1:] for n in _loads(r) if n.srcs[0].arg == buf]
+        if loads and all(row_part(n, r) == part for r in members[i + 1:] for n in _loads(r) if n.srcs[0].arg == buf):
+            private.append((part, at))
+            at += part.nbytes
+    return tuple(private)
+
+
+def _loads(k: Kernel) -> list[Node]:
+    """Every load of k's, its stages' among them."""
+    return [n for n in toposort([k.store, *(st.load for st in k.stages)]) if n.op is Op.LOAD]
 
 
 def in_place(k: Kernel, out: int, buf: Buffer) -> bool:

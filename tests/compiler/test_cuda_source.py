@@ -420,6 +420,32 @@ def test_a_long_row_that_several_members_read_is_read_from_memory_once(tmp_path:
         assert k.plan.cache == () and cuda.launch_config(k, gpu("sm_90a"))[2] == 0
 
 
+def test_a_row_that_only_later_members_read_is_never_written_to_memory(tmp_path: Path) -> None:
+    """A row chain's member output that no kernel after the chain reads, and that its later
+    members read as their own block's row, lives in the block's shared memory alone
+    (merge.private_rows): each member that touches it moves its pointer there, the launch asks
+    for its bytes, and nothing else writes or reads it. A GPT layer's layernorm backward had
+    three such f32 rows (300 MB a layer at GPT-2's B = 32). test_gpu_plans runs it."""
+    from ember.compiler.loops import MergedPlan
+
+    from .test_gpu_plans import gpt_layer_gradients
+    sched = cuda.prepare(gpt_layer_gradients(), "sm_90a")
+    chains = [k for k in sched.kernels if isinstance(k.plan, MergedPlan) and k.plan.private]
+    assert max(len(k.plan.private) for k in chains) == 3
+    for k in chains:
+        private = {part.buffer for part, _ in k.plan.private}
+        assert not any(b.id in private for other in sched.kernels if other is not k for b in other.reads)
+        assert cuda.launch_config(k, gpu("sm_90a"))[2] == k.plan.cache_bytes == sum(p.nbytes for p, _ in k.plan.private)
+        src = cuda.render(dataclasses.replace(sched, kernels=[k]))
+        for part, at in k.plan.private:
+            touching = sum(any(b.id == part.buffer for b in [m.out, *m.reads]) for m in k.plan.members)
+            assert src.count(f"b{part.buffer} = (float*)(ember_rows + {at}) - (") == touching >= 2
+        if COMPILER == "nvcc":
+            assert compile_cuda(src, "sm_90a", tmp_path) is None
+    # on the course's GPU too (half of its 100 KB an SM holds them)
+    assert any(isinstance(k.plan, MergedPlan) and k.plan.private for k in cuda.prepare(gpt_layer_gradients(), "sm_86").kernels)
+
+
 def test_many_short_rows_take_a_group_of_a_warps_threads_each(tmp_path: Path) -> None:
     """More rows of 64 than the GPU has threads (a softmax, a log-sum-exp): 16 threads of a warp
     per row, each with a 16-byte vector of it, shuffles combining the sums; the last block's

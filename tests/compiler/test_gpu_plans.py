@@ -2,6 +2,8 @@
 1024-thread row blocks, two-stage reductions), against the reference evaluator. Needs a GPU."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -239,3 +241,41 @@ def test_split_k_parts_add_into_their_sum(monkeypatch: pytest.MonkeyPatch, block
     # numpy's product, not the reference evaluator's 2^29 broadcast products (a minute of the test)
     want = a[:, :, 0].astype(np.float64).T @ b[:, 0, :].astype(np.float64)
     np.testing.assert_allclose(np.asarray(got, np.float32).reshape(want.shape), want, rtol=2e-2, atol=0.5)  # [1, m, n]
+
+
+def gpt_layer_gradients() -> list[ir.Node]:
+    """The loss and every gradient of a one-layer GPT in f32 (width 768, 256 tokens): its
+    layernorms' backward chains write rows that only their own later members read, which
+    merge.private_rows keeps in shared memory alone."""
+    from ember import tensor as T
+    from ember.models.gpt import GPTConfig, build
+    T.manual_seed(0)
+    model = build(GPTConfig(vocab=256, block=256, dim=768, n_layer=1, n_head=12))
+    x = T.Tensor(np.zeros((1, 256), np.int32))
+    loss = model.loss(x, x)
+    loss.backward()
+    outputs, _ = T.canonical_program([loss.node] + [p.grad.node for p in model.parameters()])
+    return outputs
+
+
+def test_rows_kept_in_shared_memory_alone_give_the_same_bits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step's results with the chains' private rows and with them written to memory, bit for
+    bit (the token ids a permutation: the embedding's atomic adds then meet no other)."""
+    from ember.backend import cuda, run_values
+    from ember.compiler import merge
+    from ember.compiler.loops import MergedPlan
+    outputs = gpt_layer_gradients()
+    private = [k.name for k in cuda.prepare(outputs, "sm_90a").kernels if isinstance(k.plan, MergedPlan) and k.plan.private]
+    assert len(private) >= 2, private
+    rng = np.random.default_rng(0)
+    inputs = {p: rng.permutation(256).reshape(p.shape).astype(np.int32) if p.dtype is dt.i32
+              else (0.05 * rng.standard_normal(p.shape)).astype(np.float32)
+              for p in ir.toposort(outputs) if p.op is Op.PARAM}
+    results = []
+    for name, rows in (("private", merge.private_rows), ("written", lambda *args: ())):
+        monkeypatch.setattr(merge, "private_rows", rows)
+        monkeypatch.setenv("EMBER_CACHE", str(tmp_path / name))   # a fresh schedule cache each
+        results.append(run_values(cuda.CUDAProgram(outputs), inputs))
+    assert np.isfinite(results[0][0]).all()
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
