@@ -18,6 +18,7 @@ from ..ir import ELEMENTWISE, MOVEMENT, Node, Op, toposort
 from ..target import Target
 from . import autodiff, simplify
 from .contraction import gathered_operands
+from .loops import MergedPlan
 from .lower import Buffer, Kernel, lower_kernel, product_sum, recompute_problems, recomputed_operands
 
 LANES = 64  # with nesting on, values recomputed along an output range this short are left to lanes
@@ -338,7 +339,7 @@ def plan_memory(sched: Schedule, in_place: Callable[[Kernel, int, Buffer], bool]
     under their gradient; merge.in_place for merged kernels)."""
     first, last = lifetimes(sched)
     offsets: dict[int, int] = {}
-    size = {b.id: _aligned(b.nbytes) for b in sched.temps}
+    size = memory_bytes(sched)
     gaps: list[list[int]] = []   # free [offset, bytes] ranges below the top, by offset
     top = 0
 
@@ -397,9 +398,17 @@ def plan_memory(sched: Schedule, in_place: Callable[[Kernel, int, Buffer], bool]
     return offsets
 
 
+def memory_bytes(sched: Schedule) -> dict[int, int]:
+    """Each temporary's bytes in the arena: none for the rows a row chain keeps in shared memory
+    alone (merge.private_rows), which its kernel never reads or writes in memory."""
+    private = {part.buffer for k in sched.kernels if isinstance(k.plan, MergedPlan) for part, _ in k.plan.private}
+    return {b.id: 0 if b.id in private else _aligned(b.nbytes) for b in sched.temps}
+
+
 def arena_bytes(sched: Schedule) -> int:
     """The bytes of the one block that holds all the temporaries (plan_memory's offsets)."""
-    return max((sched.slots[b.id] + _aligned(b.nbytes) for b in sched.temps), default=0)
+    size = memory_bytes(sched)
+    return max((sched.slots[b.id] + size[b.id] for b in sched.temps), default=0)
 
 
 def footprint(sched: Schedule, roles: dict[Node, str] | None = None, donated: set[int] = frozenset()) -> dict[str, int]:
@@ -433,18 +442,19 @@ def footprint(sched: Schedule, roles: dict[Node, str] | None = None, donated: se
             forward.add(bid)
             todo += [b.id for b in writer[bid].reads]
     first, last = lifetimes(sched)
-    temps = {b.id: b for b in sched.temps}
     alive: list[list[int]] = [[] for _ in sched.kernels]
     for bid in first:
         for i in range(first[bid], last[bid] + 1):
             alive[i].append(bid)
 
+    size = memory_bytes(sched)
+
     def held(ids: list[int]) -> dict[int, int]:   # buffer id -> its bytes (one written over another: once)
         out, seen = {}, set()
-        for bid in sorted(ids, key=lambda b: -temps[b].nbytes):
-            if sched.slots[bid] not in seen:
+        for bid in sorted(ids, key=lambda b: -size[b]):
+            if sched.slots[bid] not in seen and size[bid]:
                 seen.add(sched.slots[bid])
-                out[bid] = _aligned(temps[bid].nbytes)
+                out[bid] = size[bid]
         return out
     peak = max(alive, key=lambda ids: sum(held(ids).values()), default=[])
     live = held(peak)

@@ -13,6 +13,7 @@ import pytest
 from ember import dtype as dt
 from ember import ir, ref, runners, text
 from ember.backend import cuda, cuda_render
+from ember.compiler import schedule
 from ember.compiler.split import split_large_reductions
 from ember.ir import Op
 from ember.target import gpu
@@ -425,7 +426,8 @@ def test_a_row_that_only_later_members_read_is_never_written_to_memory(tmp_path:
     members read as their own block's row, lives in the block's shared memory alone
     (merge.private_rows): each member that touches it moves its pointer there, the launch asks
     for its bytes, and nothing else writes or reads it. A GPT layer's layernorm backward had
-    three such f32 rows (300 MB a layer at GPT-2's B = 32). test_gpu_plans runs it."""
+    three such f32 rows (300 MB a layer at GPT-2's B = 32), and the memory plan gives them no
+    room. test_gpu_plans runs it."""
     from ember.compiler.loops import MergedPlan
 
     from .test_gpu_plans import gpt_layer_gradients
@@ -435,6 +437,7 @@ def test_a_row_that_only_later_members_read_is_never_written_to_memory(tmp_path:
     for k in chains:
         private = {part.buffer for part, _ in k.plan.private}
         assert not any(b.id in private for other in sched.kernels if other is not k for b in other.reads)
+        assert all(schedule.memory_bytes(sched)[b] == 0 for b in private)   # no room in the arena either
         assert cuda.launch_config(k, gpu("sm_90a"))[2] == k.plan.cache_bytes == sum(p.nbytes for p, _ in k.plan.private)
         src = cuda.render(dataclasses.replace(sched, kernels=[k]))
         for part, at in k.plan.private:
