@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ember import optim  # noqa: E402
 from ember import tensor as T  # noqa: E402
 from ember.backend import cuda, cuda_render  # noqa: E402
+from ember.compiler import schedule  # noqa: E402
 from ember.compiler.schedule import Schedule  # noqa: E402
 from ember.models.gpt import GPTConfig, build  # noqa: E402
 
@@ -60,7 +61,7 @@ def main() -> None:
     print(f"{len(sched.kernels)} kernels, scheduled in {time.perf_counter() - t:.1f} s")
     rows = []
     for k in sched.kernels:
-        nbytes = sum(b.nbytes for b in k.args)
+        nbytes = schedule.kernel_bytes(k)
         flops = 0
         if k.contraction:
             c = k.contraction

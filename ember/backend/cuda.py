@@ -761,7 +761,7 @@ class _Profile:
         for k, blocks, start, end in self.pending:
             ms = float(_check(cu.cuEventElapsedTime(start, end)))
             key = f"{k.name} {k.out.node.dtype}{list(k.out.node.shape)} {k.kind}"
-            entry = self.totals.setdefault(key, [0.0, 0, blocks, sum(b.nbytes for b in k.args)])
+            entry = self.totals.setdefault(key, [0.0, 0, blocks, schedule.kernel_bytes(k)])
             entry[0] += ms
             entry[1] += 1
             self.free_events += [start, end]

@@ -398,6 +398,13 @@ def plan_memory(sched: Schedule, in_place: Callable[[Kernel, int, Buffer], bool]
     return offsets
 
 
+def kernel_bytes(k: Kernel) -> int:
+    """The bytes of the buffers k reads or writes in memory: its arguments', less the rows its
+    chain keeps in shared memory alone (merge.private_rows)."""
+    private = {part.buffer for part, _ in k.plan.private} if isinstance(k.plan, MergedPlan) else set()
+    return sum(b.nbytes for b in k.args if b.id not in private)
+
+
 def memory_bytes(sched: Schedule) -> dict[int, int]:
     """Each temporary's bytes in the arena: none for the rows a row chain keeps in shared memory
     alone (merge.private_rows), which its kernel never reads or writes in memory."""
