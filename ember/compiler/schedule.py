@@ -84,7 +84,7 @@ def schedule(outputs: list[Node], nest: int = 0) -> Schedule:
             if t not in lowered:  # named by graph position: a name that no later realization changes
                 k = lowered[t] = lower_kernel(f"k{position[t]}", t, out_bufs.get(t) or temps[t], realized, nest)
                 asks[t] = k.problems | recompute_problems(k, nest) | recomputed_operands(k, nest and LANES) \
-                    | gathered_operands(k)
+                    | gathered_operands(k) | epilogue_casts(t, k, realized)
             kernels.append(lowered[t])
         more: set[Node] = set().union(*(asks[t] for t in targets))
         users: dict[Node, int] = {}
@@ -136,6 +136,31 @@ def epilogue_end(t: Node, consumers: dict[Node, list[Node]], realized: dict[Node
     while len(consumers.get(read, ())) == 1 and consumers[read][0].op in (Op.CAST, Op.RESHAPE):
         read = consumers[read][0]   # (autocast's GELU reads the bf16 sum widened to f32)
     return end if len(consumers.get(read, ())) > 1 else t
+
+
+def epilogue_casts(t: Node, k: Kernel, realized: dict[Node, Buffer]) -> set[Node]:
+    """The narrowing casts of small tensors that a contraction's epilogue broadcasts (a bias
+    converted to bf16 under autocast): computed once in a buffer of their own, not once an
+    element of every tile. GPT-2's fc product converted the f32 bias per element, its NaN test
+    included: its epilogue was 820 SASS instructions a thread a tile, 203 reading the bf16 bias
+    (sm_90a; the next tile's products wait for it)."""
+    products = {p for p in k.reduces.values() if product_sum(p)}
+    if not products:
+        return set()
+    above: set[Node] = set()   # the epilogue: what computes on the product
+    for n in toposort([t]):
+        if n in products or ((n is t or n not in realized) and any(s in above for s in n.srcs)):
+            above.add(n)
+    found = set()
+    for n in above - products:
+        for s in n.srcs:
+            while s.op in MOVEMENT and s not in realized:
+                s = s.srcs[0]
+            if s.op is Op.CAST and s.dtype.is_float and s.dtype.itemsize < s.srcs[0].dtype.itemsize and \
+                    s not in realized and s not in above and _small(s, t.numel) and \
+                    (s.srcs[0] in realized or s.srcs[0].op is Op.PARAM):
+                found.add(s)
+    return found
 
 
 def _small(n: Node, numel: int) -> bool:

@@ -531,6 +531,28 @@ def test_16_bit_division_and_exp2_at_the_edges_match_the_reference(dtype: str) -
     assert compare(prog.output_nodes, got, want) is None
 
 
+def test_a_bias_cast_for_a_matmul_epilogue_is_computed_once(tmp_path: Path) -> None:
+    """x @ w + bias under autocast: the f32 bias is converted to bf16 once, by a kernel of its
+    own (schedule.epilogue_casts), and the product's epilogue reads the bf16 values; it converted
+    them per element of every tile, with the cast's NaN test (GPT-2's fc epilogue: 820 SASS
+    instructions a thread a tile, then 203). A widening cast stays in the epilogue."""
+    from .test_gpu_plans import matmul
+    x, w = ir.param("x", dt.bf16, (256, 768)), ir.param("w", dt.bf16, (768, 3072))
+    for bias_dtype, own in ((dt.f32, True), (dt.f16, False)):
+        bias = ir.unary(Op.CAST, ir.param("b", bias_dtype, (3072,)), dt.bf16 if own else dt.f32)
+        prod = matmul(x, w) if own else ir.unary(Op.CAST, matmul(x, w), dt.f32)
+        y = ir.binary(Op.ADD, prod, ir.expand(ir.reshape(bias, (1, 3072)), (256, 3072)))
+        sched = cuda.prepare([ir.unary(Op.CAST, y, dt.f32)] if own else [y], "sm_90a")
+        (k,) = [k for k in sched.kernels if k.contraction is not None]
+        casts = [m for m in sched.kernels if m.out.node.shape == (3072,)]
+        assert len(casts) == own, [m.name for m in sched.kernels]
+        body = cuda.render(dataclasses.replace(sched, kernels=[k])).split("__global__")[-1]
+        assert "ember_round_bf16f(" not in body and ("ember_bf16_to_f32(b" in body) is own
+        assert ("ember_f16_to_f32(b" in body) is not own
+        if COMPILER == "nvcc" and own:
+            assert compile_cuda(cuda.render(sched), "sm_90a", tmp_path) is None
+
+
 def test_an_op_result_stored_as_bf16_is_converted_once() -> None:
     """A bf16 map's last op is stored from its expression, not rounded into a temp and converted
     again: exp2 (MUFU.EX2 alone, ember_ex2) with one cvt (ember_bf16_bits_op); a mul, which the hardware's bf16 fma rounds

@@ -137,6 +137,10 @@ def case(name: str) -> list[ir.Node]:
     if name == "matmul_epilogue":
         c = matmul(f("a", (128, 72)), f("b", (72, 192)))
         return [ir.binary(Op.MAX, c, ir.const(0.0, dt.f32, c.shape))]
+    if name == "matmul_bias_bf16":   # the f32 bias converted once, read by the epilogue (epilogue_casts)
+        x, w = ir.param("x", dt.bf16, (256, 768)), ir.param("w", dt.bf16, (768, 384))
+        bias = ir.unary(Op.CAST, f("bias", (384,)), dt.bf16)
+        return [ir.binary(Op.ADD, matmul(x, w), ir.expand(ir.reshape(bias, (1, 384)), (256, 384)))]
     if name == "softmax_long_rows":
         return [softmax(f("x", (4, 8192)))]
     if name == "embedding_grad":  # a scatter: atomic adds into a zeroed output
@@ -182,7 +186,8 @@ def small_batches() -> list[ir.Node]:
     return [two_a, b1, c_sum, after, big]
 
 
-@pytest.mark.parametrize("name", ["transpose", "permute3d", "matmul", "matmul_epilogue", "softmax_long_rows",
+@pytest.mark.parametrize("name", ["transpose", "permute3d", "matmul", "matmul_epilogue", "matmul_bias_bf16",
+                                  "softmax_long_rows",
                                   "column_sum_two_stage", "embedding_grad", "small_batches",
                                   "adam_chain", "adam_flipped", "layernorm_rows", "layernorm_shifted",
                                   "layernorm_backward", "layernorm_backward_long", "layernorm_odd", "cross_entropy_rows", "cross_entropy_wide",
