@@ -72,7 +72,14 @@ def movable(kernels: list[Kernel]) -> set[int]:
 
 def merge_small(sched: Schedule) -> None:
     kernels = sched.kernels
+    # the small kernels that read only the program's inputs and that large ones wait for (a
+    # bias converted for the epilogues that read it, schedule.epilogue_casts): all first, one launch
     small = movable(kernels)
+    first = [k for k in kernels if id(k) not in small and simple(k) and threads(k) <= SMALL_THREADS
+             and all(b.kind == "input" for b in k.reads)]
+    if len(first) > 1:
+        chosen = {id(k) for k in first}
+        kernels = sched.kernels = [_merged(first)] + [k for k in kernels if id(k) not in chosen]
     moved = [k for k in kernels if id(k) in small]
     if len(moved) < 2:
         return

@@ -553,6 +553,30 @@ def test_a_bias_cast_for_a_matmul_epilogue_is_computed_once(tmp_path: Path) -> N
             assert compile_cuda(cuda.render(sched), "sm_90a", tmp_path) is None
 
 
+def test_small_kernels_of_the_inputs_alone_run_first_in_one_launch() -> None:
+    """A GPT step's biases converted to bf16 (qkv's and fc's here) are small kernels that read
+    only the program's inputs, and large ones wait for them: they run first, as one launch
+    (merge.merge_small), not one launch each before its product."""
+    from ember import optim
+    from ember import tensor as T
+    from ember.compiler.loops import MergedPlan
+    from ember.models.gpt import GPTConfig, build
+    T.manual_seed(0)
+    model = build(GPTConfig(vocab=256, block=64, dim=768, n_layer=2, n_head=12))
+    opt = optim.AdamW(model.parameters(), lr=1e-3)
+    with T.autocast("bfloat16"):
+        loss = model.loss(*(T.Tensor(np.zeros((2, 64), np.int32)),) * 2)
+    loss.backward()
+    opt.steps += 1
+    outputs, _ = T.canonical_program([loss.node] + [new.node for _, new in opt.updates()])
+    kernels = cuda.prepare(outputs, "sm_90a").kernels
+    first = kernels[0]
+    assert isinstance(first.plan, MergedPlan) and all(b.kind == "input" for m in first.plan.members for b in m.reads)
+    bias = lambda m: m.out.node.dtype is dt.bf16 and m.out.node.shape in ((2304,), (3072,))  # noqa: E731
+    assert sorted(m.out.node.shape[0] for m in first.plan.members if bias(m)) == [2304, 2304, 3072, 3072]
+    assert not any(bias(m) for k in kernels[1:] for m in (k.plan.members if isinstance(k.plan, MergedPlan) else [k]))
+
+
 def test_an_op_result_stored_as_bf16_is_converted_once() -> None:
     """A bf16 map's last op is stored from its expression, not rounded into a temp and converted
     again: exp2 (MUFU.EX2 alone, ember_ex2) with one cvt (ember_bf16_bits_op); a mul, which the hardware's bf16 fma rounds
