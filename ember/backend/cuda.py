@@ -141,8 +141,10 @@ def device_target() -> Target:
 
 
 def _allow_smem(fn: Any, smem: int) -> None:
-    """Above 48 KB, dynamic shared memory is opt-in per function."""
-    if smem > 48 * 1024:
+    """Dynamic shared memory is opt-in per function above 48 KB less the function's static
+    shared memory (a row chain's 48 KB of rows beside its block reduction's 256 bytes): asked
+    for whenever there is any."""
+    if smem > 0:
         from cuda.bindings import driver as cu
         attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         _check((cu.cuFuncSetAttribute(fn, attr, smem)[0], None))

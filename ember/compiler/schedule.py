@@ -404,7 +404,9 @@ def plan_memory(sched: Schedule, in_place: Callable[[Kernel, int, Buffer], bool]
         # a merged kernel's outputs that die in it last: at the top, their memory is the top's
         # again (taken first, they would leave holes under longer-lived outputs)
         for bid in sorted(starts.get(i, []), key=lambda b: last.get(b) == i):
-            donor = next((b for b in dying if in_place and size[b] >= size[bid] and
+            # (a row kept in shared memory, size 0, takes no donor: the donor's bytes would be
+            # freed while the chain's other blocks still read them)
+            donor = next((b for b in dying if in_place and size[bid] and size[b] >= size[bid] and
                           in_place(k, bid, next(r for r in k.reads if r.id == b))), None)
             if donor is None:
                 offsets[bid] = take(size[bid])

@@ -531,6 +531,27 @@ def test_16_bit_division_and_exp2_at_the_edges_match_the_reference(dtype: str) -
     assert compare(prog.output_nodes, got, want) is None
 
 
+def test_a_private_row_takes_no_memory_that_its_chain_still_reads() -> None:
+    """A review's counter-case: a chain's private row P (size 0) may write "in place" over the
+    matmul output D it reads; taking D's slot freed D's bytes inside the chain, and the row
+    sums, which die in the same chain, were placed over D while other blocks still read it.
+    No two temporaries with room alive in one kernel overlap."""
+    from .test_gpu_plans import matmul
+    h, w = ir.param("h", dt.f32, (256, 64)), ir.param("w", dt.f32, (64, 1024))
+    p = matmul(h, w)
+    for i in range(3):
+        p = ir.binary(Op.ADD, p, ir.param(f"x{i}", dt.f32, (256, 1024)))
+    p = ir.unary(Op.EXP2, p)
+    s = ir.reduce(Op.SUM, p, (1,))
+    out3 = ir.binary(Op.ADD, p, ir.expand(ir.binary(Op.MUL, s, ir.reduce(Op.RMAX, p, (1,))), p.shape))
+    sched = cuda.prepare([ir.binary(Op.MUL, p, ir.expand(s, p.shape)), out3], "sm_90a")
+    size, (first, last) = schedule.memory_bytes(sched), schedule.lifetimes(sched)
+    for i, k in enumerate(sched.kernels):
+        alive = [b for b in first if first[b] <= i <= last[b] and size[b]]
+        spans = sorted((sched.slots[b], sched.slots[b] + size[b]) for b in alive)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), (k.name, spans)
+
+
 def test_a_bias_cast_for_a_matmul_epilogue_is_computed_once(tmp_path: Path) -> None:
     """x @ w + bias under autocast: the f32 bias is converted to bf16 once, by a kernel of its
     own (schedule.epilogue_casts), and the product's epilogue reads the bf16 values; it converted
