@@ -269,6 +269,11 @@ def merge_rows(sched: Schedule, chains: list[list[Kernel]], gpu: Target) -> None
     """Each row chain (optimize found it and planned its maps a block per row) becomes one kernel
     (MergedPlan, rows) where its first member was; the kernels it passed over run after it."""
     at = {id(k): i for i, k in enumerate(sched.kernels)}
+    readers: dict[int, set[int]] = {}   # buffer id -> id() of the kernels that read it
+    for k in sched.kernels:
+        for b in k.reads:
+            readers.setdefault(b.id, set()).add(id(k))
+    results = {b.id for b in sched.outputs}
     first = {at[id(chain[0])]: chain for chain in chains}
     chosen = {id(m) for chain in chains for m in chain}
     out, i = [], 0
@@ -282,8 +287,7 @@ def merge_rows(sched: Schedule, chains: list[list[Kernel]], gpu: Target) -> None
         members = {id(m) for m in chain}
         merged = _merged(chain, rows=True)
         cache = row_cache(chain, gpu)
-        read_after = {b.id for b in sched.outputs} | \
-            {b.id for k in sched.kernels if id(k) not in members for b in k.reads}
+        read_after = {m.out.id for m in chain if m.out.id in results or readers.get(m.out.id, set()) - members}
         private = private_rows(chain, read_after, sum(part.nbytes for part, _ in cache), gpu)
         merged.plan = dataclasses.replace(merged.plan, cache=cache, private=private)
         out.append(merged)
@@ -355,8 +359,8 @@ def _row_budget(gpu: Target) -> int:
 
 def private_rows(members: list[Kernel], read_after: set[int], at: int, gpu: Target) \
         -> tuple[tuple[RowPart, int], ...]:
-    """The rows a member writes that no kernel after the chain reads (read_after: the buffers
-    other kernels read, and the program's results), each member that reads them reading its own
+    """The rows a member writes that no kernel after the chain reads (read_after: the members'
+    outputs that other kernels read, or that the program returns), each member that reads them reading its own
     block's row as the writer wrote it (the same RowPart), and where each sits in the block's
     dynamic shared memory, from byte `at`: they never go to memory. A GPT-2 layernorm
     backward's chain wrote three f32 rows that only its later members read (k721, k722, k724:
@@ -369,8 +373,8 @@ def private_rows(members: list[Kernel], read_after: set[int], at: int, gpu: Targ
         part = _row_part(buf, m.store.srcs[1], m.out.dtype.itemsize, m)
         if part is None or buf in read_after or at + part.nbytes > _row_budget(gpu):
             continue
-        loads = [n for r in members[i + 1:] for n in _loads(r) if n.srcs[0].arg == buf]
-        if loads and all(row_part(n, r) == part for r in members[i + 1:] for n in _loads(r) if n.srcs[0].arg == buf):
+        reads = [(n, r) for r in members[i + 1:] for n in _loads(r) if n.srcs[0].arg == buf]
+        if reads and all(row_part(n, r) == part for n, r in reads):
             private.append((part, at))
             at += part.nbytes
     return tuple(private)

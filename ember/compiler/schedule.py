@@ -425,17 +425,21 @@ def plan_memory(sched: Schedule, in_place: Callable[[Kernel, int, Buffer], bool]
     return offsets
 
 
+def private_buffers(k: Kernel) -> set[int]:
+    """The rows a row chain keeps in shared memory alone (merge.private_rows): never in memory."""
+    return {part.buffer for part, _ in k.plan.private} if isinstance(k.plan, MergedPlan) else set()
+
+
 def kernel_bytes(k: Kernel) -> int:
-    """The bytes of the buffers k reads or writes in memory: its arguments', less the rows its
-    chain keeps in shared memory alone (merge.private_rows)."""
-    private = {part.buffer for part, _ in k.plan.private} if isinstance(k.plan, MergedPlan) else set()
+    """The bytes of the buffers k reads or writes in memory: its arguments', less its private rows."""
+    private = private_buffers(k)
     return sum(b.nbytes for b in k.args if b.id not in private)
 
 
 def memory_bytes(sched: Schedule) -> dict[int, int]:
     """Each temporary's bytes in the arena: none for the rows a row chain keeps in shared memory
     alone (merge.private_rows), which its kernel never reads or writes in memory."""
-    private = {part.buffer for k in sched.kernels if isinstance(k.plan, MergedPlan) for part, _ in k.plan.private}
+    private = set().union(*(private_buffers(k) for k in sched.kernels))
     return {b.id: 0 if b.id in private else _aligned(b.nbytes) for b in sched.temps}
 
 
